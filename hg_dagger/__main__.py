@@ -1,0 +1,5 @@
+import sys
+
+from hg_dagger.cli import main
+
+sys.exit(main())

@@ -1,0 +1,114 @@
+"""The label rules of the contract - their only home.
+
+Hard rule (seed 002): a policy action outside [handover_start, handover_end) is never trainable
+unless an independent expert-certification record covers it, even when the rollout succeeded.
+
+Inside a human window, steps whose applied action came from the person are trainable
+(target: applied_action); inside an expert window, steps with a valid expert label are
+trainable (target: expert_action). Steps flagged with sensor loss, excessive latency, device
+loss or incomplete input, and invalid steps, are excluded. Everything else is context_only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hg_dagger.contract.enums import EXCLUDING_FLAGS, ActionSource, CollectionMode, LabelMask, LabelTarget
+from hg_dagger.contract.schema import CorrectionWindow, ExpertCertification
+
+_HUMAN = ActionSource.HUMAN.code
+_POLICY = ActionSource.POLICY.code
+_TRAINABLE = LabelMask.TRAINABLE.code
+_CONTEXT = LabelMask.CONTEXT_ONLY.code
+_EXCLUDED = LabelMask.EXCLUDED.code
+
+
+@dataclass(frozen=True)
+class Labels:
+    mask: np.ndarray  # uint8 LabelMask codes, (T,)
+    target: np.ndarray  # uint8 LabelTarget codes, (T,)
+
+
+def derive_labels(
+    *,
+    action_source: np.ndarray,
+    valid: np.ndarray,
+    step_flags: np.ndarray,
+    expert_valid: np.ndarray,
+    windows: Iterable[CorrectionWindow],
+    certifications: Iterable[ExpertCertification] = (),
+    mode: CollectionMode = CollectionMode.HUMAN_GATED,
+) -> Labels:
+    """Label mask and target for every step of one episode."""
+    n = len(action_source)
+    mask = np.full(n, _CONTEXT, dtype=np.uint8)
+    target = np.full(n, LabelTarget.NONE.code, dtype=np.uint8)
+    if mode == CollectionMode.EVAL:
+        return Labels(mask, target)  # evaluation rollouts are never training data
+
+    source = np.asarray(action_source)
+    for w in windows:
+        s, e = w.handover_start, min(w.handover_end, n)
+        if w.source == ActionSource.HUMAN:
+            ok = source[s:e] == _HUMAN
+            target[s:e][ok] = LabelTarget.APPLIED_ACTION.code
+        else:
+            ok = np.asarray(expert_valid[s:e], dtype=bool)
+            target[s:e][ok] = LabelTarget.EXPERT_ACTION.code
+        mask[s:e][ok] = _TRAINABLE
+
+    for c in certifications:
+        s, e = c.step_start, min(c.step_end, n)
+        if c.executability_verified:
+            free = mask[s:e] != _TRAINABLE
+            mask[s:e][free] = _TRAINABLE
+            target[s:e][free] = LabelTarget.APPLIED_ACTION.code
+
+    bad = ~np.asarray(valid, dtype=bool) | ((np.asarray(step_flags).astype(np.int64) & int(EXCLUDING_FLAGS)) != 0)
+    mask[bad] = _EXCLUDED
+    target[bad] = LabelTarget.NONE.code
+    return Labels(mask, target)
+
+
+def label_violations(
+    *,
+    episode_id: str,
+    label_mask: np.ndarray,
+    action_source: np.ndarray,
+    valid: np.ndarray,
+    step_flags: np.ndarray,
+    expert_valid: np.ndarray,
+    windows: Iterable[CorrectionWindow],
+    certifications: Iterable[ExpertCertification] = (),
+    mode: CollectionMode = CollectionMode.HUMAN_GATED,
+) -> list[str]:
+    """Every step marked trainable that the rules above do not allow, as readable messages.
+
+    A stored mask may be stricter than the rules (a reviewer excluded steps) but never looser.
+    """
+    windows, certifications = list(windows), list(certifications)
+    allowed = derive_labels(
+        action_source=action_source,
+        valid=valid,
+        step_flags=step_flags,
+        expert_valid=expert_valid,
+        windows=windows,
+        certifications=certifications,
+        mode=mode,
+    ).mask == _TRAINABLE
+    stored = np.asarray(label_mask)
+    out = []
+    for step in np.flatnonzero((stored == _TRAINABLE) & ~allowed):
+        src = ActionSource.from_code(int(action_source[step])).value
+        inside = any(w.handover_start <= step < w.handover_end for w in windows)
+        if src == ActionSource.POLICY.value and not inside:
+            why = "policy action outside any correction window without an expert certification"
+        elif not inside:
+            why = f"{src} action outside any correction window"
+        else:
+            why = f"{src} action is not a trainable label for this window (invalid, flagged or wrong source)"
+        out.append(f"episode {episode_id} step {int(step)}: trainable {why}")
+    return out

@@ -1,0 +1,112 @@
+"""The env contract every backend (MuJoCo, Meta-World, toy, EmbodiChain, robot bridge) satisfies.
+
+Batched and gymnasium-small: reset/step over ``num_envs`` rows. Observations are a dict of numpy
+arrays with a leading batch dim, keyed by the task mapping's observation keys (a TensorDict view is
+one call away: ``hg_dagger.envs.base.as_tensordict``). Actions are float32 [num_envs, action_dim]
+in the task's canonical raw action space; policies, experts and people all reach it through the
+same mapping (hg_dagger.envs.mapping).
+
+Auto-reset is explicit. When row i finishes inside step(), step() resets it and returns the fresh
+episode's first observation in ``obs[i]``; the observation that ended the episode is in
+``info["final_obs"][key][i]`` and ``info["episode_start"][i]`` is True. So the pre-action
+observation of every stored step is always ``obs`` from the previous call, for that row.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.errors import EnvError
+
+Obs = dict[str, np.ndarray]
+
+
+@dataclass
+class StepResult:
+    obs: Obs  # [N, ...] per key; rows that auto-reset hold the new episode's first obs
+    reward: np.ndarray  # float32 [N]
+    terminated: np.ndarray  # bool [N]
+    truncated: np.ndarray  # bool [N]
+    info: dict[str, Any] = field(default_factory=dict)
+    # info keys every backend fills:
+    #   "success": bool [N]          task success after this step (of the episode that just stepped)
+    #   "final_obs": Obs             obs that ended the episode, valid in rows where terminated|truncated
+    #   "episode_start": bool [N]    row was auto-reset: obs[i] starts a new episode
+    #   "t_obs": int64 [N]           when obs was sampled (monotonic ns, our clock)
+    #   "t_action_apply": int64 [N]  when the action was applied (monotonic ns, our clock)
+    # optional: "alignment_error_ms": float32 [N], "transport_ns": int64 [N], "signals": dict
+
+
+class VecEnv(ABC):
+    """A batch of ``num_envs`` copies of one task."""
+
+    num_envs: int
+    task_id: str
+
+    @property
+    @abstractmethod
+    def mapping(self):  # -> hg_dagger.envs.mapping.TaskMapping
+        """The task's observation/action mapping (validated at construction)."""
+
+    @property
+    def action_dim(self) -> int:
+        return self.mapping.action_dim
+
+    @property
+    def control_hz(self) -> float:
+        return self.mapping.control_hz
+
+    @property
+    def step_dt(self) -> float:
+        return 1.0 / self.mapping.control_hz
+
+    @abstractmethod
+    def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | None = None) -> tuple[Obs, dict]:
+        """Reset some (env_ids) or all rows. Returns the full batch obs and info (with "t_obs")."""
+
+    @abstractmethod
+    def step(self, action: np.ndarray) -> StepResult:
+        """Apply one raw action per row. Call ``check_action`` first."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release simulator/network resources."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def check_action(self, action: Any) -> np.ndarray:
+        """Refuse a malformed action before it reaches a simulator or robot."""
+        return check_action(action, self.num_envs, self.action_dim, where=self.task_id)
+
+
+def check_action(action: Any, num_envs: int, action_dim: int, *, where: str) -> np.ndarray:
+    if not isinstance(action, np.ndarray):
+        try:
+            action = np.asarray(action.detach().cpu().numpy() if hasattr(action, "detach") else action)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            raise EnvError(f"{where}: action of type {type(action).__name__} is not an array") from exc
+    if action.shape != (num_envs, action_dim):
+        raise EnvError(f"{where}: action has shape {action.shape}, expected ({num_envs}, {action_dim})")
+    if action.dtype.kind != "f":
+        raise EnvError(f"{where}: action has dtype {action.dtype}, expected a float dtype")
+    if not np.all(np.isfinite(action)):
+        rows = sorted({int(r) for r in np.argwhere(~np.isfinite(action))[:, 0]})
+        raise EnvError(f"{where}: action has NaN/inf in env rows {rows}; refused before reaching the env")
+    return action.astype(np.float32, copy=False)
+
+
+def as_tensordict(obs: Obs):
+    """A TensorDict view (shares memory) of a batched numpy observation."""
+    import torch
+    from tensordict import TensorDict
+
+    n = len(next(iter(obs.values())))
+    return TensorDict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in obs.items()}, batch_size=[n])

@@ -1,0 +1,21 @@
+"""Errors for expected faults. The CLI prints them as one readable line; they never end in a traceback."""
+
+
+class HgDaggerError(Exception):
+    """An expected fault with a message meant for a person (names the file, episode, field or key)."""
+
+
+class ConfigError(HgDaggerError):
+    """A configuration file or value is invalid."""
+
+
+class ContractError(HgDaggerError):
+    """Data does not satisfy the correction-data contract."""
+
+
+class StoreError(HgDaggerError):
+    """An episode store is missing, corrupt, or of an unsupported schema version."""
+
+
+class EnvError(HgDaggerError):
+    """An environment, task or mapping is unknown or misused (e.g. a malformed action)."""

@@ -1,0 +1,1 @@
+"""The desktop application (installed as hg_dagger.ui): operator console and review workspace. Nothing imports ui."""
