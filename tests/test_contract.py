@@ -1,0 +1,176 @@
+"""The contract's enums, field specs, metadata models and - above all - the label rules."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from hg_dagger.contract import (
+    ActionSource,
+    ClockMapping,
+    CollectionMode,
+    CorrectionWindow,
+    EpisodeStart,
+    ExpertCertification,
+    LabelMask,
+    LabelTarget,
+    StepFlag,
+    TaskInfo,
+    derive_labels,
+    label_violations,
+    step_fields,
+)
+
+P, H, S, E = (ActionSource.POLICY.code, ActionSource.HUMAN.code, ActionSource.SAFETY_CONTROLLER.code, ActionSource.EXPERT.code)
+T, C, X = LabelMask.TRAINABLE.code, LabelMask.CONTEXT_ONLY.code, LabelMask.EXCLUDED.code
+
+
+def _labels(source, windows=(), certs=(), flags=None, valid=None, expert_valid=None, mode=CollectionMode.HUMAN_GATED):
+    n = len(source)
+    return derive_labels(
+        action_source=np.asarray(source, np.uint8),
+        valid=np.ones(n, bool) if valid is None else np.asarray(valid),
+        step_flags=np.zeros(n, np.uint16) if flags is None else np.asarray(flags, np.uint16),
+        expert_valid=np.zeros(n, bool) if expert_valid is None else np.asarray(expert_valid),
+        windows=list(windows),
+        certifications=list(certs),
+        mode=mode,
+    )
+
+
+def _window(start, end, gate=None, source=ActionSource.HUMAN):
+    return CorrectionWindow(parent_episode_id="ep", parent_step_id=start if gate is None else gate,
+                            handover_start=start, handover_end=end, source=source)
+
+
+def test_policy_actions_of_a_successful_rollout_are_never_trainable():
+    labels = _labels([P] * 10)
+    assert (labels.mask == C).all()
+    assert (labels.target == LabelTarget.NONE.code).all()
+
+
+def test_human_actions_inside_the_window_are_trainable_and_policy_outside_is_context():
+    src = [P, P, P, H, H, H, P, P]
+    labels = _labels(src, [_window(3, 6, gate=2)])
+    assert labels.mask.tolist() == [C, C, C, T, T, T, C, C]
+    assert labels.target.tolist()[3:6] == [LabelTarget.APPLIED_ACTION.code] * 3
+
+
+def test_window_end_is_exclusive_and_policy_steps_inside_a_window_stay_context():
+    # step 5 is a blend tick driven by the policy inside the window: not a human label
+    labels = _labels([P, H, H, H, H, P, H], [_window(1, 5)])
+    assert labels.mask.tolist() == [C, T, T, T, T, C, C]
+
+
+def test_human_action_outside_any_window_is_not_trainable():
+    labels = _labels([H, H, P], [])
+    assert (labels.mask != T).all()
+
+
+def test_flagged_and_invalid_steps_inside_a_window_are_excluded():
+    flags = [0, StepFlag.SENSOR_LOSS, StepFlag.LATENCY_EXCEEDED, StepFlag.INTERPOLATED, 0]
+    valid = [True, True, True, True, False]
+    labels = _labels([H] * 5, [_window(0, 5)], flags=flags, valid=valid)
+    assert labels.mask.tolist() == [T, X, X, T, X]
+
+
+def test_safety_controller_steps_inside_a_window_are_not_labels():
+    labels = _labels([H, S, H], [_window(0, 3)])
+    assert labels.mask.tolist() == [T, C, T]
+
+
+def test_certification_is_the_only_way_policy_actions_become_trainable():
+    cert = ExpertCertification(episode_id="ep", step_start=2, step_end=4, certifier="reviewer-7",
+                               method="independent_review", executability_verified=True)
+    labels = _labels([P] * 6, certs=[cert])
+    assert labels.mask.tolist() == [C, C, T, T, C, C]
+    unverified = cert.model_copy(update={"executability_verified": False})
+    assert (_labels([P] * 6, certs=[unverified]).mask == C).all()
+
+
+def test_expert_window_trains_on_valid_expert_labels_only():
+    labels = _labels([P, E, P, E], [_window(0, 4, source=ActionSource.EXPERT)],
+                     expert_valid=[True, True, False, True], mode=CollectionMode.DAGGER_SYNC)
+    assert labels.mask.tolist() == [T, T, C, T]
+    assert labels.target.tolist() == [LabelTarget.EXPERT_ACTION.code] * 2 + [0, LabelTarget.EXPERT_ACTION.code]
+
+
+def test_evaluation_rollouts_are_never_training_data():
+    labels = _labels([H, H], [_window(0, 2)], mode=CollectionMode.EVAL)
+    assert (labels.mask == C).all()
+
+
+def test_violations_name_episode_and_step_for_a_trainable_policy_action():
+    src = np.array([P, H, P], np.uint8)
+    stored = np.array([T, T, C], np.uint8)
+    out = label_violations(episode_id="ep42", label_mask=stored, action_source=src, valid=np.ones(3, bool),
+                           step_flags=np.zeros(3, np.uint16), expert_valid=np.zeros(3, bool),
+                           windows=[_window(1, 2)])
+    assert out == ["episode ep42 step 0: trainable policy action outside any correction window without an expert certification"]
+
+
+def test_a_stricter_stored_mask_is_not_a_violation():
+    src = np.array([H, H], np.uint8)
+    out = label_violations(episode_id="e", label_mask=np.array([X, C], np.uint8), action_source=src,
+                           valid=np.ones(2, bool), step_flags=np.zeros(2, np.uint16),
+                           expert_valid=np.zeros(2, bool), windows=[_window(0, 2)])
+    assert out == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    src=st.lists(st.sampled_from([P, H, S, E]), min_size=1, max_size=40),
+    bounds=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=3),
+)
+def test_hard_rule_holds_for_any_episode(src, bounds):
+    windows = [_window(min(a, b), max(a, b)) for a, b in bounds]
+    labels = _labels(src, windows)
+    for step, (code, mask) in enumerate(zip(src, labels.mask, strict=True)):
+        inside = any(w.handover_start <= step < w.handover_end for w in windows)
+        if mask == T:
+            assert inside and code == H
+
+
+def test_window_bounds_are_checked():
+    with pytest.raises(ValidationError, match="handover_end"):
+        _window(5, 3)
+    with pytest.raises(ValidationError, match="parent_step_id"):
+        CorrectionWindow(parent_episode_id="e", parent_step_id=9, handover_start=4, handover_end=6)
+    with pytest.raises(ValidationError, match="source"):
+        _window(0, 1, source=ActionSource.POLICY)
+
+
+def test_unsupported_schema_version_is_refused_by_name():
+    with pytest.raises(ValidationError, match="schema_version '0.9' is not supported"):
+        EpisodeStart(schema_version="0.9", task=TaskInfo(task_id="t"), mode="human_gated", control_hz=25)
+
+
+def test_field_specs_check_shape_and_dtype_by_name():
+    fields = step_fields({"observation": ((25,), "float32"), "rgb": ((128, 128, 3), "uint8")}, action_dim=4)
+    assert fields["obs/rgb"].image and not fields["obs/observation"].image
+    assert fields["applied_action"].shape == (4,)
+    with pytest.raises(ValueError, match="episode e step 3: field 'applied_action' has shape"):
+        fields["applied_action"].check(np.zeros(3, np.float32), where="episode e step 3")
+    with pytest.raises(ValueError, match="dtype"):
+        fields["t_obs"].check(np.float64(1.5), where="x")
+    assert fields["t_obs"].check(np.int32(5), where="x").dtype == np.int64
+
+
+def test_enum_codes_are_stable():
+    # on-disk codes: appending is fine, renumbering breaks every store ever written
+    assert [a.value for a in ActionSource] == ["policy", "human", "safety_controller", "expert", "unknown"]
+    assert [m.value for m in LabelMask] == ["trainable", "context_only", "excluded"]
+    assert ActionSource.from_code(1) is ActionSource.HUMAN
+    with pytest.raises(ValueError, match="not a valid ActionSource code"):
+        ActionSource.from_code(9)
+
+
+def test_clock_mapping_uses_the_fastest_exchange():
+    # remote clock runs 1_000_000 ns behind; the second exchange has the smallest round trip
+    exchanges = [(0, -1_000_000 + 400, 1000), (2000, 2000 - 1_000_000 + 50, 2100), (5000, 0, 9000)]
+    m = ClockMapping.from_exchanges(exchanges)
+    assert m.error_ns == 50
+    assert abs(m.to_local(0) - 1_000_000) <= 50
+    with pytest.raises(ValueError):
+        ClockMapping.from_exchanges([])
