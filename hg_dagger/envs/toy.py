@@ -1,0 +1,138 @@
+"""A planar 2-link arm reaching a target: pure numpy, vectorized, thousands of steps per second.
+
+For fast tests of everything above the env (gates, handover, store, learning). It does not stand in
+for MuJoCo in integration tests. Raw action: joint velocity commands in [-1, 1] (scaled by
+``max_speed``); ``toy_ik_action`` is an analytic-IK expert that solves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hg_dagger.contract.clock import now_ns
+from hg_dagger.envs.base import Obs, StepResult, VecEnv
+from hg_dagger.envs.common import row_seeds, rows_of
+from hg_dagger.envs.mapping import TaskMapping
+
+LINKS = (0.5, 0.5)
+MAX_SPEED = 2.0  # rad/s at action 1.0
+SUCCESS_RADIUS = 0.02
+
+
+def _wrap(a: np.ndarray) -> np.ndarray:
+    return (a + np.pi) % (2 * np.pi) - np.pi
+
+
+def forward(q: np.ndarray, links: Sequence[float] = LINKS) -> np.ndarray:
+    """Joint angles [N, 2] -> end-effector position [N, 2]."""
+    l1, l2 = links
+    q1, q12 = q[:, 0], q[:, 0] + q[:, 1]
+    return np.stack([l1 * np.cos(q1) + l2 * np.cos(q12), l1 * np.sin(q1) + l2 * np.sin(q12)], axis=1)
+
+
+def inverse(target: np.ndarray, q_now: np.ndarray, links: Sequence[float] = LINKS) -> np.ndarray:
+    """Analytic IK: the elbow branch closest to the current joints. Unreachable targets are pulled in."""
+    l1, l2 = links
+    x, y = target[:, 0], target[:, 1]
+    c2 = np.clip((x * x + y * y - l1 * l1 - l2 * l2) / (2 * l1 * l2), -1.0, 1.0)
+    best = None
+    for sign in (1.0, -1.0):
+        q2 = sign * np.arccos(c2)
+        q1 = np.arctan2(y, x) - np.arctan2(l2 * np.sin(q2), l1 + l2 * np.cos(q2))
+        q = np.stack([q1, q2], axis=1)
+        cost = np.abs(_wrap(q - q_now)).sum(axis=1)
+        if best is None:
+            best, best_cost = q, cost
+        else:
+            pick = cost < best_cost
+            best = np.where(pick[:, None], q, best)
+    return best
+
+
+def toy_ik_action(
+    obs: Obs, *, links: Sequence[float] = LINKS, max_speed: float = MAX_SPEED, step_dt: float = 0.04
+) -> np.ndarray:
+    """The expert: raw action [N, 2] that moves the joints toward the IK solution at full speed."""
+    q = np.asarray(obs["qpos"], dtype=np.float64)
+    q_goal = inverse(np.asarray(obs["target"], dtype=np.float64), q, links)
+    return np.clip(_wrap(q_goal - q) / (max_speed * step_dt), -1.0, 1.0).astype(np.float32)
+
+
+class ToyReachEnv(VecEnv):
+    """num_envs independent 2-link arms; each row has its own random stream (seeded per row)."""
+
+    def __init__(self, mapping: TaskMapping, num_envs: int = 1, seed: int | None = None):
+        opts = mapping.backend_options
+        self.task_id = mapping.task_id
+        self.num_envs = int(num_envs)
+        self._mapping = mapping
+        self.links = tuple(float(x) for x in opts.get("link_lengths", LINKS))
+        self.max_speed = float(opts.get("max_speed", MAX_SPEED))
+        self.success_radius = float(opts.get("success_radius", SUCCESS_RADIUS))
+        self.terminate_on_success = bool(opts.get("terminate_on_success", True))
+        self._max_step = self.max_speed * mapping.dt
+        n = self.num_envs
+        self._rngs = [np.random.default_rng(None if seed is None else seed + i) for i in range(n)]
+        self._q = np.zeros((n, 2))
+        self._target = np.zeros((n, 2))
+        self._t = np.zeros(n, dtype=np.int64)
+        self._horizon = mapping.horizon
+        self._lo, self._hi = mapping._arrays["raw_low"], mapping._arrays["raw_high"]
+
+    @property
+    def mapping(self) -> TaskMapping:
+        return self._mapping
+
+    def _sample(self, rows: np.ndarray, seeds: list[int | None]) -> None:
+        reach = sum(self.links)
+        for r, s in zip(rows, seeds, strict=True):
+            if s is not None:
+                self._rngs[r] = np.random.default_rng(s)
+            rng = self._rngs[r]
+            self._q[r] = rng.uniform(-1.0, 1.0, size=2)
+            radius = rng.uniform(0.25, 0.9) * reach
+            angle = rng.uniform(-np.pi, np.pi)
+            self._target[r] = radius * np.cos(angle), radius * np.sin(angle)
+        self._t[rows] = 0
+
+    def _obs(self) -> Obs:
+        return {
+            "qpos": _wrap(self._q).astype(np.float32),
+            "ee_pos": forward(self._q, self.links).astype(np.float32),
+            "target": self._target.astype(np.float32),
+        }
+
+    def reset(self, seed=None, env_ids=None) -> tuple[Obs, dict]:
+        rows = rows_of(env_ids, self.num_envs, where=self.task_id)
+        self._sample(rows, row_seeds(seed, rows, where=self.task_id))
+        obs = self._obs()
+        return obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
+
+    def step(self, action: np.ndarray) -> StepResult:
+        a = np.clip(self.check_action(action), self._lo, self._hi)
+        t_apply = now_ns()
+        self._q = self._q + a * self._max_step
+        self._t += 1
+        obs = self._obs()
+        dist = np.linalg.norm(obs["ee_pos"] - obs["target"], axis=1)
+        success = dist < self.success_radius
+        terminated = success & self.terminate_on_success
+        truncated = (self._t >= self._horizon) & ~terminated
+        done = terminated | truncated
+        final_obs = obs
+        if done.any():
+            rows = np.flatnonzero(done)
+            self._sample(rows, [None] * len(rows))
+            obs = self._obs()
+        n = self.num_envs
+        info = {
+            "success": success,
+            "final_obs": final_obs,
+            "episode_start": done,
+            "t_obs": np.full(n, now_ns(), dtype=np.int64),
+            "t_action_apply": np.full(n, t_apply, dtype=np.int64),
+            "signals": {"progress": -dist},
+        }
+        return StepResult(obs, (-dist).astype(np.float32), terminated, truncated, info)
