@@ -1,0 +1,102 @@
+"""Student checkpoints: one torch file with weights, normalization, mapping hash and lineage.
+
+Layout (a plain dict, loadable with ``torch.load(weights_only=True)``)::
+
+    format, kind: "hg_dagger.student", spec, state_dict (incl. normalization buffers),
+    round, version, seed, lineage, mapping: {task_id, hash}, extra: {...}
+
+``extra`` carries whatever a trainer needs to resume (optimizer state, iteration, beta, replay
+state); a policy-only reader ignores it. Files are written atomically (temp file + rename), so a
+reader polling a snapshot path never sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hg_dagger.errors import ConfigError, ContractError
+
+FORMAT = 1
+KIND = "hg_dagger.student"
+
+
+def _payload(student, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "kind": KIND,
+        "spec": student.spec.as_dict(),
+        "state_dict": {k: v.detach().cpu().clone() for k, v in student.net.state_dict().items()},
+        "round": student.round,
+        "version": student.version,
+        "seed": student.seed,
+        "lineage": list(student.lineage),
+        "mapping": {"task_id": student.mapping.task_id, "hash": student.mapping.hash},
+        "extra": extra,
+    }
+
+
+def save_checkpoint(path: str | os.PathLike, student, **extra: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(_payload(student, extra), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def snapshot_bytes(student, **extra: Any) -> bytes:
+    """The same payload as a file, as bytes (for handing a policy to another process)."""
+    buf = io.BytesIO()
+    torch.save(_payload(student, extra), buf)
+    return buf.getvalue()
+
+
+def read_checkpoint(source: str | os.PathLike | bytes) -> dict[str, Any]:
+    """The raw checkpoint dict; raises ConfigError naming the file if it is missing or not a checkpoint."""
+    where = "<bytes>" if isinstance(source, bytes) else str(source)
+    if not isinstance(source, bytes) and not Path(source).is_file():
+        raise ConfigError(f"{where}: no such checkpoint file")
+    try:
+        data = torch.load(io.BytesIO(source) if isinstance(source, bytes) else source,
+                          map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
+        raise ConfigError(f"{where}: not a readable student checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise ConfigError(f"{where}: not a student checkpoint (missing kind {KIND!r})")
+    if data.get("format") != FORMAT:
+        raise ConfigError(f"{where}: checkpoint format {data.get('format')!r} is not supported (supported: {FORMAT})")
+    return data
+
+
+def check_mapping(data: dict[str, Any], mapping, *, where: str) -> None:
+    saved = data["mapping"]
+    if saved["hash"] != mapping.hash:
+        raise ContractError(
+            f"{where}: checkpoint was trained for task {saved['task_id']!r} (mapping hash {saved['hash']}); "
+            f"it cannot act under task {mapping.task_id!r} (mapping hash {mapping.hash}) - observation "
+            f"or action semantics differ"
+        )
+
+
+def load_student(source: str | os.PathLike | bytes, mapping):
+    """A Student from a checkpoint file or snapshot bytes; refuses a different mapping."""
+    from hg_dagger.policy.student import Student, StudentSpec
+
+    where = "<bytes>" if isinstance(source, bytes) else str(source)
+    data = read_checkpoint(source)
+    check_mapping(data, mapping, where=where)
+    student = Student(mapping, StudentSpec.from_dict(data["spec"]), seed=int(data["seed"]), round=int(data["round"]))
+    try:
+        student.net.load_state_dict(data["state_dict"])
+    except RuntimeError as exc:
+        raise ConfigError(f"{where}: weights do not match the stored architecture: {exc}") from None
+    student.lineage = list(data["lineage"])
+    student.weights_changed()
+    if student.version != data["version"]:
+        raise ContractError(f"{where}: weights hash to {student.version}, the file says {data['version']} (corrupt?)")
+    return student

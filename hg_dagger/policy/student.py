@@ -1,0 +1,298 @@
+"""The student policy: a small torch ensemble that acts on batched observations.
+
+K members (an MLP for state tasks; a shared CNN encoder with K MLP heads for camera tasks)
+predict the action in the task's normalized policy space; their mean is the action and their
+spread is the per-env uncertainty the gates use. ``act`` returns actions in the RAW action space
+(through ``mapping.policy_to_raw``), so a student is a drop-in action source beside people and
+experts. Every output carries ``student.version``: a content hash of the weights plus the round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hg_dagger.errors import ConfigError
+
+KINDS = ("mlp", "cnn")
+
+
+@dataclass
+class PolicyOutput:
+    action: np.ndarray  # float32 [N, A], raw action space
+    uncertainty: np.ndarray  # float32 [N], ensemble disagreement (normalized units)
+    confidence: np.ndarray  # float32 [N], in [0, 1]
+    inference_ns: int  # wall time of the whole act() call
+    policy_action: np.ndarray | None = None  # float32 [N, A], policy space (before policy_to_raw)
+
+
+@dataclass
+class StudentSpec:
+    """Architecture; stored in checkpoints so a student rebuilds without its config file."""
+
+    kind: str = "mlp"
+    ensemble: int = 5
+    hidden: tuple[int, ...] = (256, 256)
+    state_dim: int = 0
+    action_dim: int = 0
+    image_keys: tuple[str, ...] = ()
+    image_shape: tuple[int, ...] = ()  # (H, W, C) of every camera
+    cnn_channels: tuple[int, ...] = (16, 32, 32, 32)
+    cnn_features: int = 64
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StudentSpec:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**kw)
+
+
+class EnsembleLinear(nn.Module):
+    """K independent linear layers applied in one batched matmul: [K, N, in] -> [K, N, out]."""
+
+    def __init__(self, k: int, n_in: int, n_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(k, n_in, n_out))
+        self.bias = nn.Parameter(torch.empty(k, 1, n_out))
+        bound = 1.0 / math.sqrt(n_in)
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class EnsembleMLP(nn.Module):
+    def __init__(self, k: int, n_in: int, hidden: tuple[int, ...], n_out: int):
+        super().__init__()
+        sizes = [n_in, *hidden, n_out]
+        self.layers = nn.ModuleList(EnsembleLinear(k, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, in] (shared by all members) or [K, N, in] -> [K, N, out]."""
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.k, -1, -1)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.relu(x)
+        return x
+
+
+class ConvEncoder(nn.Module):
+    """A small strided CNN for uint8 HxWxC frames -> a feature vector."""
+
+    def __init__(self, image_shape: tuple[int, ...], channels: tuple[int, ...], features: int):
+        super().__init__()
+        _, _, c_in = image_shape
+        layers: list[nn.Module] = []
+        for c in channels:
+            layers += [nn.Conv2d(c_in, c, kernel_size=3, stride=2, padding=1), nn.ReLU()]
+            c_in = c
+        self.conv = nn.Sequential(*layers)
+        self.proj = nn.Linear(c_in, features)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = img.permute(0, 3, 1, 2).float().div_(255.0)
+        x = self.conv(x).mean(dim=(2, 3))
+        return torch.relu(self.proj(x))
+
+
+def image_keys_of(obs_spec: dict[str, tuple[tuple[int, ...], Any]]) -> list[str]:
+    return [k for k, (shape, dtype) in obs_spec.items() if np.dtype(dtype) == np.uint8 and len(shape) == 3]
+
+
+class StudentNet(nn.Module):
+    """Normalization buffers + (optional) image encoder + ensemble MLP, all in one state_dict."""
+
+    def __init__(self, spec: StudentSpec):
+        super().__init__()
+        self.spec = spec
+        n_in = spec.state_dim
+        self.encoders = nn.ModuleDict()
+        for key in spec.image_keys:
+            self.encoders[key] = ConvEncoder(spec.image_shape, spec.cnn_channels, spec.cnn_features)
+            n_in += spec.cnn_features
+        self.head = EnsembleMLP(spec.ensemble, n_in, spec.hidden, spec.action_dim)
+        self.register_buffer("obs_mean", torch.zeros(spec.state_dim))
+        self.register_buffer("obs_std", torch.ones(spec.state_dim))
+        self.register_buffer("act_mean", torch.zeros(spec.action_dim))
+        self.register_buffer("act_std", torch.ones(spec.action_dim))
+        self.register_buffer("uncertainty_ref", torch.ones(()))
+
+    def features(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = (state - self.obs_mean) / self.obs_std
+        if self.spec.image_keys:
+            x = torch.cat([x] + [self.encoders[k](images[k]) for k in self.spec.image_keys], dim=-1)
+        return x
+
+    def forward(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Normalized per-member predictions [K, N, A]."""
+        return self.head(self.features(state, images))
+
+
+@dataclass
+class Lineage:
+    """One training round: what it started from and what it saw."""
+
+    round: int
+    parent_version: str
+    version: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Student:
+    """A trained (or fresh) student bound to one task mapping."""
+
+    def __init__(self, mapping, spec: StudentSpec, *, seed: int = 0, round: int = 0):
+        self.mapping = mapping
+        self.spec = spec
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
+            torch.manual_seed(seed)
+            self.net = StudentNet(spec)
+        self.net.eval()
+        self.round = int(round)
+        self.seed = int(seed)
+        self.lineage: list[dict[str, Any]] = []
+        self._version: str | None = None
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def create(cls, mapping, kind: str = "mlp", ensemble: int = 5, seed: int = 0,
+               hidden: tuple[int, ...] = (256, 256), **cnn) -> Student:
+        if kind not in KINDS:
+            raise ConfigError(f"student kind {kind!r} is unknown; known kinds: {', '.join(KINDS)}")
+        if int(ensemble) < 1:
+            raise ConfigError(f"student ensemble must be >= 1, got {ensemble}")
+        spec_obs = mapping.obs_spec()
+        images = image_keys_of(spec_obs)
+        if kind == "mlp" and images:
+            images = []  # a state-only student on a camera task ignores the cameras
+        if kind == "cnn" and not images:
+            raise ConfigError(f"student kind 'cnn' needs a camera observation; task {mapping.task_id} has none "
+                              f"(keys: {', '.join(spec_obs)})")
+        shapes = {tuple(spec_obs[k][0]) for k in images}
+        if len(shapes) > 1:
+            raise ConfigError(f"task {mapping.task_id}: cameras of different shapes {sorted(shapes)} are not supported")
+        spec = StudentSpec(
+            kind=kind, ensemble=int(ensemble), hidden=tuple(int(h) for h in hidden),
+            state_dim=state_dim_of(mapping), action_dim=int(mapping.action_dim),
+            image_keys=tuple(images), image_shape=tuple(shapes.pop()) if shapes else (), **cnn,
+        )
+        return cls(mapping, spec, seed=seed)
+
+    @classmethod
+    def load(cls, path, mapping) -> Student:
+        from hg_dagger.policy.checkpoint import load_student
+
+        return load_student(path, mapping)
+
+    def save(self, path, **extra) -> None:
+        from hg_dagger.policy.checkpoint import save_checkpoint
+
+        save_checkpoint(path, self, **extra)
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def version(self) -> str:
+        if self._version is None:
+            self._version = f"{self.content_hash()[:12]}-r{self.round}"
+        return self._version
+
+    def content_hash(self) -> str:
+        h = hashlib.sha256()
+        h.update(repr(sorted(self.spec.as_dict().items())).encode())
+        for name, t in sorted(self.net.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def weights_changed(self) -> None:
+        """Call after any in-place change of the weights; the version is recomputed on demand."""
+        self._version = None
+
+    def finish_round(self, info: dict[str, Any]) -> str:
+        """Close a training round: bump the round, record lineage, return the new version."""
+        parent = self.version
+        self.round += 1
+        self.weights_changed()
+        self.lineage.append(Lineage(self.round, parent, self.version, dict(info)).__dict__)
+        return self.version
+
+    # ------------------------------------------------------------------ inputs
+
+    def encode(self, obs: dict[str, np.ndarray]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Observation dict -> (flat normalized-by-mapping state, raw uint8 images) tensors."""
+        state = torch.from_numpy(np.ascontiguousarray(self.mapping.flatten_obs(obs), dtype=np.float32))
+        if state.shape[-1] != self.spec.state_dim:
+            raise ConfigError(f"task {self.mapping.task_id}: flattened observation has {state.shape[-1]} values, "
+                              f"the student expects {self.spec.state_dim}")
+        images = {k: torch.from_numpy(np.ascontiguousarray(obs[k])) for k in self.spec.image_keys}
+        return state, images
+
+    def set_normalization(self, states: np.ndarray, policy_actions: np.ndarray) -> None:
+        """Per-dimension mean/std of training inputs and targets (policy space)."""
+        for name, data in (("obs", states), ("act", policy_actions)):
+            data = torch.as_tensor(np.asarray(data, dtype=np.float32))
+            mean = data.mean(0) if len(data) else torch.zeros(data.shape[-1])
+            std = data.std(0, unbiased=False) if len(data) > 1 else torch.ones(data.shape[-1])
+            getattr(self.net, f"{name}_mean").copy_(mean)
+            getattr(self.net, f"{name}_std").copy_(torch.clamp(std, min=1e-3))
+        self.weights_changed()
+
+    # ------------------------------------------------------------------ acting
+
+    def predict_members(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-member actions in policy space [K, N, A] (differentiable)."""
+        z = self.net(state, images)
+        return z * self.net.act_std + self.net.act_mean
+
+    @torch.inference_mode()
+    def act(self, obs: dict[str, np.ndarray]) -> PolicyOutput:
+        t0 = time.perf_counter_ns()
+        state, images = self.encode(obs)
+        z = self.net(state, images)  # normalized [K, N, A]
+        mean = z.mean(0)
+        if z.shape[0] > 1:
+            unc = z.std(0, unbiased=False).mean(-1)
+        else:
+            unc = torch.zeros(z.shape[1])
+        conf = torch.exp(-unc / self.net.uncertainty_ref)
+        policy = (mean * self.net.act_std + self.net.act_mean).numpy().astype(np.float32, copy=False)
+        raw = np.asarray(self.mapping.policy_to_raw(policy), dtype=np.float32)
+        return PolicyOutput(
+            action=raw,
+            uncertainty=unc.numpy().astype(np.float32, copy=False),
+            confidence=conf.numpy().astype(np.float32, copy=False),
+            inference_ns=time.perf_counter_ns() - t0,
+            policy_action=policy,
+        )
+
+    @torch.inference_mode()
+    def calibrate_confidence(self, obs: dict[str, np.ndarray], quantile: float = 0.95) -> float:
+        """Set the uncertainty that maps to confidence exp(-1): the given quantile over in-distribution obs."""
+        state, images = self.encode(obs)
+        z = self.net(state, images)
+        unc = z.std(0, unbiased=False).mean(-1) if z.shape[0] > 1 else torch.zeros(1)
+        ref = float(torch.quantile(unc, quantile)) if unc.numel() else 1.0
+        self.net.uncertainty_ref.fill_(max(ref, 1e-6))
+        self.weights_changed()
+        return ref
+
+
+def state_dim_of(mapping) -> int:
+    """Width of mapping.flatten_obs for one observation (probed with a zero observation)."""
+    zero = {k: np.zeros((1, *shape), dtype=dtype) for k, (shape, dtype) in mapping.obs_spec().items()}
+    return int(np.asarray(mapping.flatten_obs(zero)).shape[-1])
