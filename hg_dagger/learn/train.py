@@ -1,0 +1,268 @@
+"""Behaviour cloning / DAgger training of the student on trainable labels only.
+
+The trainer sees nothing but a Replay (hg_dagger.learn.aggregate), which holds only rows whose
+label mask is TRAINABLE with their label target; so invalid expert outputs and non-trainable rows
+cannot reach the loss. The loss is the mean squared error in the normalized policy action space,
+each ensemble member seeing its own bootstrap weights over a shared batch, optionally
+upweighting correction rows (IWR-style, ``ReplayConfig.intervention_weight``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from hg_dagger.learn.aggregate import Replay, ReplayConfig, held_out, load_labels
+from hg_dagger.policy import Student
+from hg_dagger.policy.checkpoint import read_checkpoint
+from hg_dagger.errors import ConfigError, ContractError
+
+log = logging.getLogger(__name__)
+
+
+class StudentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "mlp"
+    ensemble: int = Field(default=5, ge=1)
+    hidden: tuple[int, ...] = (256, 256)
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=2000, gt=0, description="gradient steps per training round")
+    batch_size: int = Field(default=256, gt=0)
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=1e-5, ge=0)
+    bootstrap: bool = True  # per-member Poisson(1) weights: ensemble diversity from one batch
+    log_every: int = Field(default=50, gt=0)
+    seed: int = 0
+    threads: int = Field(default=1, ge=1, description="torch CPU threads while training")
+
+
+class Trainer:
+    """Owns the optimizer and the training-side state a checkpoint must carry to resume."""
+
+    def __init__(self, student: Student, config: TrainConfig, replay: Replay):
+        self.student = student
+        self.config = config
+        self.replay = replay
+        self.optimizer = torch.optim.AdamW(student.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.iteration = 0  # completed DAgger iterations (set by the caller)
+        self.beta: float | None = None
+        self.total_steps = 0
+        self._rng = np.random.default_rng(config.seed)
+        self._gen = torch.Generator().manual_seed(config.seed)
+
+    # ------------------------------------------------------------------ data
+
+    def _tensors(self) -> dict[str, Any]:
+        a = self.replay.arrays()
+        m = self.student.mapping
+        state = np.asarray(m.flatten_obs(a["obs"]), dtype=np.float32)
+        target = np.asarray(m.raw_to_policy(a["target"]), dtype=np.float32)
+        return {
+            "state": torch.from_numpy(np.ascontiguousarray(state)),
+            "target": torch.from_numpy(np.ascontiguousarray(target)),
+            "images": {k: torch.from_numpy(a["obs"][k]) for k in self.student.spec.image_keys},
+            "weight": torch.from_numpy(a["weight"]),
+        }
+
+    # ------------------------------------------------------------------ training
+
+    def fit(
+        self,
+        steps: int | None = None,
+        *,
+        log_path: str | Path | None = None,
+        progress: bool = True,
+        info: dict[str, Any] | None = None,
+        on_batch: Callable[[np.ndarray], None] | None = None,
+    ) -> dict[str, Any]:
+        """One training round on the current replay; returns loss figures and the new policy version."""
+        cfg = self.config
+        steps = int(steps or cfg.steps)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(cfg.threads)
+        try:
+            return self._fit(steps, log_path, progress, info or {}, on_batch)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, steps, log_path, progress, info, on_batch) -> dict[str, Any]:
+        cfg, student = self.config, self.student
+        data = self._tensors()
+        student.set_normalization(data["state"].numpy(), data["target"].numpy())
+        net = student.net
+        act_mean, act_std = net.act_mean, net.act_std
+        z_target = (data["target"] - act_mean) / act_std
+        k = student.spec.ensemble
+        log_file = open(log_path, "a") if log_path else None  # noqa: SIM115 - closed below
+        t0 = time.perf_counter()
+        net.train()
+        losses: list[float] = []
+        try:
+            bar = tqdm(range(steps), desc=f"train round {student.round + 1}", disable=not progress, leave=False)
+            for _ in bar:
+                rows = self.replay.sample(cfg.batch_size, self._rng)
+                if on_batch is not None:
+                    on_batch(rows)
+                idx = torch.from_numpy(rows)
+                images = {key: v[idx] for key, v in data["images"].items()}
+                pred = net(data["state"][idx], images)  # [K, B, A]
+                err = ((pred - z_target[idx].unsqueeze(0)) ** 2).mean(-1)  # [K, B]
+                w = data["weight"][idx].unsqueeze(0).expand(k, -1)
+                if cfg.bootstrap and k > 1:
+                    w = w * torch.poisson(torch.ones(k, len(rows)), generator=self._gen)
+                loss = (err * w).sum() / w.sum().clamp(min=1e-6)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                self.total_steps += 1
+                value = float(loss.detach())
+                losses.append(value)
+                if self.total_steps % cfg.log_every == 0:
+                    bar.set_postfix(loss=f"{value:.4f}")
+                    if log_file:
+                        rec = {"round": student.round + 1, "step": self.total_steps, "loss": value,
+                               "labels": len(self.replay), "iteration": self.iteration}
+                        log_file.write(json.dumps(rec) + "\n")
+        finally:
+            net.eval()
+            if log_file:
+                log_file.close()
+        n = min(len(data["state"]), 4096)
+        sel = np.linspace(0, len(data["state"]) - 1, n).astype(np.int64)
+        a = self.replay.arrays()
+        student.calibrate_confidence({key: v[sel] for key, v in a["obs"].items()})
+        version = student.finish_round({
+            "iteration": self.iteration, "steps": steps, "labels": len(self.replay),
+            "episodes": self.replay.num_episodes, "final_loss": float(np.mean(losses[-20:])) if losses else None,
+            **info,
+        })
+        return {
+            "version": version, "round": student.round, "steps": steps,
+            "loss_first": losses[0] if losses else None, "loss_last": float(np.mean(losses[-20:])) if losses else None,
+            "seconds": time.perf_counter() - t0, "labels": len(self.replay),
+        }
+
+    # ------------------------------------------------------------------ checkpoint / resume
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+            "beta": self.beta,
+            "total_steps": self.total_steps,
+            "rng": json.dumps(self._rng.bit_generator.state),
+            "torch_rng": self._gen.get_state(),
+            "replay": self.replay.state(),
+            "config": self.config.model_dump(),
+        }
+
+    def save(self, path: str | Path, **extra: Any) -> Path:
+        from hg_dagger.policy.checkpoint import save_checkpoint
+
+        return save_checkpoint(path, self.student, train=self.state(), **extra)
+
+    @classmethod
+    def resume(cls, path: str | Path, mapping, loader: Callable[[str], Any], config: TrainConfig | None = None) -> Trainer:
+        """Rebuild student, optimizer, iteration, beta, RNGs and replay from a checkpoint."""
+        data = read_checkpoint(path)
+        train = data["extra"].get("train")
+        if train is None:
+            raise ConfigError(f"{path}: a policy-only checkpoint; it holds no training state to resume from")
+        student = Student.load(path, mapping)
+        cfg = config or TrainConfig.model_validate(train["config"])
+        replay = Replay(ReplayConfig.model_validate(train["replay"]["config"]))
+        replay.restore(train["replay"], loader)
+        trainer = cls(student, cfg, replay)
+        trainer.optimizer.load_state_dict(train["optimizer"])
+        trainer.iteration = int(train["iteration"])
+        trainer.beta = train["beta"]
+        trainer.total_steps = int(train["total_steps"])
+        bg = np.random.PCG64()
+        bg.state = json.loads(train["rng"])
+        trainer._rng = np.random.Generator(bg)
+        trainer._gen.set_state(train["torch_rng"])
+        return trainer
+
+
+# ---------------------------------------------------------------------- store -> replay
+
+
+def training_episodes(store, mapping, *, holdout_fraction: float = 0.0, held: bool = False) -> list:
+    """Complete episodes of this task usable for training (or, with held=True, the held-out ones)."""
+    out = []
+    for info in store.episodes():
+        if not info.complete or info.end is None or info.start.task.task_id != mapping.task_id:
+            continue
+        if info.start.mapping_hash and info.start.mapping_hash != mapping.hash:
+            raise ContractError(f"episode {info.episode_id}: recorded under mapping hash {info.start.mapping_hash}, "
+                                f"task {mapping.task_id} now has {mapping.hash}; re-record or train with that mapping")
+        if held_out(info.episode_id, info.start.split, holdout_fraction) == held:
+            out.append(info)
+    return out
+
+
+def store_loader(store, mapping) -> Callable[[str], Any]:
+    keys = list(mapping.obs_spec())
+    by_id = {}
+
+    def load(episode_id: str):
+        if not by_id:
+            by_id.update({i.episode_id: i for i in store.episodes()})
+        if episode_id not in by_id:
+            raise ContractError(f"episode {episode_id}: listed in the checkpoint's replay state but not in the store")
+        return load_labels(store, by_id[episode_id], keys)
+
+    return load
+
+
+def train_from_store(
+    store_url: str,
+    task: str,
+    out_dir: str | Path,
+    *,
+    student_cfg: StudentConfig | None = None,
+    train_cfg: TrainConfig | None = None,
+    replay_cfg: ReplayConfig | None = None,
+    resume: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`hg-dagger train`: all trainable labels of a task in a store -> a student checkpoint."""
+    from hg_dagger.envs import load_mapping
+    from hg_dagger.store import EpisodeStore
+
+    mapping = load_mapping(task)
+    store = EpisodeStore.open(store_url, mode="r")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    replay_cfg = replay_cfg or ReplayConfig()
+    loader = store_loader(store, mapping)
+    if resume:
+        trainer = Trainer.resume(resume, mapping, loader, train_cfg)
+    else:
+        sc = student_cfg or StudentConfig()
+        student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden,
+                                 seed=(train_cfg or TrainConfig()).seed)
+        trainer = Trainer(student, train_cfg or TrainConfig(), Replay(replay_cfg, seed=(train_cfg or TrainConfig()).seed))
+    episodes = training_episodes(store, mapping, holdout_fraction=trainer.replay.config.holdout_fraction)
+    keys = list(mapping.obs_spec())
+    trainer.replay.add(load_labels(store, info, keys) for info in
+                       tqdm(episodes, desc="load labels", disable=not progress, leave=False))
+    result = trainer.fit(log_path=out / "loss.jsonl", progress=progress, info={"store": str(store_url)})
+    ckpt = trainer.save(out / "student.pt")
+    result.update(checkpoint=str(ckpt), replay=trainer.replay.summary())
+    (out / "train.json").write_text(json.dumps(result, indent=2))
+    return result
