@@ -1,0 +1,123 @@
+"""The Device interface and the registry that builds a device from its config ``type``.
+
+Lifecycle: ``connect()`` opens the hardware, ``calibrate()`` measures and saves its calibration,
+``poll()`` is called once per control tick and returns a HumanCommand, or None when the device is
+gone (unplugged, read error, closed): the control loop then holds or stops the robot within that tick.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hg_dagger.contract.clock import now_ns
+from hg_dagger.contract.command import HumanCommand
+from hg_dagger.devices.configs import DeviceConfig, load_device_config, parse_device_config
+from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline
+from hg_dagger.errors import HgDaggerError
+
+
+class DeviceError(HgDaggerError):
+    """An input device is missing, unreadable, or misconfigured."""
+
+
+# type -> "module:Class". Add a line when a device type is added (or call register_device).
+DEVICE_TYPES: dict[str, str] = {
+    "gamepad": "hg_dagger.devices.gamepad:Gamepad",
+    "spacemouse": "hg_dagger.devices.spacemouse:SpaceMouse",
+    "keyboard": "hg_dagger.devices.keyboard:Keyboard",
+    "synthetic": "hg_dagger.devices.synthetic:SyntheticOperator",
+}
+
+
+def register_device(type_name: str, target: str) -> None:
+    """Register a device class ("module:Class") under a config ``type``."""
+    DEVICE_TYPES[type_name] = target
+
+
+def device_class(type_name: str) -> type[Device]:
+    if type_name not in DEVICE_TYPES:
+        raise DeviceError(f"unknown device type {type_name!r}; known types: {', '.join(sorted(DEVICE_TYPES))}")
+    module, _, name = DEVICE_TYPES[type_name].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_device(cfg: DeviceConfig | dict[str, Any] | str | Path, **kwargs) -> Device:
+    """Build (not connect) the device a config describes: a config object, a dict, or a YAML file path.
+
+    Extra keyword arguments go to the device class (the synthetic operator needs ``command_fn``).
+    """
+    if isinstance(cfg, str | Path):
+        cfg = load_device_config(cfg)
+    elif isinstance(cfg, dict):
+        cfg = parse_device_config(cfg, source="device config")
+    return device_class(cfg.type).from_config(cfg, **kwargs)
+
+
+class Device(ABC):
+    """One operator input device. Subclasses read their hardware and hand raw values to ``_command``."""
+
+    config_class: ClassVar[type[DeviceConfig]] = DeviceConfig
+
+    def __init__(self, config: DeviceConfig):
+        self.config = config
+        self.pipeline = CommandPipeline(config.processing, extra_scale=self._extra_scale())
+
+    @classmethod
+    def from_config(cls, config: DeviceConfig, **kwargs) -> Device:
+        return cls(config, **kwargs)
+
+    def _extra_scale(self):
+        return 1.0
+
+    @property
+    @abstractmethod
+    def device_id(self) -> str:
+        """Stable identity, e.g. 'gamepad:<guid>'; stored with every human command."""
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool: ...
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the device; raises DeviceError with a hint when none is found."""
+
+    def calibrate(self, **kwargs) -> Any:  # noqa: B027 - devices without analog drift need none
+        """Measure and save the calibration (no-op for devices that need none)."""
+        return None
+
+    @abstractmethod
+    def poll(self) -> HumanCommand | None:
+        """Read everything pending and return this tick's command; None if the device is lost."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def set_ee_rotation(self, ee_rotation: np.ndarray) -> None:
+        """Current end-effector orientation (3x3, base frame) for end-effector-frame teleoperation."""
+        self.pipeline.set_ee_rotation(ee_rotation)
+
+    def set_normalizer(self, normalizer: AxisNormalizer) -> None:
+        self.pipeline.normalizer = normalizer
+
+    def _command(self, raw: np.ndarray, *, hold: bool, buttons: frozenset[str], t_ns: int | None = None) -> HumanCommand:
+        t = now_ns() if t_ns is None else t_ns
+        raw = np.asarray(raw, np.float32)
+        motion, engaged = self.pipeline.process(raw, hold=hold, t_ns=t)
+        return HumanCommand(t_device=t, raw=raw, motion=motion, engaged=engaged, buttons=buttons, device_id=self.device_id)
+
+    def __enter__(self):
+        self.connect()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "not connected"
+        return f"<{type(self).__name__} {self.device_id or '?'} {state}>"

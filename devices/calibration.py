@@ -1,0 +1,93 @@
+"""Per-device calibration files: center offsets and ranges of each physical axis, one JSON file per device.
+
+A device is identified by a stable key (a gamepad's SDL GUID, a SpaceMouse's vendor:product:serial),
+so the same controller finds its calibration again on any USB port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from hg_dagger.devices.base import DeviceError
+
+CALIBRATION_ENV = "HG_DAGGER_CALIBRATION_DIR"
+MIN_SPAN = 0.05  # an axis that moved less than this during calibration keeps its nominal range
+
+
+def default_calibration_dir() -> Path:
+    """$HG_DAGGER_CALIBRATION_DIR, else ~/.config/hg_dagger/calibration."""
+    env = os.environ.get(CALIBRATION_ENV)
+    return Path(env) if env else Path.home() / ".config" / "hg_dagger" / "calibration"
+
+
+class AxisCalibration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    center: float = 0.0  # resting value
+    min: float = -1.0
+    max: float = 1.0
+
+
+class Calibration(BaseModel):
+    """Calibration of one physical device; ``axes`` is keyed by the device's own axis index."""
+
+    model_config = ConfigDict(extra="forbid")
+    device_type: str
+    device_key: str
+    name: str = ""
+    axes: dict[int, AxisCalibration] = {}
+
+    def axis(self, index: int, nominal: AxisCalibration | None = None) -> AxisCalibration:
+        return self.axes.get(index, nominal or AxisCalibration())
+
+    @staticmethod
+    def path_for(directory: str | Path, device_type: str, device_key: str) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", device_key) or "unknown"
+        return Path(directory) / f"{device_type}_{safe}.json"
+
+    def save(self, directory: str | Path) -> Path:
+        path = self.path_for(directory, self.device_type, self.device_key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=2))
+        os.replace(tmp, path)  # never leave a half-written calibration behind
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        path = Path(path)
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except json.JSONDecodeError as exc:
+            raise DeviceError(f"{path}: calibration file is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        except ValidationError as exc:
+            keys = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise DeviceError(f"{path}: invalid calibration file ({keys})") from None
+
+    @classmethod
+    def find(cls, directory: str | Path, device_type: str, device_key: str) -> Calibration | None:
+        path = cls.path_for(directory, device_type, device_key)
+        return cls.load(path) if path.is_file() else None
+
+
+def fit_axes(center_samples: np.ndarray, seen_min: np.ndarray, seen_max: np.ndarray) -> dict[int, AxisCalibration]:
+    """Calibration from two phases: hands off (center = mean of samples), then full travel (min/max seen).
+
+    center_samples: [k, n_axes]; seen_min/seen_max: [n_axes] extremes over both phases. An axis whose
+    travel on one side is below MIN_SPAN keeps the nominal end (+-1) on that side.
+    """
+    center = np.asarray(center_samples, np.float64).mean(axis=0)
+    out = {}
+    for i, c in enumerate(center):
+        lo, hi = float(seen_min[i]), float(seen_max[i])
+        out[i] = AxisCalibration(
+            center=float(c),
+            min=lo if c - lo >= MIN_SPAN else min(-1.0, lo),
+            max=hi if hi - c >= MIN_SPAN else max(1.0, hi),
+        )
+    return out

@@ -1,0 +1,215 @@
+"""The command pipeline every device shares: raw device value -> motion in the robot frame.
+
+HumanCommand.raw is what the device read; HumanCommand.motion is ``CommandPipeline.process(raw)``.
+Nothing else touches the values in between, so a recorded human_command can be replayed through a
+pipeline built from the same config and calibration to reproduce the motion exactly.
+
+Stages, in order: calibration (center offsets, ranges, inversion) -> deadzone -> expo -> per-axis
+scale -> frame transform (device -> robot base, optionally -> end effector) -> clip to [-1, 1] ->
+hold-to-intervene (motion is zero while not engaged) -> rate limit (max change per tick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
+
+N_AXES = COMMAND_DIM
+TRANSLATION = slice(0, 3)
+ROTATION = slice(3, 6)
+
+
+def per_axis(value, *, allow_none: bool = False) -> tuple:
+    """A per-axis setting: one number for all axes, a list of 7, or {axis_name: value, default: value}."""
+    if value is None and allow_none:
+        return (None,) * N_AXES
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (float(value),) * N_AXES
+    if isinstance(value, Mapping):
+        unknown = set(value) - set(COMMAND_AXES) - {"default"}
+        if unknown:
+            raise ValueError(f"unknown axis name(s) {sorted(unknown)}; axes are {', '.join(COMMAND_AXES)} (or 'default')")
+        default = value.get("default", None if allow_none else 0.0)
+        return tuple(_num(value.get(a, default), allow_none) for a in COMMAND_AXES)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != N_AXES:
+            raise ValueError(f"expected {N_AXES} values ({', '.join(COMMAND_AXES)}), got {len(value)}")
+        return tuple(_num(v, allow_none) for v in value)
+    raise ValueError("expected a number, a list of 7 numbers, or a mapping of axis name to number")
+
+
+def _num(v, allow_none: bool):
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+PerAxis = Annotated[tuple[float, ...], BeforeValidator(per_axis)]
+PerAxisOptional = Annotated[tuple[float | None, ...], BeforeValidator(lambda v: per_axis(v, allow_none=True))]
+
+
+class HoldConfig(BaseModel):
+    """Hold-to-intervene: the person is engaged while holding (a button, or any motion), plus a release delay."""
+
+    model_config = ConfigDict(extra="forbid")
+    engage_on: Literal["button", "motion", "always"] = "button"
+    release_delay_s: float = Field(0.0, ge=0.0)  # stays engaged this long after the hold ends
+    motion_threshold: float = Field(0.05, ge=0.0, le=1.0)  # engage_on=motion: |axis| above this counts as input
+
+
+class FrameConfig(BaseModel):
+    """Device frame -> robot frame. ``rotation`` maps device-frame vectors into the robot base frame
+    (base = R @ device); give it as a 3x3 matrix (rows) or as roll/pitch/yaw in degrees.
+    With ``target: ee`` the base-frame command is re-expressed in the end-effector frame, using the
+    end-effector orientation the control loop hands to ``CommandPipeline.set_ee_rotation`` each tick.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    target: Literal["base", "ee"] = "base"
+    rotation: list[list[float]] | None = None
+    rpy_deg: tuple[float, float, float] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> FrameConfig:
+        if self.rotation is not None and self.rpy_deg is not None:
+            raise ValueError("give either rotation or rpy_deg, not both")
+        if self.rotation is not None:
+            r = np.asarray(self.rotation, dtype=float)
+            if r.shape != (3, 3):
+                raise ValueError(f"rotation must be 3x3, got shape {r.shape}")
+            if not np.allclose(r @ r.T, np.eye(3), atol=1e-6) or not np.isclose(np.linalg.det(r), 1.0, atol=1e-6):
+                raise ValueError("rotation is not a proper rotation matrix (orthonormal, determinant +1)")
+        return self
+
+    def matrix(self) -> np.ndarray:
+        if self.rotation is not None:
+            return np.asarray(self.rotation, dtype=np.float64)
+        if self.rpy_deg is not None:
+            return rpy_matrix(*np.deg2rad(self.rpy_deg))
+        return np.eye(3)
+
+
+def rpy_matrix(roll: float, pitch: float, yaw: float) -> np.ndarray:
+    """R = Rz(yaw) @ Ry(pitch) @ Rx(roll)."""
+    cr, sr, cp, sp, cy, sy = np.cos(roll), np.sin(roll), np.cos(pitch), np.sin(pitch), np.cos(yaw), np.sin(yaw)
+    return np.array(
+        [
+            [cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
+            [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
+            [-sp, cp * sr, cp * cr],
+        ]
+    )
+
+
+class ProcessingConfig(BaseModel):
+    """Shaping applied to every device's raw command. Per-axis values: a number, 7 numbers, or a mapping."""
+
+    model_config = ConfigDict(extra="forbid")
+    deadzone: PerAxis = Field(default=(0.0,) * N_AXES)  # fraction of full scale treated as zero
+    expo: PerAxis = Field(default=(0.0,) * N_AXES)  # 0 linear .. 1 cubic: finer control near center
+    scale: PerAxis = Field(default=(1.0,) * N_AXES)
+    max_rate: PerAxisOptional = Field(default=(None,) * N_AXES)  # max change of motion per tick; None = free
+    hold: HoldConfig = Field(default_factory=HoldConfig)
+    frame: FrameConfig = Field(default_factory=FrameConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> ProcessingConfig:
+        for axis, dz, ex in zip(COMMAND_AXES, self.deadzone, self.expo, strict=True):
+            if not 0.0 <= dz < 1.0:
+                raise ValueError(f"deadzone.{axis} = {dz} is out of range [0, 1)")
+            if not 0.0 <= ex <= 1.0:
+                raise ValueError(f"expo.{axis} = {ex} is out of range [0, 1]")
+        for axis, v in zip(COMMAND_AXES, self.max_rate, strict=True):
+            if v is not None and v <= 0:
+                raise ValueError(f"max_rate.{axis} = {v} must be positive (or null for no limit)")
+        return self
+
+
+class AxisNormalizer:
+    """The calibration stage: maps raw values of the 7 command slots to [-1, 1].
+
+    y = sign * (raw - center) / span, with separate spans above and below the center (a stick whose
+    resting value is off-center still reaches +-1 at both ends). Built by each device from its
+    calibration file and axis map.
+    """
+
+    def __init__(self, center=0.0, neg_span=1.0, pos_span=1.0, sign=1.0):
+        self.center = np.broadcast_to(np.asarray(center, np.float64), (N_AXES,)).copy()
+        self.neg_span = np.maximum(np.broadcast_to(np.asarray(neg_span, np.float64), (N_AXES,)), 1e-6)
+        self.pos_span = np.maximum(np.broadcast_to(np.asarray(pos_span, np.float64), (N_AXES,)), 1e-6)
+        self.sign = np.broadcast_to(np.asarray(sign, np.float64), (N_AXES,)).copy()
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        d = raw - self.center
+        return np.clip(self.sign * d / np.where(d >= 0, self.pos_span, self.neg_span), -1.0, 1.0)
+
+
+class CommandPipeline:
+    """Stateful per-device shaping (the engagement timer and the rate limiter keep state between ticks)."""
+
+    def __init__(self, cfg: ProcessingConfig, normalizer: AxisNormalizer | None = None, extra_scale=1.0):
+        self.cfg = cfg
+        self.normalizer = normalizer or AxisNormalizer()
+        self._deadzone = np.asarray(cfg.deadzone)
+        self._expo = np.asarray(cfg.expo)
+        self._scale = np.asarray(cfg.scale) * np.broadcast_to(np.asarray(extra_scale, np.float64), (N_AXES,))
+        self._max_rate = np.array([np.inf if v is None else v for v in cfg.max_rate])
+        self._rate_limited = bool(np.isfinite(self._max_rate).any())
+        self._device_to_base = cfg.frame.matrix()
+        self._frame = self._device_to_base.copy()
+        self._identity_frame = np.allclose(self._frame, np.eye(3))
+        self._hold = cfg.hold
+        self._release_ns = int(cfg.hold.release_delay_s * 1e9)
+        self.reset()
+
+    def reset(self) -> None:
+        self._last_active_ns: int | None = None
+        self._prev = np.zeros(N_AXES)
+
+    def set_ee_rotation(self, ee_rotation: np.ndarray) -> None:
+        """End-effector orientation in the base frame (3x3); used when frame.target is 'ee'."""
+        if self.cfg.frame.target != "ee":
+            return
+        self._frame = np.asarray(ee_rotation, np.float64).T @ self._device_to_base
+        self._identity_frame = False
+
+    def shape(self, raw: np.ndarray) -> np.ndarray:
+        """Calibration, deadzone, expo, scale, frame, clip: the stateless part."""
+        x = self.normalizer(np.asarray(raw, np.float64))
+        mag = np.abs(x)
+        x = np.where(mag <= self._deadzone, 0.0, np.sign(x) * (mag - self._deadzone) / (1.0 - self._deadzone))
+        x = (1.0 - self._expo) * x + self._expo * x**3
+        x = x * self._scale
+        if not self._identity_frame:
+            x[TRANSLATION] = self._frame @ x[TRANSLATION]
+            x[ROTATION] = self._frame @ x[ROTATION]
+        return np.clip(x, -1.0, 1.0)
+
+    def engaged(self, shaped: np.ndarray, hold: bool, t_ns: int) -> bool:
+        mode = self._hold.engage_on
+        if mode == "always":
+            return True
+        active = hold or (mode == "motion" and bool((np.abs(shaped[:6]) > self._hold.motion_threshold).any()))
+        if active:
+            self._last_active_ns = t_ns
+            return True
+        return self._last_active_ns is not None and t_ns - self._last_active_ns <= self._release_ns
+
+    def process(self, raw: np.ndarray, *, hold: bool, t_ns: int) -> tuple[np.ndarray, bool]:
+        """One tick: returns (motion float32 [7], engaged). Motion is zero while not engaged."""
+        shaped = self.shape(raw)
+        engaged = self.engaged(shaped, hold, t_ns)
+        if not engaged:
+            self._prev = np.zeros(N_AXES)
+            return np.zeros(N_AXES, np.float32), False
+        if self._rate_limited:
+            shaped = self._prev + np.clip(shaped - self._prev, -self._max_rate, self._max_rate)
+        self._prev = shaped
+        return shaped.astype(np.float32), True
