@@ -1,0 +1,55 @@
+"""hg-dagger bridge serve TASK | hg-dagger bridge token FILE"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from hg_dagger.envs.bridge.protocol import DEFAULT_HOST, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PORT, TOKEN_ENV
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bridge", help="robot bridge: serve a task to a remote app over TCP (docs/bridge-protocol.md)")
+    bsub = p.add_subparsers(dest="bridge_command", metavar="ACTION", required=True)
+    s = bsub.add_parser("serve", help="robot side: serve TASK's env (any sim backend) on a TCP port")
+    s.add_argument("task", metavar="TASK", help="task id (configs/tasks/<TASK>.yaml) or a task YAML path")
+    s.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: loopback only)")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port, 0 = any free port (default {DEFAULT_PORT})")
+    s.add_argument("--token-file", help=f"file holding the shared token (default: environment variable {TOKEN_ENV})")
+    s.add_argument("--heartbeat-timeout", type=float, default=0.5, metavar="SECONDS",
+                   help="hold position when the client is silent this long (default 0.5)")
+    s.add_argument("--handshake-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="close connections that do not authenticate within this time (default 2)")
+    s.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
+                   help=f"refuse longer frames (default {DEFAULT_MAX_FRAME_BYTES})")
+    s.add_argument("--num-envs", type=int, default=1)
+    s.add_argument("--seed", type=int, default=None)
+    s.set_defaults(func=_serve)
+    t = bsub.add_parser("token", help="write a fresh random token to FILE (mode 600)")
+    t.add_argument("file", metavar="FILE")
+    t.set_defaults(func=_token)
+
+
+def _serve(args) -> int:
+    from hg_dagger.envs.bridge.protocol import load_token
+    from hg_dagger.envs.bridge.server import ServerConfig, serve
+
+    token = load_token(args.token_file)
+    config = ServerConfig(host=args.host, port=args.port, heartbeat_timeout_s=args.heartbeat_timeout,
+                          handshake_timeout_s=args.handshake_timeout, max_frame_bytes=args.max_frame_bytes)
+
+    def ready(host: str, port: int) -> None:
+        print(f"listening on {host}:{port}", flush=True)  # the one stdout line; scripts parse the port from it
+
+    serve(args.task, token=token, config=config, num_envs=args.num_envs, seed=args.seed, on_ready=ready)
+    return 0
+
+
+def _token(args) -> int:
+    from hg_dagger.envs.bridge.protocol import new_token
+
+    fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(new_token() + "\n")
+    print(f"wrote a new bridge token to {args.file}", file=sys.stderr)
+    return 0

@@ -1,0 +1,392 @@
+"""The app side of the bridge: ``BridgeEnv``, a VecEnv that drives a remote robot over TCP.
+
+It maps robot timestamps onto our monotonic clock (ping/pong, ClockMapping), refuses bad actions
+before they leave the process, keeps the session alive with a heartbeat thread, and reconnects with
+bounded, backed-off retries when the connection drops. A step that was in flight when the link
+dropped is re-sent with the same command id, and the robot answers it without stepping twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.contract.clock import NO_TIME, ClockMapping, now_ns
+from hg_dagger.envs.base import Obs, StepResult, VecEnv
+from hg_dagger.envs.bridge.protocol import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_PORT,
+    FATAL_CODES,
+    PROTOCOL_VERSION,
+    BridgeError,
+    ErrorCode,
+    Msg,
+    ProtocolError,
+    RobotState,
+    auth_digest,
+    encode,
+    recv_frame,
+)
+from hg_dagger.envs.mapping import TaskMapping, load_mapping
+from hg_dagger.errors import EnvError
+
+log = logging.getLogger("hg_dagger.bridge.client")
+
+# refusals that a reconnect cannot fix: report them at once
+_NO_RETRY = frozenset({ErrorCode.AUTH, ErrorCode.VERSION})
+
+
+class _Dropped(Exception):
+    """The connection is gone (or never came up); the request may be retried after a reconnect."""
+
+
+class BridgeEnv(VecEnv):
+    """A VecEnv whose rows live in a robot-side ``hg-dagger bridge serve`` process.
+
+    info per step, besides the contract's keys: "t_obs"/"t_action_apply" on OUR clock,
+    "alignment_error_ms" (clock-mapping uncertainty), "transport_ns" (round trip minus robot-side
+    handling), "robot_state".
+    """
+
+    def __init__(
+        self,
+        task_id: str | None = None,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        token: bytes | str,
+        connect_timeout_s: float = 2.0,
+        request_timeout_s: float = 10.0,
+        max_retries: int = 5,
+        backoff_s: float = 0.05,
+        backoff_max_s: float = 1.0,
+        clock_pings: int = 8,
+        clock_resync_s: float = 5.0,
+        resume_on_reconnect: bool = True,
+        heartbeat: bool = True,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        client_name: str = "hg-dagger",
+    ):
+        self.host, self.port = host, int(port)
+        self._token = token.encode() if isinstance(token, str) else bytes(token)
+        self.connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
+        self.max_retries, self.backoff_s, self.backoff_max_s = max_retries, backoff_s, backoff_max_s
+        self.clock_pings, self.clock_resync_s = clock_pings, clock_resync_s
+        self.resume_on_reconnect = resume_on_reconnect
+        self.max_frame_bytes = max_frame_bytes
+        self.client_name = client_name
+        self.reconnects = 0
+        self._where = f"robot bridge {host}:{port}"
+        self._sock: socket.socket | None = None
+        self._seq = 0
+        self._cid_prefix = uuid.uuid4().hex[:12]
+        self._send_lock = threading.Lock()  # the heartbeat thread and requests share the socket
+        self._request_lock = threading.RLock()  # one request/reply in flight at a time
+        self._last_send = 0
+        self._exchanges: deque[tuple[int, int, int]] = deque(maxlen=64)
+        self._clock = ClockMapping()
+        self._last_sync = 0
+        self._welcome: dict[str, Any] = {}
+        self._instance: str | None = None
+        self._closed = False
+        self._last_obs: Obs | None = None
+
+        with self._request_lock:
+            self._connect_with_retries()
+        w = self._welcome
+        if task_id is not None and w["task_id"] != task_id:
+            self.close()
+            raise BridgeError(f"{self._where} serves task {w['task_id']!r}, not {task_id!r}")
+        self.task_id: str = w["task_id"]
+        self.num_envs: int = int(w["num_envs"])
+        try:
+            self._mapping = load_mapping(self.task_id)
+        except BaseException:
+            self.close()
+            raise
+        if self._mapping.hash != w["mapping_hash"]:
+            self.close()
+            raise EnvError(
+                f"{self._where}: robot's mapping for {self.task_id} has hash {w['mapping_hash']}, ours "
+                f"(configs/tasks/{self.task_id}.yaml) has {self._mapping.hash}; use the same task config on both sides"
+            )
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread = None
+        if heartbeat:
+            self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="bridge-heartbeat", daemon=True)
+            self._heartbeat_thread.start()
+
+    # ------------------------------------------------------------------ VecEnv
+    @property
+    def mapping(self) -> TaskMapping:
+        return self._mapping
+
+    @property
+    def clock(self) -> ClockMapping:
+        """Robot clock -> our clock (offset and error bound), from the best recent ping/pong."""
+        return self._clock
+
+    @property
+    def robot_state(self) -> str:
+        return self._welcome.get("state", RobotState.HOLD)
+
+    @property
+    def hold_action(self) -> np.ndarray:
+        """The robot's zero-motion hold command (as of the last welcome/status)."""
+        return np.asarray(self._welcome["hold_action"], dtype=np.float32)
+
+    def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | None = None) -> tuple[Obs, dict]:
+        msg: dict[str, Any] = {"type": Msg.RESET}
+        if seed is not None:
+            msg["seed"] = int(seed) if isinstance(seed, int | np.integer) else [int(s) for s in seed]
+        if env_ids is not None:
+            msg["env_ids"] = [int(i) for i in env_ids]
+        reply, t_send, t_recv = self._request(msg, fresh_instance_ok=True)
+        obs, info = self._obs_info(reply, t_send, t_recv)
+        return obs, info
+
+    def step(self, action: np.ndarray) -> StepResult:
+        action = self.check_action(action)
+        self._seq += 1
+        msg = {"type": Msg.STEP, "action": action, "cid": f"{self._cid_prefix}:{self._seq}"}
+        reply, t_send, t_recv = self._request(msg)
+        obs, info = self._obs_info(reply, t_send, t_recv)
+        n = self.num_envs
+        terminated = np.asarray(reply["terminated"], dtype=bool)
+        truncated = np.asarray(reply["truncated"], dtype=bool)
+        info["success"] = np.asarray(reply.get("success", np.zeros(n, bool)), dtype=bool)
+        info["episode_start"] = np.asarray(reply.get("episode_start", terminated | truncated), dtype=bool)
+        info["final_obs"] = reply.get("final_obs", obs)
+        if "signals" in reply:
+            info["signals"] = reply["signals"]
+        return StepResult(obs, np.asarray(reply["reward"], dtype=np.float32), terminated, truncated, info)
+
+    def observe(self) -> tuple[Obs, dict]:
+        """The robot's current observation; the robot does not move."""
+        reply, t_send, t_recv = self._request({"type": Msg.OBSERVE})
+        return self._obs_info(reply, t_send, t_recv)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        stop = getattr(self, "_heartbeat_stop", None)
+        if stop is not None:
+            stop.set()
+        if self._sock is not None:
+            try:
+                self._send_frame(encode({"type": Msg.BYE}))
+            except OSError:
+                pass
+            self._disconnect()
+        thread = getattr(self, "_heartbeat_thread", None)
+        if thread is not None:
+            thread.join(timeout=1.0)
+
+    # ------------------------------------------------------------------ robot commands
+    def status(self) -> dict:
+        reply, _, _ = self._request({"type": Msg.STATUS})
+        self._welcome["state"] = reply["state"]
+        return reply
+
+    def estop(self, reason: str = "operator e-stop") -> dict:
+        """Latch the robot's emergency stop: it refuses every motion until ``release_estop``."""
+        reply, _, _ = self._request({"type": Msg.ESTOP, "reason": reason})
+        return reply
+
+    def release_estop(self) -> dict:
+        """Lift the e-stop; the robot then holds until ``reset`` or ``resume``."""
+        reply, _, _ = self._request({"type": Msg.ESTOP_RELEASE})
+        return reply
+
+    def resume(self) -> dict:
+        """Leave a safe stop (hold) without resetting the episode."""
+        reply, _, _ = self._request({"type": Msg.RESUME})
+        return reply
+
+    def sync_clock(self, pings: int | None = None) -> ClockMapping:
+        """Ping/pong ``pings`` times and re-estimate the robot -> local clock mapping."""
+        with self._request_lock:
+            if self._sock is None:
+                self._connect_with_retries()
+            try:
+                self._sync_clock(pings or self.clock_pings)
+            except _Dropped as exc:
+                self._disconnect()
+                raise BridgeError(f"{self._where}: connection dropped during clock sync: {exc}") from exc
+        return self._clock
+
+    def _sync_clock(self, pings: int) -> None:
+        for _ in range(pings):
+            reply, t_send, t_recv = self._roundtrip({"type": Msg.PING})
+            self._exchanges.append((t_send, int(reply["t_robot"]), t_recv))
+        self._clock = ClockMapping.from_exchanges(list(self._exchanges))
+        self._last_sync = now_ns()
+
+    # ------------------------------------------------------------------ replies -> contract
+    def _obs_info(self, reply: dict, t_send: int, t_recv: int) -> tuple[Obs, dict]:
+        n, clock = self.num_envs, self._clock
+        obs = reply["obs"]
+        t_obs = np.broadcast_to(np.asarray(reply["t_obs"], dtype=np.int64), (n,)) + clock.offset_ns
+        t_apply = np.broadcast_to(np.asarray(reply.get("t_action_apply", NO_TIME), dtype=np.int64), (n,))
+        t_apply = np.where(t_apply == NO_TIME, NO_TIME, t_apply + clock.offset_ns)
+        robot_ns = int(reply.get("t_send", 0)) - int(reply.get("t_recv", 0))
+        info = {
+            "t_obs": t_obs.astype(np.int64),
+            "t_action_apply": t_apply.astype(np.int64),
+            "alignment_error_ms": np.full(n, clock.error_ms, dtype=np.float32),
+            "transport_ns": np.full(n, max(0, (t_recv - t_send) - robot_ns), dtype=np.int64),
+            "robot_state": reply.get("state"),
+        }
+        self._welcome["state"] = reply.get("state", self.robot_state)
+        self._last_obs = obs
+        return obs, info
+
+    # ------------------------------------------------------------------ transport
+    def _request(self, msg: dict, *, fresh_instance_ok: bool = False) -> tuple[dict, int, int]:
+        """Send one request and wait for its reply, reconnecting (bounded, backed off) if the link drops."""
+        if self._closed:
+            raise BridgeError(f"{self._where}: the bridge env is closed")
+        with self._request_lock:
+            if self._sock is not None and now_ns() - self._last_sync > self.clock_resync_s * 1e9:
+                try:
+                    self._sync_clock(max(2, self.clock_pings // 2))
+                except _Dropped:
+                    self._disconnect()
+            for attempt in range(self.max_retries + 1):
+                if self._sock is None:
+                    instance = self._instance
+                    self._connect_with_retries()
+                    if instance is not None and self._instance != instance and not fresh_instance_ok:
+                        raise BridgeError(
+                            f"{self._where}: the robot server restarted (instance {instance[:8]} -> "
+                            f"{self._instance[:8]}); its episode state is gone, call reset()", ErrorCode.STATE)
+                try:
+                    return self._roundtrip(msg)
+                except _Dropped as exc:
+                    log.warning("%s: connection dropped during %s (%s); reconnecting (%d/%d)", self._where,
+                                msg["type"], exc, attempt + 1, self.max_retries)
+                    self._disconnect()
+            raise BridgeError(f"{self._where}: {msg['type']} failed after {self.max_retries} reconnects")
+
+    def _roundtrip(self, msg: dict) -> tuple[dict, int, int]:
+        self._seq += 1
+        seq = msg["seq"] = self._seq
+        frame = encode(msg)
+        t_send = now_ns()
+        try:
+            self._send_frame(frame)
+            while True:
+                reply = recv_frame(self._sock, self.max_frame_bytes)
+                if reply.get("re") == seq or (reply["type"] == Msg.ERROR and reply.get("re") is None):
+                    break
+        except ProtocolError as exc:
+            raise BridgeError(f"{self._where}: robot sent a bad frame: {exc}", exc.code) from exc
+        except (OSError, ConnectionError) as exc:
+            raise _Dropped(str(exc) or type(exc).__name__) from exc
+        t_recv = now_ns()
+        if reply["type"] == Msg.ERROR:
+            code, text = reply.get("code"), reply.get("message", "")
+            if code in FATAL_CODES and code not in _NO_RETRY:
+                raise _Dropped(f"robot closed the session: {code}: {text}")
+            raise BridgeError(f"{self._where} refused {msg['type']}: {code}: {text}", code)
+        return reply, t_send, t_recv
+
+    def _send_frame(self, frame: bytes) -> None:
+        with self._send_lock:
+            if self._sock is None:
+                raise ConnectionError("not connected")
+            self._sock.sendall(frame)
+            self._last_send = now_ns()
+
+    def _disconnect(self) -> None:
+        with self._send_lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _connect_with_retries(self) -> None:
+        delay, last = self.backoff_s, None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(delay)
+                delay = min(delay * 2, self.backoff_max_s)
+            try:
+                self._connect_once()
+                return
+            except _Dropped as exc:
+                last = exc
+                log.info("%s: connect attempt %d/%d failed: %s", self._where, attempt + 1, self.max_retries + 1, exc)
+        raise BridgeError(f"{self._where} unreachable after {self.max_retries + 1} attempts: {last}")
+
+    def _connect_once(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
+        except OSError as exc:
+            raise _Dropped(str(exc)) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            challenge = recv_frame(sock, 4096)
+            if challenge.get("type") != Msg.CHALLENGE or not isinstance(challenge.get("nonce"), bytes):
+                raise BridgeError(f"{self._where}: not a robot bridge (first message {challenge.get('type')!r})")
+            if challenge.get("version") != PROTOCOL_VERSION:
+                raise BridgeError(f"{self._where} speaks bridge protocol version {challenge.get('version')!r}, "
+                                  f"we speak {PROTOCOL_VERSION}", ErrorCode.VERSION)
+            sock.sendall(encode({"type": Msg.HELLO, "seq": 0, "version": PROTOCOL_VERSION, "client": self.client_name,
+                                 "digest": auth_digest(self._token, challenge["nonce"])}))
+            welcome = recv_frame(sock, self.max_frame_bytes)
+        except (OSError, ConnectionError) as exc:
+            sock.close()
+            raise _Dropped(str(exc) or type(exc).__name__) from exc
+        except BaseException:
+            sock.close()
+            raise
+        if welcome["type"] == Msg.ERROR:
+            sock.close()
+            raise BridgeError(f"{self._where} refused the handshake: {welcome.get('code')}: {welcome.get('message')}",
+                              welcome.get("code"))
+        sock.settimeout(self.request_timeout_s)
+        reconnect = self._instance is not None
+        was_running = self._welcome.get("state") == RobotState.RUNNING
+        same_robot = reconnect and welcome["instance"] == self._instance
+        with self._send_lock:
+            self._sock = sock
+        self._welcome, self._instance = welcome, welcome["instance"]
+        if reconnect:
+            self.reconnects += 1
+        if not same_robot:
+            self._exchanges.clear()
+        try:
+            self._sync_clock(self.clock_pings)
+            log.debug("%s: session up (robot %s, state %s, clock offset %d ns +/- %.3f ms)", self._where,
+                      welcome["instance"][:8], welcome["state"], self._clock.offset_ns, self._clock.error_ms)
+            if same_robot and was_running and self.resume_on_reconnect and welcome["state"] == RobotState.HOLD:
+                log.warning("%s: reconnected; robot was holding (%s); resuming", self._where, welcome.get("reason"))
+                reply, _, _ = self._roundtrip({"type": Msg.RESUME})
+                self._welcome["state"] = reply["state"]
+        except _Dropped:
+            self._disconnect()
+            raise
+
+    def _heartbeat_loop(self) -> None:
+        interval_ns = int(float(self._welcome.get("heartbeat_timeout_s", 1.0)) / 4 * 1e9)
+        frame = encode({"type": Msg.HEARTBEAT})
+        while not self._heartbeat_stop.wait(interval_ns / 4e9):
+            if now_ns() - self._last_send < interval_ns:
+                continue
+            try:
+                self._send_frame(frame)
+            except (OSError, ConnectionError):
+                pass  # the next request notices the drop and reconnects
