@@ -1,0 +1,13 @@
+"""The control loop: gates that ask for a person, the handover state machine, the independent safety
+monitor, and the session that runs one tick (obs -> student -> gates -> handover -> operator -> mapping
+-> safety -> env.step -> recorder)."""
+
+from hg_dagger.control.gates import GateConfig, GateEngine, GateInputs, calibrate_threshold
+from hg_dagger.control.handover import HandoverConfig, HandoverMachine
+from hg_dagger.control.limits import ActionLimits, StateBox
+from hg_dagger.control.safety import SafetyConfig, SafetyMonitor
+
+__all__ = [
+    "ActionLimits", "GateConfig", "GateEngine", "GateInputs", "HandoverConfig", "HandoverMachine",
+    "SafetyConfig", "SafetyMonitor", "StateBox", "calibrate_threshold",
+]
