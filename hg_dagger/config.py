@@ -22,6 +22,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # kind -> "module:Model". Add a line when a layer gains a config file kind.
 KINDS: dict[str, str] = {
     "task": "hg_dagger.envs.mapping:TaskMapping",
+    "gates": "hg_dagger.control.gates:GateConfig",
     "device": "hg_dagger.devices.configs:DeviceFile",
 }
 
