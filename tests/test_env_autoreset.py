@@ -10,6 +10,8 @@ from hg_dagger.envs import load_mapping, make_env
 
 CASES = {
     "toy_reach": dict(num_envs=3),
+    "fetch_push": dict(num_envs=2),
+    "fetch_pick_place_rgb": dict(num_envs=2),
 }
 
 

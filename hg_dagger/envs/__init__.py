@@ -26,10 +26,14 @@ def make_env(task: str | Path | TaskMapping, num_envs: int = 1, seed: int | None
         from hg_dagger.envs.toy import ToyReachEnv
 
         env = ToyReachEnv(mapping, num_envs=num_envs, seed=seed, **options)
-    elif mapping.backend in ("fetch", "metaworld"):
-        from hg_dagger.envs.mujoco import MujocoVecEnv
+    elif mapping.backend == "fetch":
+        from hg_dagger.envs.fetch import FetchVecEnv
 
-        env = MujocoVecEnv(mapping, num_envs=num_envs, seed=seed, **options)
+        env = FetchVecEnv(mapping, num_envs=num_envs, seed=seed, **options)
+    elif mapping.backend == "metaworld":
+        from hg_dagger.envs.metaworld import MetaWorldVecEnv
+
+        env = MetaWorldVecEnv(mapping, num_envs=num_envs, seed=seed, **options)
     elif mapping.backend == "embodichain":
         from hg_dagger.envs.embodichain import EmbodiChainEnv
 

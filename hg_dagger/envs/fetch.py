@@ -1,0 +1,98 @@
+"""Fetch Reach / Push / PickAndPlace (gymnasium-robotics, MuJoCo) with a person-sized horizon.
+
+Stock Fetch steps at 25 Hz (20 substeps of 2 ms) and ends after 50 steps (2 s); the horizon here
+comes from the task mapping (150 steps = 6 s). reset(seed) is bit-for-bit deterministic.
+Signals: progress (-distance achieved->desired goal), contact_force (N, normal forces of the
+gripper's contacts with anything but the robot), object_dropped (the object was lifted in a grasp and fell back to
+the table or below, once per drop), collision_imminent (fingertips at the table surface).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.envs.mujoco_rows import MujocoRowsEnv, contact_force
+from hg_dagger.errors import EnvError
+
+GRIPPER_BODIES = ("robot0:gripper_link", "robot0:l_gripper_finger_link", "robot0:r_gripper_finger_link")
+FINGERS = ("robot0:l_gripper_finger_link", "robot0:r_gripper_finger_link")
+OBJECT = "object0"
+OBJECT_HALF = 0.025  # the cube's half size: its centre rests this far above the table surface
+LIFTED = 0.02  # m above rest height that counts as lifted
+NEAR_TABLE = 0.018  # the grip site stops ~15 mm above the table when the fingers touch it
+
+
+class FetchVecEnv(MujocoRowsEnv):
+    def _make_row(self) -> Any:
+        import gymnasium as gym
+        import gymnasium_robotics
+
+        gym.register_envs(gymnasium_robotics)
+        gym_id = self.options.get("gym_id")
+        try:
+            env = gym.make(gym_id, disable_env_checker=True).unwrapped
+        except Exception as exc:  # noqa: BLE001 - a config fault, named
+            raise EnvError(f"configs/tasks/{self.task_id}.yaml: backend_options.gym_id {gym_id!r}: {exc}") from None
+        return env
+
+    def _init_rows(self, seed: int | None) -> None:
+        env = self.envs[0]
+        m = env.model
+        import mujoco
+
+        self._has_object = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, OBJECT) >= 0
+        self._fingers = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, g) for g in FINGERS], np.int32)
+        self._object = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, OBJECT)], np.int32)
+        robot = [b for b in range(m.nbody) if m.body(b).name.startswith("robot0:")]
+        hand = [m.body(name).id for name in GRIPPER_BODIES]
+        self._robot_geoms = np.flatnonzero(np.isin(m.geom_bodyid, robot)).astype(np.int32)
+        self._hand_geoms = np.flatnonzero(np.isin(m.geom_bodyid, hand)).astype(np.int32)
+        self._rest_z = float(env.height_offset) if self._has_object else 0.0
+        table = m.body("table0")
+        geom = m.geom(int(m.body_geomadr[table.id]))
+        self._table_z = float(env.data.xpos[table.id][2] + geom.pos[2] + geom.size[2])
+        self._lifted = np.zeros(self.num_envs, bool)
+
+    def _reset_row(self, i: int, seed: int | None) -> Any:
+        obs, _ = self.envs[i].reset(seed=seed)
+        return obs
+
+    def _step_row(self, i: int, action: np.ndarray):
+        obs, reward, _, _, info = self.envs[i].step(action)
+        return obs, float(reward), bool(info["is_success"]), info
+
+    def _write_obs(self, raw: Any, out, i: int) -> None:
+        out["observation"][i] = raw["observation"]
+        out["achieved_goal"][i] = raw["achieved_goal"]
+        out["desired_goal"][i] = raw["desired_goal"]
+
+    def _signal_names(self) -> tuple[str, ...]:
+        return ("progress", "contact_force", "object_dropped", "collision_imminent")
+
+    def _reset_signals(self, rows: np.ndarray) -> None:
+        self._lifted[rows] = False
+
+    def _grasped(self, data) -> bool:
+        ncon = data.ncon
+        if ncon == 0:
+            return False
+        g1, g2 = data.contact.geom1[:ncon], data.contact.geom2[:ncon]
+        obj = self._object[0]
+        touching = np.concatenate([g2[g1 == obj], g1[g2 == obj]])
+        return bool(np.isin(self._fingers, touching).all())
+
+    def _signals(self, i: int, raw: Any, info: dict, out: dict[str, np.ndarray]) -> None:
+        env = self.envs[i]
+        out["progress"][i] = -float(np.linalg.norm(raw["achieved_goal"] - raw["desired_goal"]))
+        out["contact_force"][i] = contact_force(env.model, env.data, self._hand_geoms, exclude=self._robot_geoms)
+        grip_z = float(raw["observation"][2])
+        out["collision_imminent"][i] = grip_z < self._table_z + NEAR_TABLE
+        if self._has_object:
+            obj_z = float(raw["observation"][5])
+            if obj_z > self._rest_z + LIFTED and self._grasped(env.data):
+                self._lifted[i] = True
+            elif self._lifted[i] and obj_z < self._rest_z + 0.005:
+                out["object_dropped"][i] = not self._grasped(env.data)  # set down in the grasp is no drop
+                self._lifted[i] = False

@@ -1,0 +1,239 @@
+"""Shared machinery of the MuJoCo backends (Fetch, Meta-World): one unwrapped simulator per row.
+
+Rows are stepped in a plain loop over unwrapped envs (no gymnasium wrappers, no vector-env
+auto-reset): horizon, auto-reset and final_obs follow the VecEnv contract here, in one place. Each
+step returns freshly allocated arrays, so the previous call's obs stays valid as the pre-action
+observation. A camera key ("rgb" by default) is rendered offscreen with lean settings by one
+renderer shared by all rows (the rows' models are identical).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.contract.clock import now_ns
+from hg_dagger.envs.base import Obs, StepResult, VecEnv
+from hg_dagger.envs.common import row_seeds, rows_of
+from hg_dagger.envs.mapping import TaskMapping
+from hg_dagger.errors import EnvError
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def contact_force(model, data, geom_ids: np.ndarray, exclude: np.ndarray | None = None) -> float:
+    """Sum of normal contact forces (N) on the given geoms from geoms not in ``exclude`` (only those
+    contacts are resolved, so it stays cheap)."""
+    import mujoco
+
+    ncon = data.ncon
+    if ncon == 0 or geom_ids.size == 0:
+        return 0.0
+    g1 = data.contact.geom1[:ncon]
+    g2 = data.contact.geom2[:ncon]
+    in1, in2 = np.isin(g1, geom_ids), np.isin(g2, geom_ids)
+    hit = in1 | in2
+    if exclude is not None:
+        hit &= ~((in1 & np.isin(g2, exclude)) | (in2 & np.isin(g1, exclude)))
+    hits = np.flatnonzero(hit)
+    total = 0.0
+    buf = np.zeros(6)
+    for c in hits:
+        mujoco.mj_contactForce(model, data, int(c), buf)
+        total += abs(buf[0])
+    return total
+
+
+class LeanCamera:
+    """128x128-class offscreen RGB with shadows, reflections, skybox and multisampling off."""
+
+    def __init__(self, model, width: int, height: int, camera: str | dict[str, Any], flip: str = "none"):
+        import mujoco
+
+        self._mujoco = mujoco
+        model.vis.quality.shadowsize = 0
+        model.vis.quality.offsamples = 0
+        self.renderer = mujoco.Renderer(model, height=height, width=width)
+        flags = self.renderer.scene.flags
+        for name in ("mjRND_SHADOW", "mjRND_REFLECTION", "mjRND_SKYBOX"):
+            flags[getattr(mujoco.mjtRndFlag, name)] = 0
+        self.option = mujoco.MjvOption()
+        self.option.flags[mujoco.mjtVisFlag.mjVIS_RANGEFINDER] = 0  # sensor rays are not part of the scene
+        if isinstance(camera, str):
+            self.camera: Any = camera
+        else:
+            cam = mujoco.MjvCamera()
+            cam.type = mujoco.mjtCamera.mjCAMERA_FREE
+            cam.lookat[:] = camera.get("lookat", [0.0, 0.0, 0.0])
+            cam.distance = float(camera.get("distance", 1.0))
+            cam.azimuth = float(camera.get("azimuth", 90.0))
+            cam.elevation = float(camera.get("elevation", -30.0))
+            self.camera = cam
+        if flip not in ("none", "vertical", "rot180"):
+            raise EnvError(f"camera flip must be none, vertical or rot180, got {flip!r}")
+        self.flip = flip
+
+    def render(self, data, out: np.ndarray) -> None:
+        self.renderer.update_scene(data, camera=self.camera, scene_option=self.option)
+        img = self.renderer.render()
+        if self.flip == "rot180":
+            img = img[::-1, ::-1]
+        elif self.flip == "vertical":
+            img = img[::-1]
+        out[...] = img
+
+    def close(self) -> None:
+        self.renderer.close()
+
+
+class MujocoRowsEnv(VecEnv):
+    """Base of the MuJoCo backends. Subclasses build one unwrapped env per row and translate it."""
+
+    image_key = "rgb"
+
+    def __init__(self, mapping: TaskMapping, num_envs: int = 1, seed: int | None = None):
+        self.task_id = mapping.task_id
+        self.num_envs = int(num_envs)
+        self._mapping = mapping
+        self.options = dict(mapping.backend_options)
+        self.terminate_on_success = bool(self.options.get("terminate_on_success", False))
+        self._horizon = mapping.horizon
+        self._lo, self._hi = mapping._arrays["raw_low"], mapping._arrays["raw_high"]
+        self._keys = [(k.name, (self.num_envs, *k.shape), np.dtype(k.dtype)) for k in mapping.observation]
+        self.envs: list[Any] = []
+        self.camera: LeanCamera | None = None
+        try:
+            self.envs = [self._make_row() for _ in range(self.num_envs)]
+            self._check_sim(self.envs[0])
+            if any(k.name == self.image_key for k in mapping.observation):
+                self.camera = self._make_camera(self.envs[0])
+        except BaseException:
+            self.close()
+            raise
+        self._t = np.zeros(self.num_envs, dtype=np.int64)
+        self._init_rows(seed)
+
+    # ------------------------------------------------------------------ backend hooks
+    @abstractmethod
+    def _make_row(self) -> Any:
+        """A fresh unwrapped simulator for one row."""
+
+    @abstractmethod
+    def _reset_row(self, i: int, seed: int | None) -> Any:
+        """Reset row i (reseeding it when seed is given); return its raw observation."""
+
+    @abstractmethod
+    def _step_row(self, i: int, action: np.ndarray) -> tuple[Any, float, bool, dict]:
+        """Step row i; return raw observation, reward, success, raw info."""
+
+    @abstractmethod
+    def _write_obs(self, raw: Any, out: Obs, i: int) -> None:
+        """Copy row i's raw observation into the batch arrays (state keys; the camera is separate)."""
+
+    def _init_rows(self, seed: int | None) -> None:  # noqa: B027 - optional hook
+        """Seed row random streams at construction."""
+
+    def _signals(self, i: int, raw: Any, info: dict, out: dict[str, np.ndarray]) -> None:  # noqa: B027
+        """Fill row i of the per-step simulator signals (info["signals"])."""
+
+    def _reset_signals(self, rows: np.ndarray) -> None:  # noqa: B027
+        """Forget per-episode signal state of the rows that reset."""
+
+    def _signal_names(self) -> tuple[str, ...]:
+        return ("progress",)
+
+    def _make_camera(self, env) -> LeanCamera:
+        cam = self.options.get("camera")
+        if cam is None:
+            raise EnvError(f"configs/tasks/{self.task_id}.yaml: backend_options.camera is required for the '{self.image_key}' key")
+        shape = next(k.shape for k in self._mapping.observation if k.name == self.image_key)
+        return LeanCamera(env.model, width=shape[1], height=shape[0], camera=cam, flip=self.options.get("camera_flip", "none"))
+
+    # ------------------------------------------------------------------ checks
+    def _check_sim(self, env) -> None:
+        where = f"configs/tasks/{self.task_id}.yaml"
+        dim = int(np.prod(env.action_space.shape))
+        if dim != self._mapping.action_dim:
+            raise EnvError(f"{where}: action has {self._mapping.action_dim} names but the simulator takes {dim} values")
+        dt = float(env.dt)
+        if abs(dt - self._mapping.dt) > 1e-9:
+            raise EnvError(f"{where}: step_dt {self._mapping.dt:g} s (control_hz {self._mapping.control_hz:g}) but the simulator steps {dt:g} s")
+
+    # ------------------------------------------------------------------ contract
+    @property
+    def mapping(self) -> TaskMapping:
+        return self._mapping
+
+    def _alloc(self) -> Obs:
+        return {name: np.empty(shape, dtype) for name, shape, dtype in self._keys}
+
+    def reset(self, seed=None, env_ids=None) -> tuple[Obs, dict]:
+        rows = rows_of(env_ids, self.num_envs, where=self.task_id)
+        seeds = row_seeds(seed, rows, where=self.task_id)
+        obs = self._alloc()
+        if hasattr(self, "_last_obs"):
+            for k, v in self._last_obs.items():
+                obs[k][...] = v
+        for i, s in zip(rows, seeds, strict=True):
+            self._fill(int(i), self._reset_row(int(i), s), obs)
+        self._t[rows] = 0
+        self._reset_signals(rows)
+        self._last_obs = obs
+        return obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
+
+    def _fill(self, i: int, raw: Any, obs: Obs) -> None:
+        self._write_obs(raw, obs, i)
+        if self.camera is not None:
+            self.camera.render(self.envs[i].data, obs[self.image_key][i])
+
+    def step(self, action: np.ndarray) -> StepResult:
+        a = np.clip(self.check_action(action), self._lo, self._hi)
+        n = self.num_envs
+        obs = self._alloc()
+        reward = np.empty(n, np.float32)
+        success = np.zeros(n, bool)
+        signals = {name: np.zeros(n, np.float32 if name in ("progress", "contact_force") else bool) for name in self._signal_names()}
+        t_apply = np.empty(n, np.int64)
+        t_obs = np.empty(n, np.int64)
+        for i in range(n):
+            t_apply[i] = now_ns()
+            raw, r, ok, info = self._step_row(i, a[i])
+            self._fill(i, raw, obs)
+            t_obs[i] = now_ns()
+            reward[i] = r
+            success[i] = ok
+            self._signals(i, raw, info, signals)
+        self._t += 1
+        terminated = success & self.terminate_on_success
+        truncated = (self._t >= self._horizon) & ~terminated
+        done = terminated | truncated
+        final_obs = obs
+        if done.any():
+            obs = {k: v.copy() for k, v in obs.items()}
+            rows = np.flatnonzero(done)
+            for i in rows:
+                self._fill(int(i), self._reset_row(int(i), None), obs)
+                t_obs[i] = now_ns()
+            self._t[rows] = 0
+            self._reset_signals(rows)
+        self._last_obs = obs
+        info = {
+            "success": success,
+            "final_obs": final_obs,
+            "episode_start": done,
+            "t_obs": t_obs,
+            "t_action_apply": t_apply,
+            "signals": signals,
+        }
+        return StepResult(obs, reward, terminated, truncated, info)
+
+    def close(self) -> None:
+        if self.camera is not None:
+            self.camera.close()
+            self.camera = None
+        for env in self.envs:
+            env.close()
+        self.envs = []
