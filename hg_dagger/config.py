@@ -24,6 +24,7 @@ KINDS: dict[str, str] = {
     "task": "hg_dagger.envs.mapping:TaskMapping",
     "gates": "hg_dagger.control.gates:GateConfig",
     "device": "hg_dagger.devices.configs:DeviceFile",
+    "auto": "hg_dagger.learn.auto:AutoConfig",
 }
 
 

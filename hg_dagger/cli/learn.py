@@ -1,0 +1,99 @@
+"""hg-dagger train | eval | auto"""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    t = sub.add_parser("train", help="train the student on the trainable labels of a store (BC / DAgger loss)")
+    t.add_argument("--store", required=True, help="episode store (path or fsspec URL)")
+    t.add_argument("--task", required=True, help="task id (configs/tasks) or task YAML")
+    t.add_argument("--out", required=True, help="output folder: student.pt, loss.jsonl, train.json")
+    t.add_argument("--config", help="auto config (kind: auto) whose student/train/replay sections to use")
+    t.add_argument("--resume", help="checkpoint to continue from (weights, optimizer, replay state)")
+    t.add_argument("--steps", type=int, help="gradient steps")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--kind", choices=("mlp", "cnn"))
+    t.add_argument("--ensemble", type=int)
+    t.add_argument("--intervention-weight", help="IWR weight of correction rows: a number or 'balanced'")
+    t.add_argument("--holdout-fraction", type=float, help="share of episodes kept out for `eval --store`")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="evaluate a student alone (no expert, no person): closed loop + held-out windows")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--task", required=True)
+    e.add_argument("--out", required=True, help="output folder: eval.json, eval.png")
+    e.add_argument("--episodes", type=int, default=20)
+    e.add_argument("--num-envs", type=int, default=10)
+    e.add_argument("--seed", type=int, default=100_000)
+    e.add_argument("--max-steps", type=int, help="cut episodes (default: the task horizon)")
+    e.add_argument("--store", help="also score action prediction on held-out episodes of this store")
+    e.add_argument("--holdout-fraction", type=float, default=0.0)
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_eval)
+
+    a = sub.add_parser("auto", help="automatic-expert DAgger: collect with beta mixing, aggregate, train, evaluate")
+    a.add_argument("--config", required=True, help="configs/auto/*.yaml (kind: auto)")
+    a.add_argument("--out", required=True, help="run folder: checkpoint.pt, metrics.jsonl, loss.jsonl")
+    a.add_argument("--store", help="episode store (default: OUT/store)")
+    a.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    a.add_argument("--iterations", type=int)
+    a.add_argument("--mode", choices=("expert_demo", "dagger_sync", "dagger_async"))
+    a.add_argument("--num-envs", type=int)
+    a.add_argument("--seed", type=int)
+    a.add_argument("--quiet", action="store_true")
+    a.set_defaults(func=_auto)
+
+
+def _train(args) -> int:
+    from hg_dagger.learn.aggregate import ReplayConfig
+    from hg_dagger.learn.auto import AutoConfig, load_config
+    from hg_dagger.learn.train import train_from_store
+
+    base = load_config(args.config, task=args.task) if args.config else AutoConfig(task=args.task)
+    student = base.student.model_copy(update={k: v for k, v in (("kind", args.kind), ("ensemble", args.ensemble))
+                                             if v is not None})
+    train = base.train.model_copy(update={k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None})
+    replay = base.replay.model_dump()
+    if args.intervention_weight is not None:
+        iw = args.intervention_weight
+        replay["intervention_weight"] = iw if iw == "balanced" else float(iw)
+    if args.holdout_fraction is not None:
+        replay["holdout_fraction"] = args.holdout_fraction
+    result = train_from_store(args.store, args.task, args.out, student_cfg=student, train_cfg=train,
+                              replay_cfg=ReplayConfig.model_validate(replay), resume=args.resume,
+                              progress=not args.quiet)
+    print(f"trained {result['version']} on {result['labels']} labels; loss {result['loss_first']:.4f} -> "
+          f"{result['loss_last']:.4f}; checkpoint {result['checkpoint']}")
+    return 0
+
+
+def _eval(args) -> int:
+    from hg_dagger.learn.evaluate import EvalConfig, evaluate
+
+    cfg = EvalConfig(episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, max_steps=args.max_steps)
+    result = evaluate(args.checkpoint, args.task, args.out, config=cfg, store_url=args.store,
+                      holdout_fraction=args.holdout_fraction, progress=not args.quiet)
+    cl = result["closed_loop"]
+    print(f"{result['policy_version']}: success {cl['success_rate']:.1%} over {cl['episodes']} episodes, "
+          f"mean length {cl['episode_length_mean']:.1f}")
+    if "offline" in result:
+        print(f"held-out labels: {json.dumps({k: result['offline'][k] for k in ('labels', 'mae', 'mse')})}")
+    print(f"wrote {result['files']['json']} and {result['files']['png']}")
+    return 0
+
+
+def _auto(args) -> int:
+    from hg_dagger.learn.auto import AutoRun, load_config
+
+    cfg = load_config(args.config, iterations=args.iterations, mode=args.mode, num_envs=args.num_envs, seed=args.seed)
+    rows = AutoRun(cfg, args.out, args.store).run(resume=args.resume, progress=not args.quiet)
+    for r in rows:
+        print(f"iteration {r['iteration']}: beta {r['beta']:.3f}, labels {r['replay']['labels']}, "
+              f"eval success {r['eval_success_rate']:.1%}, length {r['eval_episode_length']:.1f}, "
+              f"policy {r['policy_version']}")
+    if not rows:
+        print("nothing to do: every configured iteration is already done")
+    return 0

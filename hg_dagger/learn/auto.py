@@ -1,0 +1,631 @@
+"""Automatic-expert DAgger (`hg-dagger auto`): collect with beta mixing, aggregate, train, evaluate.
+
+Producer modes (CollectionMode):
+  expert_demo   the expert drives every step (beta = 1); episodes are BC-only demonstrations.
+  dagger_sync   student and expert are queried in the rollout process, one coin per env and step.
+  dagger_async  a separate simulation process (env + expert + recorder) collects continuously with the
+                latest policy snapshot - a checkpoint file it reloads when it changes - while this
+                process trains; no live model object crosses the process boundary.
+
+At every step both the student and the expert see the same pre-action observation; the expert's
+label is stored for it whether or not it was executed. Both answers pass the mapping (policy_to_raw
+/ expert_to_raw, each ending in clip_raw) and the chosen one passes clip_raw again before env.step.
+Each finished episode is committed with one EXPERT correction window over all its steps, so the
+contract's label rules make exactly the steps with a valid expert label trainable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from tqdm import tqdm
+
+from hg_dagger.contract import (
+    ActionSource,
+    CollectionMode,
+    ControlState,
+    CorrectionWindow,
+    EndReason,
+    EpisodeEnd,
+    EpisodeStart,
+    TaskInfo,
+    now_ns,
+    step_fields,
+)
+from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.learn.aggregate import ReplayConfig
+from hg_dagger.learn.evaluate import EvalConfig
+from hg_dagger.learn.schedules import BetaSchedule
+from hg_dagger.learn.train import StudentConfig, TrainConfig
+
+log = logging.getLogger(__name__)
+
+_EXPERT = ActionSource.EXPERT.code
+_POLICY = ActionSource.POLICY.code
+_CS_EXPERT = ControlState.EXPERT.code
+_CS_AUTO = ControlState.AUTONOMOUS.code
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+class ExpertSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["planner", "policy"] = "planner"
+    checkpoint: str | None = None  # kind: policy
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _checkpoint(self):
+        if self.kind == "policy" and not self.checkpoint:
+            raise ValueError("expert kind 'policy' needs 'checkpoint' (a student checkpoint file)")
+        return self
+
+
+class AsyncSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    snapshot_check_steps: int = Field(default=50, gt=0, description="worker looks for a new snapshot this often")
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    join_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class AutoConfig(BaseModel):
+    """One `hg-dagger auto` run (configs/auto/*.yaml, kind: auto)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    mode: Literal["expert_demo", "dagger_sync", "dagger_async"] = "dagger_sync"
+    expert: ExpertSpec = Field(default_factory=ExpertSpec)
+    num_envs: int = Field(default=8, gt=0)
+    seed: int = 0
+    iterations: int = Field(default=5, gt=0)
+    episodes_per_iteration: int = Field(default=16, gt=0)
+    max_episode_steps: int | None = Field(default=None, gt=0, description="cut collection episodes (default: horizon)")
+    beta: BetaSchedule = Field(default_factory=BetaSchedule)
+    student: StudentConfig = Field(default_factory=StudentConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    recorder_queue_steps: int = Field(default=16384, gt=0)
+    async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
+
+    def beta_at(self, iteration: int) -> float:
+        return 1.0 if self.mode == "expert_demo" else self.beta(iteration)
+
+
+def load_config(path: str | Path, **overrides: Any) -> AutoConfig:
+    from hg_dagger import config as cfgmod
+
+    data = cfgmod.read_yaml(path)
+    kind = data.pop("kind", "auto")
+    if kind != "auto":
+        raise ConfigError(f"{path}: kind is {kind!r}, expected 'auto'")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return cfgmod.validate(AutoConfig, data, source=str(path))
+
+
+def build_expert(spec: ExpertSpec, mapping, *, relabel: bool):
+    from hg_dagger.experts import make_expert
+    from hg_dagger.experts.base import require_relabeler
+
+    expert = make_expert(mapping.task_id, kind=spec.kind, mapping=mapping, checkpoint=spec.checkpoint)
+    if relabel:
+        require_relabeler(expert, where=f"auto on {mapping.task_id}")
+    return expert
+
+
+# ---------------------------------------------------------------------- collection
+
+
+@dataclass
+class CollectStats:
+    steps: int = 0  # env-steps recorded (active rows)
+    ticks: int = 0  # batched env.step calls
+    seconds: float = 0.0
+    queried: int = 0
+    invalid: int = 0
+    expert_used: int = 0
+    disagreement_sum: float = 0.0
+    disagreement_n: int = 0
+    latency_ns: list[int] = field(default_factory=list)
+    inference_ns: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    successes: list[bool] = field(default_factory=list)
+    episode_ids: list[str] = field(default_factory=list)
+    partial_ids: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        lat = np.asarray(self.latency_ns, dtype=np.float64) / 1e6
+        inf = np.asarray(self.inference_ns, dtype=np.float64) / 1e6
+        return {
+            "episodes": len(self.episode_ids),
+            "env_steps": self.steps,
+            "env_steps_per_s": self.steps / self.seconds if self.seconds else 0.0,
+            "expert_latency_ms_mean": float(lat.mean()) if len(lat) else None,
+            "expert_latency_ms_p95": float(np.percentile(lat, 95)) if len(lat) else None,
+            "student_inference_ms_mean": float(inf.mean()) if len(inf) else None,
+            "invalid_label_rate": self.invalid / self.queried if self.queried else 0.0,
+            "expert_used_rate": self.expert_used / self.steps if self.steps else 0.0,
+            "disagreement": self.disagreement_sum / self.disagreement_n if self.disagreement_n else None,
+            "collect_success_rate": float(np.mean(self.successes)) if self.successes else None,
+            "collect_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
+        }
+
+
+@dataclass
+class _Row:
+    episode_id: str | None = None
+    t: int = 0
+
+
+class Collector:
+    """Rolls the mixed student/expert policy in one VecEnv and records every active row."""
+
+    def __init__(self, env, expert, recorder, *, mode: str, seed: int, expert_timeout_s: float | None = None,
+                 max_episode_steps: int | None = None, expert_name: str = ""):
+        self.env = env
+        self.mapping = env.mapping
+        self.expert = expert
+        self.recorder = recorder
+        self.mode = CollectionMode(mode)
+        self.rng = np.random.default_rng(seed)
+        self.timeout_s = expert_timeout_s
+        self.max_steps = max_episode_steps or self.mapping.horizon
+        self.expert_name = expert_name or type(expert).__name__
+        self.fields = step_fields(self.mapping.obs_spec(), self.mapping.action_dim)
+        self.obs_keys = list(self.mapping.obs_spec())
+        self.student = None
+        self.stats = CollectStats()
+        self.iteration = 0
+        self.beta = 1.0
+        self._meta = self.mapping.as_metadata()
+
+    def set_policy(self, student, *, iteration: int, beta: float) -> None:
+        self.student, self.iteration, self.beta = student, int(iteration), float(beta)
+
+    def _begin(self, row: int, seed: int | None) -> str:
+        m = self.mapping
+        start = EpisodeStart(
+            task=TaskInfo(task_id=m.task_id, task_version=m.task_version, language_instruction=m.language_instruction,
+                          success_condition=m.success_condition),
+            policy_version=self.student.version, mode=self.mode, control_hz=m.control_hz,
+            action_alignment=m.action_alignment, mapping=self._meta, mapping_hash=m.hash,
+            initial_state={"seed": seed} if seed is not None else {}, iteration=self.iteration, beta=self.beta,
+            bc_only=self.mode == CollectionMode.EXPERT_DEMO, env_index=row,
+            extra={"expert": self.expert_name},
+        )
+        return self.recorder.begin_episode(start, self.fields)
+
+    def _end(self, rec: _Row, *, success: bool, truncated: bool, complete: bool) -> None:
+        eid, n = rec.episode_id, rec.t
+        reason = (EndReason.SUCCESS if success else EndReason.TIMEOUT if truncated else EndReason.FAILURE) \
+            if complete else EndReason.ENV_RESET
+        windows = []
+        if complete and n > 0:  # a partial episode keeps its raw data but never becomes trainable
+            windows = [CorrectionWindow(parent_episode_id=eid, parent_step_id=0, handover_start=0, handover_end=n,
+                                        source=ActionSource.EXPERT, gate_reason=f"{self.mode.value}: expert labels")]
+        self.recorder.end_episode(eid, EpisodeEnd(end_reason=reason, task_success=bool(success), num_steps=n),
+                                  windows=windows)
+        rec.episode_id, rec.t = None, 0
+
+    def run(self, *, episodes: int | None, reset_seed: int, stop: Callable[[], bool] | None = None,
+            on_tick: Callable[[int], None] | None = None, on_episode: Callable[[str, dict], None] | None = None,
+            progress: bool = False) -> CollectStats:
+        """Collect ``episodes`` complete episodes (None: until ``stop()``); rows past the quota idle."""
+        env, m = self.env, self.mapping
+        n = env.num_envs
+        stats = self.stats = CollectStats()
+        obs, info = env.reset(seed=reset_seed)
+        rows = [_Row() for _ in range(n)]
+        begun = 0
+        for i in range(n):
+            if episodes is None or begun < episodes:
+                rows[i].episode_id = self._begin(i, reset_seed + i)
+                begun += 1
+        self.expert.reset(list(range(n)), obs, info)
+        t_obs = np.asarray(info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
+        bar = tqdm(total=episodes, desc=f"collect it{self.iteration} beta={self.beta:.2f}", disable=not progress,
+                   leave=False)
+        t0 = time.perf_counter()
+        try:
+            while True:
+                active = np.array([r.episode_id is not None for r in rows])
+                if not active.any() or (stop is not None and stop()):
+                    break
+                ids = np.flatnonzero(active)
+                out = self.student.act(obs)
+                t_policy = now_ns()
+                sub = {k: v[ids] for k, v in obs.items()}
+                q = _query(self.expert, sub, ids, m, self.timeout_s)
+                expert_action = np.full((n, m.action_dim), np.nan, dtype=np.float32)
+                expert_valid = np.zeros(n, dtype=bool)
+                expert_action[ids], expert_valid[ids] = q.action, q.valid
+                coin = self.rng.random(n) < self.beta
+                used = coin & expert_valid
+                chosen = np.where(used[:, None], expert_action, out.action)
+                applied = m.clip_raw(chosen)
+                res = env.step(applied)
+                stats.ticks += 1
+                stats.steps += len(ids)
+                stats.queried += len(ids)
+                stats.invalid += int((~q.valid).sum())
+                stats.expert_used += int(used[ids].sum())
+                stats.latency_ns.append(int(q.metadata.get("latency_ns", 0)))
+                stats.inference_ns.append(int(out.inference_ns))
+                both = ids[q.valid]
+                if len(both):
+                    d = np.linalg.norm(expert_action[both] - out.action[both], axis=1)
+                    stats.disagreement_sum += float(d.sum())
+                    stats.disagreement_n += len(both)
+                t_apply = np.asarray(res.info.get("t_action_apply", np.full(n, NO_TIME_FILL)), dtype=np.int64)
+                success = np.asarray(res.info["success"], dtype=bool)
+                for i in ids:
+                    r = rows[i]
+                    step = {f"obs/{k}": obs[k][i] for k in self.obs_keys}
+                    step.update(
+                        t_obs=t_obs[i], t_policy=t_policy, t_action_apply=t_apply[i], inference_ns=out.inference_ns,
+                        policy_action=out.action[i], policy_confidence=out.confidence[i],
+                        policy_uncertainty=out.uncertainty[i], expert_action=expert_action[i],
+                        expert_valid=expert_valid[i], expert_used=used[i], applied_action=applied[i],
+                        action_source=_EXPERT if used[i] else _POLICY,
+                        control_state=_CS_EXPERT if used[i] else _CS_AUTO,
+                        reward=res.reward[i], terminated=res.terminated[i], truncated=res.truncated[i],
+                        success=success[i], valid=True,
+                    )
+                    self.recorder.put(r.episode_id, step)
+                    r.t += 1
+                ended = res.terminated | res.truncated
+                cut = active & ~ended & (np.array([r.t for r in rows]) >= self.max_steps)
+                if cut.any():  # episode cut by max_episode_steps: restart those rows ourselves
+                    cut_rows = np.flatnonzero(cut)
+                    new_obs, new_info = env.reset(env_ids=cut_rows)
+                    for k in res.obs:
+                        res.obs[k][cut_rows] = new_obs[k][cut_rows]
+                finished = np.flatnonzero((ended | cut) & active)
+                for i in finished:
+                    eid = rows[i].episode_id
+                    length = rows[i].t
+                    self._end(rows[i], success=bool(success[i]), truncated=bool(res.truncated[i] or cut[i]),
+                              complete=True)
+                    stats.episode_ids.append(eid)
+                    stats.lengths.append(length)
+                    stats.successes.append(bool(success[i]))
+                    bar.update(1)
+                    if on_episode is not None:
+                        on_episode(eid, {"length": length, "success": bool(success[i]), "iteration": self.iteration})
+                    if episodes is None or begun < episodes:
+                        rows[i].episode_id = self._begin(i, None)
+                        begun += 1
+                restarted = np.flatnonzero(ended | cut)
+                if len(restarted):
+                    self.expert.reset(restarted.tolist(), {k: v[restarted] for k, v in res.obs.items()}, res.info)
+                obs = res.obs
+                t_obs = np.asarray(res.info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
+                if on_tick is not None:
+                    on_tick(stats.ticks)
+        finally:
+            for r in rows:  # stopped mid-episode: commit the raw data, never trainable
+                if r.episode_id is not None:
+                    stats.partial_ids.append(r.episode_id)
+                    self._end(r, success=False, truncated=False, complete=False)
+            bar.close()
+            stats.seconds = time.perf_counter() - t0
+        return stats
+
+
+NO_TIME_FILL = -1
+
+
+def _query(expert, obs, ids, mapping, timeout_s):
+    from hg_dagger.experts import query_expert
+
+    return query_expert(expert, obs, ids, mapping, timeout_s=timeout_s)
+
+
+# ---------------------------------------------------------------------- the loop
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+class AutoRun:
+    """State of one `hg-dagger auto` run: out_dir holds checkpoint.pt, metrics.jsonl, loss.jsonl, eval/."""
+
+    def __init__(self, cfg: AutoConfig, out_dir: str | Path, store_url: str | None = None):
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.store_url = str(store_url or self.out / "store")
+        self.checkpoint_path = self.out / "checkpoint.pt"
+        self.metrics_path = self.out / "metrics.jsonl"
+
+    # -------------------------------------------------------------- setup
+
+    def _open_store(self):
+        from hg_dagger.store import EpisodeStore
+
+        if Path(self.store_url).exists() or "://" in self.store_url:
+            try:
+                return EpisodeStore.open(self.store_url, mode="a")
+            except HgDaggerError:
+                if "://" in self.store_url:
+                    raise
+        return EpisodeStore.create(self.store_url)
+
+    def _trainer(self, mapping, store, resume: bool):
+        from hg_dagger.learn.aggregate import Replay
+        from hg_dagger.learn.train import Trainer, store_loader
+        from hg_dagger.policy import Student
+
+        if resume:
+            if not self.checkpoint_path.is_file():
+                raise ConfigError(f"{self.checkpoint_path}: nothing to resume (no checkpoint in {self.out})")
+            trainer = Trainer.resume(self.checkpoint_path, mapping, store_loader(store, mapping), self.cfg.train)
+            log.info("resumed %s: iteration %d, policy %s, beta %s", self.checkpoint_path, trainer.iteration,
+                     trainer.student.version, trainer.beta)
+            return trainer
+        sc = self.cfg.student
+        student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=self.cfg.seed)
+        return Trainer(student, self.cfg.train, Replay(self.cfg.replay, seed=self.cfg.seed))
+
+    # -------------------------------------------------------------- one iteration's learning half
+
+    def _learn(self, it, beta, trainer, store, mapping, new_ids, collect, env_eval, progress) -> dict[str, Any]:
+        from hg_dagger.learn.aggregate import load_labels
+        from hg_dagger.learn.evaluate import closed_loop
+
+        keys = list(mapping.obs_spec())
+        infos = _wait_complete(store, new_ids)
+        trainer.replay.add(load_labels(store, infos[eid], keys) for eid in new_ids)
+        trainer.iteration, trainer.beta = it + 1, beta
+        fit = trainer.fit(log_path=self.out / "loss.jsonl", progress=progress, info={"beta": beta})
+        ev = closed_loop(trainer.student, env_eval, self.cfg.eval)
+        ev.pop("per_episode")
+        row = {
+            "iteration": it, "mode": self.cfg.mode, "beta": beta, "policy_version": trainer.student.version,
+            "collected_with": collect.pop("policy_versions", None),
+            **collect, "replay": trainer.replay.summary(), "train": fit,
+            "eval_success_rate": ev["success_rate"], "eval_episode_length": ev["episode_length_mean"],
+            "eval": ev, "rss_mb": _rss_mb(),
+        }
+        trainer.save(self.checkpoint_path, last_metrics=json.loads(json.dumps(_flat(row))))
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        log.info("iteration %d: beta %.3f labels %d eval success %.0f%% (policy %s)", it, beta, len(trainer.replay),
+                 100 * ev["success_rate"], trainer.student.version)
+        return row
+
+    # -------------------------------------------------------------- run
+
+    def run(self, *, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+        import torch
+
+        from hg_dagger.envs import load_mapping, make_env
+
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        mapping = load_mapping(cfg.task)
+        store = self._open_store()
+        trainer = self._trainer(mapping, store, resume)
+        start = trainer.iteration
+        threads = torch.get_num_threads()
+        torch.set_num_threads(cfg.train.threads)
+        rows: list[dict[str, Any]] = []
+        try:
+            with make_env(mapping, num_envs=min(cfg.eval.num_envs, cfg.eval.episodes), seed=cfg.eval.seed) as env_eval:
+                if cfg.mode == "dagger_async":
+                    rows = self._run_async(start, trainer, store, mapping, env_eval, progress)
+                else:
+                    rows = self._run_sync(start, trainer, store, mapping, env_eval, progress)
+        finally:
+            torch.set_num_threads(threads)
+        return rows
+
+    def _run_sync(self, start, trainer, store, mapping, env_eval, progress) -> list[dict[str, Any]]:
+        from hg_dagger.envs import make_env
+
+        cfg = self.cfg
+        expert = build_expert(cfg.expert, mapping, relabel=cfg.mode != "expert_demo")
+        rows = []
+        with make_env(mapping, num_envs=cfg.num_envs, seed=cfg.seed) as env:
+            for it in range(start, cfg.iterations):
+                beta = cfg.beta_at(it)
+                rss0 = _rss_mb()
+                rec = store.recorder(queue_steps=cfg.recorder_queue_steps)
+                collector = Collector(env, expert, rec, mode=cfg.mode, seed=cfg.seed * 1000 + it,
+                                      expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps)
+                collector.set_policy(trainer.student, iteration=it, beta=beta)
+                try:
+                    stats = collector.run(episodes=cfg.episodes_per_iteration, reset_seed=_reset_seed(cfg, it),
+                                          progress=progress)
+                finally:
+                    rec.close()
+                collect = stats.summary()
+                collect.update(recorder=_rec_stats(rec), rss_growth_mb=_rss_mb() - rss0,
+                               policy_versions=[trainer.student.version])
+                rows.append(self._learn(it, beta, trainer, store, mapping, stats.episode_ids, collect, env_eval,
+                                        progress))
+        return rows
+
+    def _run_async(self, start, trainer, store, mapping, env_eval, progress) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        snapshot = self.out / "snapshot.pt"
+        trainer.student.save(snapshot, iteration=start, beta=cfg.beta_at(start))
+        ctx = mp.get_context("spawn")
+        messages = ctx.Queue()
+        stop = ctx.Event()
+        worker = ctx.Process(target=_async_worker, name="hg-dagger-sim",
+                             args=(cfg.model_dump(by_alias=True), self.store_url, str(snapshot), messages, stop))
+        worker.start()
+        rows = []
+        pending: list[str] = []
+        per_ep: dict[str, dict] = {}
+        worker_stats: dict[str, Any] = {}
+        try:
+            for it in range(start, cfg.iterations):
+                beta = cfg.beta_at(it)
+                rss0 = _rss_mb()
+                t0 = time.perf_counter()
+                deadline = time.monotonic() + cfg.async_.start_timeout_s + 60.0 * cfg.episodes_per_iteration
+                while len(pending) < cfg.episodes_per_iteration:
+                    if not worker.is_alive():
+                        raise HgDaggerError(f"dagger_async: simulation process exited with code {worker.exitcode} "
+                                            f"before iteration {it} had {cfg.episodes_per_iteration} episodes")
+                    try:
+                        kind, payload = messages.get(timeout=1.0)
+                    except queue.Empty:
+                        if time.monotonic() > deadline:
+                            raise HgDaggerError(f"dagger_async: no episodes from the simulation process for iteration {it}") from None
+                        continue
+                    if kind == "episode":
+                        pending.append(payload["episode_id"])
+                        per_ep[payload["episode_id"]] = payload
+                    elif kind == "stats":
+                        worker_stats = payload
+                    elif kind == "error":
+                        raise HgDaggerError(f"dagger_async: simulation process failed: {payload}")
+                take, pending = pending[: cfg.episodes_per_iteration], pending[cfg.episodes_per_iteration:]
+                eps = [per_ep.pop(e) for e in take]
+                collect = {
+                    "episodes": len(take), "wait_s": time.perf_counter() - t0,
+                    "collect_success_rate": float(np.mean([e["success"] for e in eps])),
+                    "collect_episode_length": float(np.mean([e["length"] for e in eps])),
+                    "policy_versions": sorted({e["policy_version"] for e in eps}),
+                    "snapshot_lag_iterations": float(np.mean([it - e["iteration"] for e in eps])),
+                    "worker": worker_stats, "rss_growth_mb": _rss_mb() - rss0,
+                }
+                rows.append(self._learn(it, beta, trainer, store, mapping, take, collect, env_eval, progress))
+                trainer.student.save(snapshot, iteration=it + 1, beta=cfg.beta_at(it + 1))  # the hand-off
+        finally:
+            stop.set()
+            _drain_and_join(worker, messages, cfg.async_.join_timeout_s)
+        return rows
+
+
+def _reset_seed(cfg: AutoConfig, it: int) -> int:
+    return cfg.seed + 7919 * (it + 1) * max(cfg.num_envs, 1)
+
+
+def _rec_stats(rec) -> dict[str, Any]:
+    stats = getattr(rec, "stats", None)
+    if stats is None:
+        return {}
+    if isinstance(stats, dict):
+        return dict(stats)
+    return {k: v for k, v in vars(stats).items() if isinstance(v, int | float | str)}
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if isinstance(v, int | float | str | type(None))}
+
+
+def _wait_complete(store, ids: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
+    """EpisodeInfo of each id once its commit is visible (the async writer may still be finishing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = {i.episode_id: i for i in store.episodes()}
+        missing = [e for e in ids if e not in infos or not infos[e].complete]
+        if not missing:
+            return infos
+        if time.monotonic() > deadline:
+            raise HgDaggerError(f"episodes {missing[:3]} (of {len(missing)}) never became complete in the store")
+        time.sleep(0.05)
+        if hasattr(store, "refresh"):
+            store.refresh()
+
+
+def _drain_and_join(proc, messages, timeout_s: float) -> None:
+    """Join the simulation process; its queue must be emptied first or its feeder thread blocks exit."""
+    deadline = time.monotonic() + timeout_s
+    while proc.is_alive() and time.monotonic() < deadline:
+        try:
+            while True:
+                messages.get_nowait()
+        except queue.Empty:
+            pass
+        proc.join(0.1)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5.0)
+        raise HgDaggerError(f"dagger_async: simulation process did not stop within {timeout_s:g} s; terminated it")
+    messages.close()
+    messages.join_thread()
+
+
+# ---------------------------------------------------------------------- the simulation process
+
+
+def _async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop) -> None:
+    """dagger_async simulation process: env + expert + recorder; the policy comes only from snapshot files."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        from hg_dagger.envs import load_mapping, make_env
+        from hg_dagger.policy import Student
+        from hg_dagger.policy.checkpoint import read_checkpoint
+        from hg_dagger.store import EpisodeStore
+
+        cfg = AutoConfig.model_validate(cfg_dict)
+        mapping = load_mapping(cfg.task)
+        expert = build_expert(cfg.expert, mapping, relabel=True)
+        store = EpisodeStore.open(store_url, mode="a")
+        rec = store.recorder(queue_steps=cfg.recorder_queue_steps)
+        seen = {"stamp": None}
+
+        def load_snapshot(collector) -> None:
+            st = os.stat(snapshot)
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == seen["stamp"]:
+                return
+            data = read_checkpoint(snapshot)
+            collector.set_policy(Student.load(snapshot, mapping), iteration=int(data["extra"]["iteration"]),
+                                 beta=float(data["extra"]["beta"]))
+            seen["stamp"] = stamp
+
+        with make_env(mapping, num_envs=cfg.num_envs, seed=cfg.seed) as env:
+            collector = Collector(env, expert, rec, mode=cfg.mode, seed=cfg.seed * 1000 + 17,
+                                  expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps)
+            load_snapshot(collector)
+
+            def on_tick(ticks: int) -> None:
+                if ticks % cfg.async_.snapshot_check_steps == 0:
+                    load_snapshot(collector)
+                    messages.put(("stats", collector.stats.summary()))
+
+            def on_episode(eid: str, info: dict) -> None:
+                messages.put(("episode", {"episode_id": eid, "policy_version": collector.student.version, **info}))
+
+            try:
+                stats = collector.run(episodes=None, reset_seed=_reset_seed(cfg, 0), stop=stop.is_set,
+                                      on_tick=on_tick, on_episode=on_episode)
+            finally:
+                rec.close()
+            messages.put(("stats", {**stats.summary(), "partial_episodes": len(stats.partial_ids),
+                                    "recorder": _rec_stats(rec)}))
+    except BaseException as exc:  # noqa: BLE001 - reported to the learner process
+        messages.put(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def leftover_workers() -> list[str]:
+    """Live child processes and non-daemon helper threads (for shutdown checks)."""
+    kids = [f"process {p.pid} {p.name()}" for p in psutil.Process().children(recursive=True)]
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    return kids + [f"thread {t}" for t in threads]

@@ -1,0 +1,241 @@
+"""Student-only evaluation: closed-loop rollouts and offline action prediction on held-out windows.
+
+Closed-loop evaluation builds nothing but the env and the student: no expert, no device, no gate.
+Seeds are fixed, so two evaluations of one policy see the same initial states.
+
+Definitions (docs/learning.md): an episode succeeds when the task's success condition holds at its
+last step; its first-failure step (failed episodes only) is the step after which the task progress
+signal never improves again (the episode length when the env reports no progress signal); scene
+buckets come from info["scene_id"] when the env reports one, else from the initial task progress
+(terciles over the evaluation's episodes: near / mid / far).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from hg_dagger.contract import LabelMask
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: int = Field(default=20, gt=0)
+    num_envs: int = Field(default=10, gt=0)
+    seed: int = 100_000  # far from collection seeds: evaluation states are not training states
+    max_steps: int | None = Field(default=None, gt=0, description="stop an episode early (default: the task horizon)")
+
+
+def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, trace: list | None = None) -> dict[str, Any]:
+    """Roll the student alone in ``env`` until ``config.episodes`` episodes finished.
+
+    ``trace`` (a list), when given, receives (obs, action) of every step, for audits and tests.
+    """
+    n = env.num_envs
+    obs, info = env.reset(seed=config.seed)
+    max_steps = config.max_steps or env.mapping.horizon
+    want = config.episodes
+    started = min(n, want)
+    running = np.arange(n) < started
+    t = np.zeros(n, dtype=np.int64)
+    progress_hist: list[list[float]] = [[] for _ in range(n)]
+    scene = [None] * n
+    initial = np.full(n, np.nan)
+    episodes: list[dict[str, Any]] = []
+
+    def start_row(i, info_now):
+        t[i] = 0
+        progress_hist[i] = []
+        sid = info_now.get("scene_id")
+        scene[i] = None if sid is None else str(np.asarray(sid)[i])
+
+    for i in range(n):
+        start_row(i, info)
+    bar = tqdm(total=want, desc="eval", disable=not progress, leave=False)
+    steps = 0
+    while len(episodes) < want:
+        out = student.act(obs)
+        action = env.mapping.clip_raw(out.action)
+        if trace is not None:
+            trace.append(({k: v.copy() for k, v in obs.items()}, action.copy()))
+        res = env.step(action)
+        steps += 1
+        t += 1
+        prog = res.info.get("signals", {}).get("progress")
+        if prog is not None:
+            for i in np.flatnonzero(running):
+                if not progress_hist[i]:
+                    initial[i] = float(prog[i])
+                progress_hist[i].append(float(prog[i]))
+        done = res.terminated | res.truncated | (t >= max_steps)
+        for i in np.flatnonzero(done & running):
+            success = bool(res.info["success"][i])
+            hist = progress_hist[i]
+            first_fail = None
+            if not success:
+                first_fail = int(np.argmax(hist)) + 1 if hist else int(t[i])
+            episodes.append({"success": success, "length": int(t[i]), "first_failure_step": first_fail,
+                             "scene": scene[i], "initial_progress": float(initial[i]) if hist else None,
+                             "return": None})
+            bar.update(1)
+            running[i] = started < want
+            started += int(running[i])
+        forced = done & ~(res.terminated | res.truncated)
+        if forced.any():  # stopped early by max_steps: reset these rows ourselves
+            rows = np.flatnonzero(forced)
+            new_obs, new_info = env.reset(env_ids=rows)
+            res.obs = {k: np.where(_rows_mask(forced, v), new_obs[k], res.obs[k]) for k, v in res.obs.items()}
+        for i in np.flatnonzero(done):
+            start_row(i, res.info)
+        obs = res.obs
+    bar.close()
+    return summarize(episodes[:want], steps=steps)
+
+
+def _rows_mask(rows: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return rows.reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def summarize(episodes: list[dict[str, Any]], *, steps: int = 0) -> dict[str, Any]:
+    ok = np.array([e["success"] for e in episodes], dtype=bool)
+    lengths = np.array([e["length"] for e in episodes], dtype=np.float64)
+    fails = [e["first_failure_step"] for e in episodes if e["first_failure_step"] is not None]
+    _assign_buckets(episodes)
+    buckets: dict[str, dict[str, Any]] = {}
+    for name in sorted({e["bucket"] for e in episodes}):
+        sel = [e for e in episodes if e["bucket"] == name]
+        buckets[name] = {"episodes": len(sel), "success_rate": float(np.mean([e["success"] for e in sel]))}
+    return {
+        "episodes": len(episodes),
+        "success_rate": float(ok.mean()) if len(ok) else 0.0,
+        "episode_length_mean": float(lengths.mean()) if len(lengths) else 0.0,
+        "episode_length_success_mean": float(lengths[ok].mean()) if ok.any() else None,
+        "first_failure_step_mean": float(np.mean(fails)) if fails else None,
+        "buckets": buckets,
+        "env_steps": int(steps),
+        "per_episode": episodes,
+    }
+
+
+def _assign_buckets(episodes: list[dict[str, Any]]) -> None:
+    if all(e.get("scene") is not None for e in episodes):
+        for e in episodes:
+            e["bucket"] = f"scene:{e['scene']}"
+        return
+    init = np.array([np.nan if e["initial_progress"] is None else e["initial_progress"] for e in episodes])
+    if np.isnan(init).all():
+        for e in episodes:
+            e["bucket"] = "all"
+        return
+    # progress is "higher is better" (e.g. minus the distance): the lowest tercile is the farthest start
+    lo, hi = np.nanquantile(init, [1 / 3, 2 / 3])
+    for e, p in zip(episodes, init, strict=True):
+        e["bucket"] = "unknown" if np.isnan(p) else ("far" if p < lo else "mid" if p < hi else "near")
+
+
+def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=None) -> dict[str, Any]:
+    """Action-prediction error of the student on trainable labels of held-out episodes."""
+    from hg_dagger.learn.aggregate import load_labels
+    from hg_dagger.learn.train import training_episodes
+
+    infos = episodes if episodes is not None else training_episodes(
+        store, mapping, holdout_fraction=holdout_fraction, held=True)
+    keys = list(mapping.obs_spec())
+    errs, conf, n_windows = [], [], 0
+    for info in infos:
+        ep = load_labels(store, info, keys)
+        if not len(ep):
+            continue
+        out = student.act(ep.obs)
+        pol_err = np.abs(mapping.raw_to_policy(out.action) - mapping.raw_to_policy(ep.target))
+        errs.append(pol_err)
+        conf.append(out.confidence)
+        n_windows += len(np.unique(ep.segment))
+    if not errs:
+        return {"episodes": 0, "labels": 0, "segments": 0, "mae": None, "mse": None}
+    e = np.concatenate(errs)
+    return {
+        "episodes": len(errs), "labels": int(len(e)), "segments": n_windows,
+        "mae": float(e.mean()), "mse": float((e**2).mean()),
+        "mae_per_dim": e.mean(0).round(6).tolist(),
+        "confidence_mean": float(np.concatenate(conf).mean()),
+        "label_mask_used": LabelMask.TRAINABLE.value,
+    }
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path, *, title: str = "student-only evaluation") -> dict[str, Path]:
+    """eval.json plus eval.png (success per scene bucket and episode-length histogram)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "eval.json"
+    json_path.write_text(json.dumps(result, indent=2, default=_jsonable))
+    png = out / "eval.png"
+    cl = result.get("closed_loop")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    if cl:
+        names = list(cl["buckets"])
+        axes[0].bar(names, [cl["buckets"][b]["success_rate"] for b in names], color="tab:green")
+        axes[0].set_ylim(0, 1)
+        axes[0].set_title(f"success {cl['success_rate']:.0%} over {cl['episodes']} episodes")
+        axes[0].set_ylabel("success rate")
+        lengths = [e["length"] for e in cl["per_episode"]]
+        colors = ["tab:green" if e["success"] else "tab:red" for e in cl["per_episode"]]
+        axes[1].scatter(range(len(lengths)), lengths, c=colors, s=12)
+        axes[1].set_xlabel("episode")
+        axes[1].set_ylabel("length (steps)")
+        axes[1].set_title("episode length (green = success)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+    return {"json": json_path, "png": png}
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def evaluate(
+    checkpoint: str | Path,
+    task: str,
+    out_dir: str | Path,
+    *,
+    config: EvalConfig | None = None,
+    store_url: str | None = None,
+    holdout_fraction: float = 0.0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`hg-dagger eval`: closed-loop student-only rollouts (+ offline error on held-out windows of a store)."""
+    from hg_dagger.envs import load_mapping, make_env
+    from hg_dagger.policy import Student
+
+    cfg = config or EvalConfig()
+    mapping = load_mapping(task)
+    student = Student.load(checkpoint, mapping)
+    result: dict[str, Any] = {"checkpoint": str(checkpoint), "policy_version": student.version, "task": task,
+                              "seed": cfg.seed}
+    with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:
+        result["closed_loop"] = closed_loop(student, env, cfg, progress=progress)
+    if store_url:
+        from hg_dagger.store import EpisodeStore
+
+        result["offline"] = offline(student, EpisodeStore.open(store_url, mode="r"), mapping,
+                                    holdout_fraction=holdout_fraction)
+    paths = write_report(result, out_dir, title=f"{task} - {student.version}")
+    result["files"] = {k: str(v) for k, v in paths.items()}
+    return result
