@@ -12,6 +12,7 @@ CASES = {
     "toy_reach": dict(num_envs=3),
     "fetch_push": dict(num_envs=2),
     "fetch_pick_place_rgb": dict(num_envs=2),
+    "mw_push": dict(num_envs=2),
 }
 
 

@@ -9,7 +9,9 @@ renderer shared by all rows (the rows' models are identical).
 
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from abc import abstractmethod
 from typing import Any
 
@@ -47,6 +49,16 @@ def contact_force(model, data, geom_ids: np.ndarray, exclude: np.ndarray | None 
     return total
 
 
+_OPEN_CAMERAS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_cameras() -> None:
+    """Free GL contexts before interpreter teardown (a renderer freed after the GL backend's own
+    exit hook raises EGL errors). Registered after the first renderer exists, so it runs first."""
+    for cam in list(_OPEN_CAMERAS):
+        cam.close()
+
+
 class LeanCamera:
     """128x128-class offscreen RGB with shadows, reflections, skybox and multisampling off."""
 
@@ -75,6 +87,10 @@ class LeanCamera:
         if flip not in ("none", "vertical", "rot180"):
             raise EnvError(f"camera flip must be none, vertical or rot180, got {flip!r}")
         self.flip = flip
+        if not _OPEN_CAMERAS:
+            atexit.unregister(_close_cameras)
+            atexit.register(_close_cameras)
+        _OPEN_CAMERAS.add(self)
 
     def render(self, data, out: np.ndarray) -> None:
         self.renderer.update_scene(data, camera=self.camera, scene_option=self.option)
@@ -86,7 +102,9 @@ class LeanCamera:
         out[...] = img
 
     def close(self) -> None:
-        self.renderer.close()
+        if self.renderer is not None:
+            self.renderer.close()
+            self.renderer = None
 
 
 class MujocoRowsEnv(VecEnv):
