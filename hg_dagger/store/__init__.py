@@ -1,0 +1,16 @@
+"""The episode store: crash-safe zarr v3 recording of raw steps, versioned label layers, readers and validation.
+
+    store = EpisodeStore.create(path_or_url)
+    with store.recorder(flush_interval_s=0.5) as rec:
+        eid = rec.begin_episode(start, fields); rec.put(eid, step); ...; rec.end_episode(eid, end, windows)
+    td = store.load(eid)
+
+On-disk layout: docs/data-format.md.
+"""
+
+from hg_dagger.store.labels import LabelLayer
+from hg_dagger.store.recorder import Recorder, RecorderStats
+from hg_dagger.store.store import EpisodeInfo, EpisodeStore
+from hg_dagger.store.validate import Violation, validate_store
+
+__all__ = ["EpisodeStore", "EpisodeInfo", "LabelLayer", "Recorder", "RecorderStats", "Violation", "validate_store"]

@@ -1,0 +1,140 @@
+"""On-disk layout of an episode store: names, chunking and codecs. docs/data-format.md describes it for readers.
+
+A store is one zarr v3 group. Raw steps live in *segments*: one per recorder session and field set, with every
+field of every episode concatenated along time (episodes interleave in flush-sized runs) and an index of which
+row belongs to which episode step. Chunks are grouped into shards so 10k episodes stay a few thousand files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from hg_dagger.contract.schema import FieldSpec
+from hg_dagger.errors import StoreError
+
+FORMAT = "hg_dagger.episode_store"
+FORMAT_VERSION = 1
+STORE_ATTR = "hg_dagger"  # root group attribute: {"format", "format_version", "schema_version"}
+SEGMENT_ATTR = "hg_dagger_segment"  # segment group attribute (see SegmentState)
+SEGMENTS = "segments"
+LABELS = "labels"  # labels/<episode_id>/v<N>.json: label layers written after recording (N >= 2)
+
+CAPACITY_STEP = 8192  # arrays grow in multiples of this many rows; trimmed to the committed rows on close
+ROWS_PER_CHUNK = 1024  # state, action, time and flag fields
+ROWS_PER_SHARD = 8192
+IMAGE_CHUNK_BYTES = 1 << 20  # aim for ~1 MiB of raw pixels per image chunk
+IMAGES_PER_SHARD_CHUNKS = 16
+LOG_RECORDS_PER_CHUNK = 1024
+
+# Chosen by measurement (benchmarks/bench_recorder.py --codecs, docs/data-format.md): zstd level 3 on chunks of
+# consecutive frames compresses rendered 128x128 frames ~16x at the write speed of lz4; checksums catch corruption.
+IMAGE_CODEC = ZstdCodec(level=3, checksum=True)
+NUMERIC_CODEC = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
+LOG_CODEC = ZstdCodec(level=3, checksum=True)
+
+
+def data_path(field: str) -> str:
+    return f"data/{field}"
+
+
+def frames_per_chunk(spec: FieldSpec) -> int:
+    frame = int(np.prod(spec.shape)) * spec.np_dtype.itemsize
+    n = 1
+    while n < 16 and (n * 2) * frame <= IMAGE_CHUNK_BYTES:
+        n *= 2
+    return n
+
+
+def array_fill(spec: FieldSpec) -> Any:
+    if spec.fill is None:
+        return np.zeros((), spec.np_dtype).item()
+    return np.asarray(spec.fill).astype(spec.np_dtype).item()
+
+
+def create_field_array(group: zarr.Group, spec: FieldSpec) -> zarr.Array:
+    shape = tuple(spec.shape)
+    if spec.image:
+        n = frames_per_chunk(spec)
+        chunks, shards, codec = (n, *shape), (n * IMAGES_PER_SHARD_CHUNKS, *shape), IMAGE_CODEC
+    else:
+        chunks, shards, codec = (ROWS_PER_CHUNK, *shape), (ROWS_PER_SHARD, *shape), NUMERIC_CODEC
+    return group.create_array(
+        data_path(spec.name),
+        shape=(0, *shape),
+        dtype=spec.np_dtype,
+        chunks=chunks,
+        shards=shards,
+        compressors=[codec],
+        fill_value=array_fill(spec),
+        attributes={"field": spec.model_dump(mode="json")},
+    )
+
+
+def create_index_array(group: zarr.Group, name: str) -> zarr.Array:
+    return group.create_array(
+        name, shape=(0,), dtype="uint32", chunks=(ROWS_PER_CHUNK,), shards=(ROWS_PER_SHARD,),
+        compressors=[NUMERIC_CODEC], fill_value=np.iinfo(np.uint32).max,
+    )
+
+
+def create_log_array(group: zarr.Group) -> zarr.Array:
+    return group.create_array("log", shape=(0,), dtype=str, chunks=(LOG_RECORDS_PER_CHUNK,), compressors=[LOG_CODEC])
+
+
+# ------------------------------------------------------------------------------------------------
+# Store URLs and raw keys (label-layer JSON files live beside the zarr nodes)
+# ------------------------------------------------------------------------------------------------
+
+
+def open_zarr_store(url: str | os.PathLike, *, read_only: bool):
+    """A local path (or file:// URL) becomes a LocalStore, whose writes are atomic renames; anything else goes
+    through fsspec (memory://, s3://, ...), whose object puts are atomic by nature."""
+    s = os.fspath(url)
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    if "://" not in s:
+        return zarr.storage.LocalStore(s, read_only=read_only)
+    try:
+        return zarr.storage.FsspecStore.from_url(s, read_only=read_only)
+    except Exception as exc:  # unknown protocol, missing fsspec backend
+        raise StoreError(f"{url}: cannot open this URL as an episode store ({exc})") from exc
+
+
+def put_bytes(store, key: str, data: bytes, *, exclusive: bool = False) -> bool:
+    """Write one raw object; with exclusive=True returns False instead of overwriting an existing one."""
+    buf = default_buffer_prototype().buffer.from_bytes(data)
+    if not exclusive:
+        sync(store.set(key, buf))
+        return True
+    if sync(store.exists(key)):
+        return False
+    try:
+        sync(store.set_if_not_exists(key, buf))
+    except FileExistsError:
+        return False
+    # Stores without an atomic create-if-absent: treat a concurrent winner as a lost race.
+    return sync(store.get(key, default_buffer_prototype())).to_bytes() == data
+
+
+def get_bytes(store, key: str) -> bytes | None:
+    buf = sync(store.get(key, default_buffer_prototype()))
+    return None if buf is None else buf.to_bytes()
+
+
+def list_dir(store, prefix: str) -> list[str]:
+    async def _collect():
+        return [k async for k in store.list_dir(prefix)]
+
+    return sorted(sync(_collect()))
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=True)

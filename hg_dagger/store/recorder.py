@@ -1,0 +1,419 @@
+"""The recorder: the control loop hands steps over in O(1); a background thread writes them to the store.
+
+put() appends to a bounded in-memory queue and returns; it never touches the disk. The writer thread drains the
+queue, turns steps into columns and commits them at most flush_interval_s later (see segment.py for the commit
+protocol). When the queue is full, on_full="drop" drops the step, counts it and records it (a fill row with
+valid=False keeps step numbering, a DROPPED_STEPS event, EpisodeEnd.dropped_steps); on_full="block" waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from hg_dagger.contract.clock import now_ns
+from hg_dagger.contract.enums import EventKind
+from hg_dagger.contract.labels import derive_labels
+from hg_dagger.contract.schema import CorrectionWindow, EpisodeEnd, EpisodeStart, Event, ExpertCertification, FieldSpec
+from hg_dagger.errors import ContractError, StoreError
+from hg_dagger.store.labels import LabelLayer
+from hg_dagger.store.layout import array_fill
+from hg_dagger.store.segment import SegmentWriter
+
+if TYPE_CHECKING:
+    from hg_dagger.store.store import EpisodeStore
+
+log = logging.getLogger(__name__)
+
+_IDLE_SLEEP_S = 0.002
+_MAX_PENDING_STEPS = 4096  # flush early when this many steps wait in memory (bounds memory at high rates)
+
+
+@dataclass
+class RecorderStats:
+    queued_steps: int = 0  # accepted by put()
+    dropped_steps: int = 0  # rejected by put() because the queue was full (on_full="drop")
+    written_steps: int = 0  # committed to the store (including fill rows for dropped steps)
+    committed_episodes: int = 0
+    flushes: int = 0
+    max_queue: int = 0
+
+
+@dataclass(eq=False)
+class _Episode:
+    eid: str
+    start: EpisodeStart
+    fields: dict[str, FieldSpec]
+    key: tuple
+    next_step: int = 0  # control side: number of put() calls so far
+    dropped: int = 0  # control side
+    ended: bool = False  # control side
+    error: Exception | None = None  # set by the writer (bad step); raised by the next call for this episode
+    error_reported: bool = False
+    # writer side
+    segment: SegmentWriter | None = None
+    ordinal: int = -1
+    pending: list = field(default_factory=list)  # (step_number, dict)
+    flushed_next: int = 0  # next step number to be written
+    dropped_steps: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    end_msg: tuple | None = None
+    label_cols: dict = field(default_factory=lambda: {k: [] for k in _LABEL_INPUTS})
+
+
+_LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
+
+
+class Recorder:
+    """Streams episodes into an EpisodeStore. Obtain one with EpisodeStore.recorder(); use from one control thread.
+
+    Arrays handed to put() are owned by the recorder afterwards: do not modify them in place.
+    """
+
+    def __init__(
+        self,
+        store: EpisodeStore,
+        *,
+        flush_interval_s: float = 0.5,
+        queue_steps: int = 8192,
+        on_full: Literal["drop", "block"] = "drop",
+    ):
+        if on_full not in ("drop", "block"):
+            raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
+        if flush_interval_s <= 0 or queue_steps <= 0:
+            raise ValueError("flush_interval_s and queue_steps must be positive")
+        self._store = store
+        self.flush_interval_s = float(flush_interval_s)
+        self.queue_steps = int(queue_steps)
+        self.on_full = on_full
+        self.stats = RecorderStats()
+        self._q: deque = deque()
+        self._episodes: dict[str, _Episode] = {}
+        self._seen: set[str] = set()
+        self._segments: dict[tuple, SegmentWriter] = {}
+        self._fatal: Exception | None = None
+        self._closing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="hg-dagger-recorder", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ control-loop side
+
+    def begin_episode(self, start: EpisodeStart, fields: dict[str, FieldSpec]) -> str:
+        self._check_alive()
+        eid = start.episode_id
+        if eid in self._seen or self._store.has_episode(eid, refresh=False):
+            raise ContractError(f"episode {eid}: episode_id already used in this store")
+        if not fields:
+            raise ContractError(f"episode {eid}: no fields given (use contract.step_fields(...))")
+        for name, spec in fields.items():
+            if name != spec.name:
+                raise ContractError(f"episode {eid}: fields key '{name}' != FieldSpec.name '{spec.name}'")
+        key = tuple(sorted((n, s.model_dump_json()) for n, s in fields.items()))
+        ep = _Episode(eid=eid, start=start, fields=dict(fields), key=key)
+        self._episodes[eid] = ep
+        self._seen.add(eid)
+        self._q.append(("begin", ep))
+        return eid
+
+    def put(self, eid: str, step: dict[str, Any]) -> bool:
+        """Hand one step over; returns False if it was dropped because the queue was full."""
+        ep = self._episodes.get(eid)
+        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
+            self._raise_for(eid, ep)
+        n = ep.next_step
+        ep.next_step = n + 1
+        if len(self._q) >= self.queue_steps:
+            if self.on_full == "drop":
+                ep.dropped += 1
+                self.stats.dropped_steps += 1
+                return False
+            while len(self._q) >= self.queue_steps and self._fatal is None:
+                time.sleep(0.0002)
+        self._q.append((ep, n, step))
+        self.stats.queued_steps += 1
+        return True
+
+    def event(self, eid: str, event: Event) -> None:
+        ep = self._episodes.get(eid)
+        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
+            self._raise_for(eid, ep)
+        self._q.append(("event", ep, event))
+
+    def end_episode(
+        self,
+        eid: str,
+        end: EpisodeEnd,
+        windows: Iterable[CorrectionWindow] = (),
+        certifications: Iterable[ExpertCertification] = (),
+    ) -> None:
+        """Commit the episode (immutable from then on) and its label layer v1 (contract.derive_labels)."""
+        ep = self._episodes.get(eid)
+        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
+            self._raise_for(eid, ep)
+        windows, certifications = list(windows), list(certifications)
+        total = ep.next_step
+        for w in windows:
+            if w.parent_episode_id != eid:
+                raise ContractError(f"episode {eid}: window {w.window_id} has parent_episode_id {w.parent_episode_id}")
+            if w.handover_end > total:
+                raise ContractError(f"episode {eid}: window {w.window_id} ends at step {w.handover_end} > {total} steps")
+        for c in certifications:
+            if c.episode_id != eid:
+                raise ContractError(f"episode {eid}: certification {c.cert_id} is for episode {c.episode_id}")
+            if c.step_end > total:
+                raise ContractError(f"episode {eid}: certification {c.cert_id} ends at step {c.step_end} > {total} steps")
+        ep.ended = True
+        self._q.append(("end", ep, end, windows, certifications, total, ep.dropped))
+
+    def close(self) -> None:
+        """Drain the queue, commit, seal the segments and join the writer. Open episodes stay incomplete."""
+        if self._closed:
+            return
+        self._closing = True
+        self._thread.join()
+        self._closed = True
+        unended = [e.eid for e in self._episodes.values() if not e.ended and e.error is None]
+        if unended:
+            log.warning("recorder closed with %d episode(s) never ended; stored as incomplete: %s",
+                        len(unended), ", ".join(unended[:5]))
+        if self._fatal is not None:
+            raise self._fatal
+        errors = [e for e in self._episodes.values() if e.error is not None and not e.error_reported]
+        for e in errors:
+            e.error_reported = True
+        if errors:
+            raise ContractError("; ".join(str(e.error) for e in errors))
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def queue_len(self) -> int:
+        return len(self._q)
+
+    def _check_alive(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closing:
+            raise StoreError("recorder is closed")
+
+    def _raise_for(self, eid: str, ep: _Episode | None):
+        self._check_alive()
+        if ep is None and eid in self._seen:
+            raise ContractError(f"episode {eid}: already ended")
+        if ep is None:
+            raise ContractError(f"episode {eid}: not begun with this recorder (call begin_episode first)")
+        if ep.error is not None:
+            ep.error_reported = True
+            raise ep.error
+        raise ContractError(f"episode {eid}: already ended")
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        dirty = False
+        records: list[dict] = []
+        touched: list[_Episode] = []
+        pending_steps = 0
+        try:
+            while True:
+                drained = 0
+                while self._q:
+                    item = self._q.popleft()
+                    drained += 1
+                    if isinstance(item[0], _Episode):
+                        ep, n, step = item
+                        if ep.error is None:
+                            if not ep.pending:
+                                touched.append(ep)
+                            ep.pending.append((n, step))
+                            pending_steps += 1
+                    else:
+                        self._control(item, records, touched)
+                    if pending_steps >= _MAX_PENDING_STEPS:
+                        break
+                self.stats.max_queue = max(self.stats.max_queue, drained)
+                dirty = dirty or drained > 0
+                now = time.monotonic()
+                closing = self._closing and not self._q
+                if dirty and (closing or pending_steps >= _MAX_PENDING_STEPS or now - last_flush >= self.flush_interval_s):
+                    self._flush(records, touched)
+                    records, touched, pending_steps, dirty = [], [], 0, False
+                    last_flush = now
+                if closing:
+                    for seg in self._segments.values():
+                        seg.close()
+                    return
+                if not drained:
+                    time.sleep(_IDLE_SLEEP_S)
+        except Exception as exc:  # I/O failure: nothing more can be committed; surface it to the caller
+            log.error("recorder writer failed: %s", exc)
+            self._fatal = exc if isinstance(exc, StoreError) else StoreError(f"recorder: writing failed: {exc}")
+            self._fatal.__cause__ = exc
+
+    def _control(self, item: tuple, records: list[dict], touched: list[_Episode]) -> None:
+        kind, ep = item[0], item[1]
+        if kind == "begin":
+            seg = self._segments.get(ep.key)
+            if seg is None:
+                seg = self._segments[ep.key] = SegmentWriter(self._store._root, ep.fields)
+            ep.segment, ep.ordinal = seg, seg.next_ordinal
+            seg.next_ordinal += 1
+            records.append({"seg": seg, "type": "begin", "ep": ep.ordinal, "start": ep.start.model_dump(mode="json")})
+        elif ep.error is not None:
+            return
+        elif kind == "event":
+            ep.events.append(item[2])
+            records.append({"seg": ep.segment, "type": "event", "ep": ep.ordinal, "event": item[2].model_dump(mode="json")})
+        elif kind == "end":
+            ep.end_msg = item[2:]
+            if not ep.pending:
+                touched.append(ep)
+
+    def _flush(self, records: list[dict], touched: list[_Episode]) -> None:
+        blocks: dict[SegmentWriter, list] = {}
+        for ep in touched:
+            if ep.error is not None:
+                continue
+            cols, steps = self._columns(ep)
+            if steps is not None and len(steps):
+                blocks.setdefault(ep.segment, []).append((ep.ordinal, steps, cols))
+            if ep.end_msg is not None and ep.error is None:
+                records.extend(self._commit_records(ep))
+        segs = list(dict.fromkeys([*blocks, *(r["seg"] for r in records)]))
+        committed = sum(1 for r in records if r["type"] == "end")
+        for seg in segs:
+            bl = blocks.get(seg, [])
+            if bl:
+                columns = {name: np.concatenate([b[2][name] for b in bl]) for name in seg.fields}
+                episode = np.concatenate([np.full(len(b[1]), b[0], np.uint32) for b in bl])
+                step = np.concatenate([b[1] for b in bl]).astype(np.uint32)
+            else:
+                columns, episode, step = {}, np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+            recs = [{k: v for k, v in r.items() if k != "seg"} for r in records if r["seg"] is seg]
+            seg.flush(columns, episode, step, recs)
+            self.stats.written_steps += len(episode)
+        self.stats.committed_episodes += committed
+        self.stats.flushes += 1
+        for ep in touched:
+            if ep.end_msg is not None:
+                ep.pending.clear()
+                ep.label_cols = {}
+                if ep.error is None:
+                    self._episodes.pop(ep.eid, None)
+        self._store._invalidate()
+
+    def _columns(self, ep: _Episode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """Stack pending steps into columns; dropped step numbers become fill rows with valid=False.
+
+        A step whose value does not match its FieldSpec poisons the episode: the steps before it are kept, the
+        episode is never committed (it reads as incomplete) and the next call for it raises the error.
+        """
+        total = ep.end_msg[3] if ep.end_msg is not None else None
+        pending, ep.pending = ep.pending, []
+        stop = max(pending[-1][0] + 1 if pending else ep.flushed_next, total or 0)
+        n = stop - ep.flushed_next
+        if n <= 0:
+            return {}, None
+        rows: list = [None] * n
+        for num, s in pending:
+            rows[num - ep.flushed_next] = s
+        cols: dict[str, np.ndarray] = {}
+        for name, spec in ep.fields.items():
+            fill_row = np.full(spec.shape, array_fill(spec), spec.np_dtype)
+            vals = [fill_row if s is None else s.get(name, fill_row) for s in rows]
+            col = _stack(vals, spec)
+            if col is None:
+                bad = next(i for i, v in enumerate(vals) if _stack([v], spec) is None)
+                ep.error = ContractError(
+                    f"episode {ep.eid} step {ep.flushed_next + bad}: field '{name}' expected shape "
+                    f"{tuple(spec.shape)} dtype {spec.dtype}, got {_describe(vals[bad])}; the episode stays incomplete"
+                )
+                log.error("%s", ep.error)
+                n, rows = bad, rows[:bad]
+                cols = {k: v[:n] for k, v in cols.items()}
+                col = _stack(vals[:n], spec) if n else None
+                if col is None:
+                    return {}, None
+            cols[name] = col
+        gap = [i for i, s in enumerate(rows) if s is None]
+        if gap and "valid" in cols:
+            cols["valid"][gap] = False
+        ep.dropped_steps.extend(ep.flushed_next + i for i in gap)
+        steps = np.arange(ep.flushed_next, ep.flushed_next + n)
+        for k in _LABEL_INPUTS:
+            if k in cols:
+                ep.label_cols[k].append(cols[k])
+        ep.flushed_next += n
+        return cols, steps
+
+    def _commit_records(self, ep: _Episode) -> list[dict]:
+        end, windows, certifications, total, dropped = ep.end_msg
+        events = list(end.events) + [e for e in ep.events if e not in end.events]
+        if dropped:
+            events.append(Event(
+                kind=EventKind.DROPPED_STEPS, step=max(0, min(ep.dropped_steps, default=0)), t_ns=now_ns(),
+                reason=f"recorder queue full (queue_steps={self.queue_steps}, on_full=drop)", source="recorder",
+                values={"count": int(dropped), "steps": [int(s) for s in ep.dropped_steps[:1000]]},
+            ))
+        quality = list(end.quality_flags) + (["dropped_steps"] if dropped and "dropped_steps" not in end.quality_flags else [])
+        final = end.model_copy(update={"num_steps": int(total), "dropped_steps": int(end.dropped_steps + dropped),
+                                       "events": events, "quality_flags": quality})
+        EpisodeEnd.model_validate(final.model_dump())
+
+        def col(name: str) -> np.ndarray:
+            parts = ep.label_cols.get(name) or []
+            if parts:
+                return np.concatenate(parts)
+            spec = ep.fields.get(name)
+            return np.full(total, array_fill(spec) if spec else 0)
+
+        labels = derive_labels(
+            action_source=col("action_source"), valid=col("valid"), step_flags=col("step_flags"),
+            expert_valid=col("expert_valid"), windows=windows, certifications=certifications, mode=ep.start.mode,
+        )
+        layer = LabelLayer(version=1, author="recorder", mask=labels.mask, target=labels.target, windows=windows,
+                           certifications=certifications, created_wall=_wall())
+        seg = ep.segment
+        return [
+            {"seg": seg, "type": "end", "ep": ep.ordinal, "end": final.model_dump(mode="json")},
+            {"seg": seg, "type": "labels", "ep": ep.ordinal, "layer": layer.to_json()},
+        ]
+
+
+def _stack(vals: list, spec: FieldSpec) -> np.ndarray | None:
+    """(n, *shape) array of spec's dtype, or None if any value has the wrong shape or an incompatible dtype."""
+    try:
+        col = np.asarray(vals) if not spec.image else np.stack(vals)
+    except (ValueError, TypeError):
+        return None
+    if col.shape[1:] != tuple(spec.shape) or col.dtype == object:
+        return None
+    if col.dtype != spec.np_dtype:
+        if not np.can_cast(col.dtype, spec.np_dtype, casting="same_kind"):
+            return None
+        col = col.astype(spec.np_dtype)
+    return col
+
+
+def _describe(v: Any) -> str:
+    a = np.asarray(v)
+    return f"shape {a.shape} dtype {a.dtype}"
+
+
+def _wall() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,508 @@
+"""EpisodeStore: create/open a store, list and filter episodes, load them, read and write label layers."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import zarr
+from tensordict import TensorDict
+
+from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget
+from hg_dagger.contract.labels import derive_labels, label_violations
+from hg_dagger.contract.schema import (
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    CorrectionWindow,
+    EpisodeEnd,
+    EpisodeStart,
+    ExpertCertification,
+    FieldSpec,
+    QCResult,
+    ReviewDecision,
+)
+from hg_dagger.errors import ContractError, StoreError
+from hg_dagger.store import layout
+from hg_dagger.store.labels import LabelLayer
+from hg_dagger.store.segment import EpisodeRecord, SegmentView, read_rows
+
+log = logging.getLogger(__name__)
+
+LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
+
+
+@dataclass(frozen=True)
+class EpisodeInfo:
+    """One catalog entry. An episode whose commit never happened (crash, kill -9, writer still running) has
+    complete=False and an EpisodeEnd with end_reason=INCOMPLETE covering the steps that were flushed."""
+
+    episode_id: str
+    start: EpisodeStart
+    end: EpisodeEnd
+    complete: bool
+    num_steps: int
+    segment_id: str
+
+    @property
+    def task_id(self) -> str:
+        return self.start.task.task_id
+
+
+class EpisodeStore:
+    """A zarr v3 episode store (layout: docs/data-format.md). Use create() or open(), not the constructor."""
+
+    def __init__(self, url: str, zstore, root: zarr.Group, mode: str):
+        self.url = url
+        self.mode = mode
+        self._zstore = zstore
+        self._root = root
+        self._segs: dict[str, SegmentView] = {}
+        self._eps: dict[str, EpisodeRecord] = {}
+        self._damaged: list[tuple[str | None, str]] = []  # (episode_id or None, message)
+        self._duplicates: list[str] = []
+        self._dirty = True
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, url: str | os.PathLike, *, exist_ok: bool = False) -> EpisodeStore:
+        """Create an empty store (mode "a"). With exist_ok=True an existing store is opened instead."""
+        url = os.fspath(url)
+        zstore = layout.open_zarr_store(url, read_only=False)
+        try:
+            existing = zarr.open_group(zstore, mode="r")
+        except Exception:
+            existing = None
+        if existing is not None:
+            if exist_ok and layout.STORE_ATTR in existing.attrs:
+                return cls.open(url, mode="a")
+            raise StoreError(f"{url}: already exists (open it with EpisodeStore.open, or choose a new path)")
+        root = zarr.open_group(zstore, mode="w-")
+        root.attrs.put({layout.STORE_ATTR: {"format": layout.FORMAT, "format_version": layout.FORMAT_VERSION,
+                                            "schema_version": SCHEMA_VERSION}})
+        root.create_group(layout.SEGMENTS)
+        return cls(url, zstore, root, "a")
+
+    @classmethod
+    def open(cls, url: str | os.PathLike, mode: Literal["r", "a"] = "r") -> EpisodeStore:
+        """Open an existing store. Raises StoreError naming the path if it is missing, not an episode store, of an
+        unsupported schema version, or its root metadata is corrupt. Damaged segments or episodes do not prevent
+        opening: they are listed in .damaged and reported by validate_store."""
+        url = os.fspath(url)
+        if mode not in ("r", "a"):
+            raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
+        zstore = layout.open_zarr_store(url, read_only=mode == "r")
+        try:
+            root = zarr.open_group(zstore, mode="r" if mode == "r" else "r+")
+            meta = dict(root.attrs).get(layout.STORE_ATTR)
+        except FileNotFoundError as exc:
+            raise StoreError(f"{url}: no episode store here") from exc
+        except Exception as exc:
+            raise StoreError(f"{url}: not a readable zarr v3 store ({_one_line(exc)})") from exc
+        if not isinstance(meta, dict) or meta.get("format") != layout.FORMAT:
+            raise StoreError(f"{url}: not an hg-dagger episode store (root attribute '{layout.STORE_ATTR}' missing)")
+        if meta.get("schema_version") not in SUPPORTED_SCHEMA_VERSIONS:
+            raise StoreError(f"{url}: schema_version {meta.get('schema_version')!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_SCHEMA_VERSIONS)})")
+        if int(meta.get("format_version", -1)) != layout.FORMAT_VERSION:
+            raise StoreError(f"{url}: store format_version {meta.get('format_version')!r} is not supported "
+                             f"(this version reads {layout.FORMAT_VERSION})")
+        store = cls(url, zstore, root, mode)
+        store.refresh()
+        for eid, msg in store._damaged:
+            log.warning("%s: %s", url, msg)
+        return store
+
+    def __repr__(self) -> str:
+        return f"EpisodeStore({self.url!r}, mode={self.mode!r})"
+
+    # ------------------------------------------------------------------ catalog
+
+    def refresh(self) -> None:
+        """Pick up segments and commits written since opening (by this or another process)."""
+        try:
+            names = [n for n in layout.list_dir(self._zstore, f"{layout.SEGMENTS}/") if n != "zarr.json"]
+        except Exception as exc:
+            raise StoreError(f"{self.url}: cannot list segments ({_one_line(exc)})") from exc
+        for sid in names:
+            seg = self._segs.get(sid)
+            try:
+                if seg is None:
+                    seg = SegmentView(self._root, sid)
+                    self._segs[sid] = seg
+                elif seg.closed and seg.log_read == seg.committed_log:
+                    continue
+                else:
+                    seg.reload()
+                new = seg.read_log()
+            except StoreError as exc:
+                if (None, str(exc)) not in self._damaged:
+                    self._damaged.append((None, str(exc)))
+                continue
+            for ep in new:
+                if ep.episode_id in self._eps:
+                    self._duplicates.append(ep.episode_id)
+                    self._damaged.append((ep.episode_id, f"episode {ep.episode_id}: id used twice "
+                                                         f"(segments {self._eps[ep.episode_id].segment.segment_id} and {sid})"))
+                    continue
+                self._eps[ep.episode_id] = ep
+            for problem in seg.problems:
+                if problem not in self._damaged:
+                    self._damaged.append(problem)
+        self._dirty = False
+
+    def _invalidate(self) -> None:
+        self._dirty = True
+
+    def _catalog(self) -> dict[str, EpisodeRecord]:
+        if self._dirty:
+            self.refresh()
+        return self._eps
+
+    @property
+    def damaged(self) -> list[tuple[str | None, str]]:
+        """Problems found while reading the catalog: (episode_id or None, message)."""
+        self._catalog()
+        return list(self._damaged)
+
+    @property
+    def segments(self) -> list[str]:
+        self._catalog()
+        return sorted(self._segs)
+
+    def has_episode(self, episode_id: str, *, refresh: bool = True) -> bool:
+        return episode_id in (self._catalog() if refresh else self._eps)
+
+    def _record(self, episode_id: str) -> EpisodeRecord:
+        rec = self._catalog().get(episode_id)
+        if rec is None:
+            raise StoreError(f"{self.url}: no episode {episode_id!r}")
+        return rec
+
+    def info(self, episode_id: str) -> EpisodeInfo:
+        return self._info(self._record(episode_id))
+
+    def _info(self, rec: EpisodeRecord) -> EpisodeInfo:
+        if rec.end is not None and rec.layer1 is not None:
+            return EpisodeInfo(rec.episode_id, rec.start, rec.end, True, rec.end.num_steps, rec.segment.segment_id)
+        n = len(rec.segment.rows_of(rec.ordinal))
+        end = EpisodeEnd(end_reason=EndReason.INCOMPLETE, task_success=False, num_steps=n,
+                         quality_flags=["incomplete"], events=list(rec.events))
+        return EpisodeInfo(rec.episode_id, rec.start, end, False, n, rec.segment.segment_id)
+
+    def episodes(
+        self,
+        *,
+        task_id: str | None = None,
+        mode: Any = None,
+        split: Any = None,
+        complete: bool | None = None,
+        policy_version: str | None = None,
+        operator: str | None = None,
+        parent_episode_id: str | None = None,
+        end_reason: Any = None,
+        where: Callable[[EpisodeInfo], bool] | None = None,
+    ) -> list[EpisodeInfo]:
+        """Episodes in recording order, filtered by any of the given fields (enum or string values)."""
+        out = []
+        for rec in self._catalog().values():
+            s = rec.start
+            if task_id is not None and s.task.task_id != task_id:
+                continue
+            if mode is not None and s.mode.value != _val(mode):
+                continue
+            if split is not None and s.split.value != _val(split):
+                continue
+            if policy_version is not None and s.policy_version != policy_version:
+                continue
+            if operator is not None and s.operator != operator:
+                continue
+            if parent_episode_id is not None and s.parent_episode_id != parent_episode_id:
+                continue
+            is_complete = rec.end is not None and rec.layer1 is not None
+            if complete is not None and is_complete != complete:
+                continue
+            info = self._info(rec)
+            if end_reason is not None and info.end.end_reason.value != _val(end_reason):
+                continue
+            if where is not None and not where(info):
+                continue
+            out.append(info)
+        return out
+
+    # ------------------------------------------------------------------ steps
+
+    def fields(self, episode_id: str) -> dict[str, FieldSpec]:
+        return dict(self._record(episode_id).segment.fields)
+
+    def read_steps(
+        self, episode_id: str, fields: Iterable[str] | None = None, steps: slice | Sequence[int] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Raw per-step arrays of one episode as numpy (field name -> (T, ...)); steps selects a slice of steps."""
+        rec = self._record(episode_id)
+        seg = rec.segment
+        rows = self._rows(rec)
+        if steps is not None:
+            rows = rows[steps] if isinstance(steps, slice) else rows[np.asarray(steps, np.int64)]
+        names = list(seg.fields) if fields is None else list(fields)
+        out = {}
+        for name in names:
+            if name not in seg.fields:
+                raise StoreError(f"episode {episode_id}: no field '{name}' (fields: {', '.join(seg.fields)})")
+            try:
+                out[name] = read_rows(seg.group[layout.data_path(name)], rows)
+            except Exception as exc:
+                raise StoreError(f"episode {episode_id}: field '{name}' unreadable in segment {seg.segment_id} "
+                                 f"({_one_line(exc)})") from exc
+        return out
+
+    def _rows(self, rec: EpisodeRecord) -> np.ndarray:
+        rows = rec.segment.rows_of(rec.ordinal)
+        if rec.end is not None and len(rows) != rec.end.num_steps:
+            raise StoreError(f"episode {rec.episode_id}: {len(rows)} stored steps but its end record says "
+                             f"{rec.end.num_steps} (segment {rec.segment.segment_id} damaged)")
+        return rows
+
+    def load(
+        self, episode_id: str, *, fields: Iterable[str] | None = None, steps: slice | Sequence[int] | None = None
+    ) -> TensorDict:
+        """One episode as a TensorDict [T]: every data field ("obs/rgb" becomes the nested key ("obs", "rgb")),
+        plus "label_mask" and "label_target" (uint8 codes) from the latest label layer. uint16/uint32 arrays
+        become int32/int64 tensors (torch has no arithmetic on them)."""
+        arrays = self.read_steps(episode_id, fields, steps)
+        layer = self.labels(episode_id)
+        sel = slice(None) if steps is None else steps
+        arrays["label_mask"] = layer.mask[sel]
+        arrays["label_target"] = layer.target[sel]
+        return _tensordict(arrays)
+
+    # ------------------------------------------------------------------ label layers
+
+    def label_versions(self, episode_id: str) -> list[int]:
+        rec = self._record(episode_id)
+        versions = [1] if rec.layer1 is not None else []
+        prefix = f"{layout.LABELS}/{episode_id}/"
+        for name in layout.list_dir(self._zstore, prefix):
+            if name.startswith("v") and name.endswith(".json") and name[1:-5].isdigit():
+                versions.append(int(name[1:-5]))
+        return sorted(versions)
+
+    def labels(self, episode_id: str, version: int | None = None) -> LabelLayer:
+        """A label layer (the latest by default). Uncommitted episodes have only version 0: everything excluded."""
+        rec = self._record(episode_id)
+        versions = self.label_versions(episode_id)
+        if not versions:
+            if version not in (None, 0):
+                raise StoreError(f"episode {episode_id}: incomplete, it has no label layer {version}")
+            return LabelLayer.empty(len(rec.segment.rows_of(rec.ordinal)))
+        v = versions[-1] if version is None else int(version)
+        if v not in versions:
+            raise StoreError(f"episode {episode_id}: no label layer {v} (layers: {versions})")
+        try:
+            if v == 1:
+                data = rec.layer1
+            else:
+                raw = layout.get_bytes(self._zstore, f"{layout.LABELS}/{episode_id}/v{v}.json")
+                data = json.loads(raw)
+            layer = LabelLayer.from_json(data)
+        except Exception as exc:
+            raise StoreError(f"episode {episode_id}: label layer {v} is corrupt ({_one_line(exc)})") from exc
+        if len(layer.mask) != rec.end.num_steps:
+            raise StoreError(f"episode {episode_id}: label layer {v} covers {len(layer.mask)} steps, episode has "
+                             f"{rec.end.num_steps}")
+        return layer
+
+    def write_labels(
+        self,
+        episode_id: str,
+        *,
+        author: str,
+        windows: Iterable[CorrectionWindow] | None = None,
+        certifications: Iterable[ExpertCertification] | None = None,
+        reviews: Iterable[ReviewDecision] | None = None,
+        qc: Iterable[QCResult] | None = None,
+        mask: np.ndarray | None = None,
+    ) -> int:
+        """Add a label layer (never overwrites one); returns its version. Arguments left as None are carried over
+        from the latest layer. Without a mask, mask and target follow contract.derive_labels; a given mask may
+        only be stricter than those rules (ContractError otherwise)."""
+        self._writable()
+        if not author:
+            raise ContractError(f"episode {episode_id}: write_labels needs an author")
+        rec = self._record(episode_id)
+        if rec.end is None or rec.layer1 is None:
+            raise ContractError(f"episode {episode_id}: incomplete (never committed); it cannot be labelled")
+        prev = self.labels(episode_id)
+        windows = prev.windows if windows is None else list(windows)
+        certifications = prev.certifications if certifications is None else list(certifications)
+        reviews = prev.reviews if reviews is None else list(reviews)
+        qc = prev.qc if qc is None else list(qc)
+        n = rec.end.num_steps
+        _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
+        raw = self.read_steps(episode_id, [f for f in LABEL_INPUTS if f in rec.segment.fields])
+        inputs = {k: raw.get(k, _fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
+        derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode)
+        if mask is None:
+            new_mask, new_target = derived.mask, derived.target
+        else:
+            new_mask = np.asarray(mask)
+            if new_mask.shape != (n,):
+                raise ContractError(f"episode {episode_id}: mask has shape {new_mask.shape}, expected ({n},)")
+            if new_mask.dtype.kind not in "ui" or new_mask.min(initial=0) < 0 or new_mask.max(initial=0) >= len(LabelMask):
+                raise ContractError(f"episode {episode_id}: mask holds values that are not LabelMask codes")
+            new_mask = new_mask.astype(np.uint8)
+            bad = label_violations(episode_id=episode_id, label_mask=new_mask, **inputs, windows=windows,
+                                   certifications=certifications, mode=rec.start.mode)
+            if bad:
+                raise ContractError(f"mask breaks the label rules: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
+            trainable = new_mask == LabelMask.TRAINABLE.code
+            new_target = np.where(trainable, derived.target, LabelTarget.NONE.code).astype(np.uint8)
+        while True:
+            version = max(self.label_versions(episode_id)) + 1
+            layer = LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
+                               certifications=certifications, reviews=reviews, qc=qc,
+                               created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+            key = f"{layout.LABELS}/{episode_id}/v{version}.json"
+            if layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True):
+                return version
+
+    # ------------------------------------------------------------------ writing and batches
+
+    def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: str = "drop"):
+        """A Recorder streaming new episodes into this store (see hg_dagger.store.recorder)."""
+        from hg_dagger.store.recorder import Recorder
+
+        self._writable()
+        return Recorder(self, flush_interval_s=flush_interval_s, queue_steps=queue_steps, on_full=on_full)
+
+    def _writable(self) -> None:
+        if self.mode != "a":
+            raise StoreError(f"{self.url}: opened read-only (use EpisodeStore.open(url, mode='a'))")
+
+    def iter_batches(
+        self,
+        batch_size: int,
+        *,
+        episodes: Iterable[EpisodeInfo | str] | None = None,
+        fields: Iterable[str] | None = None,
+        trainable_only: bool = False,
+        shuffle: bool = True,
+        seed: int | None = None,
+        drop_last: bool = False,
+        block_rows: int = 16384,
+    ) -> Iterator[TensorDict]:
+        """Step batches for training: TensorDict [B] with the fields, "label_mask", "label_target",
+        "episode_index" (position in `episodes`) and "step". Reads whole row blocks per field (one zarr read
+        per field and block) and shuffles within blocks and across block order. Default: all complete episodes."""
+        infos = [self.info(e) if isinstance(e, str) else e for e in (episodes if episodes is not None else self.episodes(complete=True))]
+        rng = np.random.default_rng(seed)
+        by_seg: dict[str, list[tuple[int, EpisodeRecord]]] = {}
+        for i, info in enumerate(infos):
+            by_seg.setdefault(info.segment_id, []).append((i, self._record(info.episode_id)))
+        if not by_seg:
+            return
+        common = set.intersection(*(set(self._segs[s].fields) for s in by_seg))
+        names = sorted(common) if fields is None else list(fields)
+        for n in names:
+            if n not in common:
+                raise StoreError(f"{self.url}: field '{n}' is not in every selected episode")
+        blocks = []
+        for sid, recs in by_seg.items():
+            rows, meta = [], []
+            for i, rec in recs:
+                r = self._rows(rec)
+                layer = self.labels(rec.episode_id)
+                m = np.stack([np.full(len(r), i, np.int64), np.arange(len(r)), layer.mask, layer.target], 1)
+                if trainable_only:
+                    keep = layer.mask == LabelMask.TRAINABLE.code
+                    r, m = r[keep], m[keep]
+                rows.append(r)
+                meta.append(m)
+            rows = np.concatenate(rows)
+            meta = np.concatenate(meta)
+            order = np.argsort(rows, kind="stable")
+            rows, meta = rows[order], meta[order]
+            for lo in range(0, len(rows), block_rows):
+                blocks.append((sid, rows[lo:lo + block_rows], meta[lo:lo + block_rows]))
+        if shuffle:
+            rng.shuffle(blocks)
+        carry: list[dict[str, np.ndarray]] = []
+        carried = 0
+        for sid, rows, meta in blocks:
+            seg = self._segs[sid]
+            data = {}
+            for n in names:
+                try:
+                    data[n] = read_rows(seg.group[layout.data_path(n)], rows)
+                except Exception as exc:
+                    raise StoreError(f"segment {sid}: field '{n}' unreadable ({_one_line(exc)})") from exc
+            data["episode_index"], data["step"] = meta[:, 0], meta[:, 1]
+            data["label_mask"], data["label_target"] = meta[:, 2].astype(np.uint8), meta[:, 3].astype(np.uint8)
+            if shuffle:
+                perm = rng.permutation(len(rows))
+                data = {k: v[perm] for k, v in data.items()}
+            carry.append(data)
+            carried += len(rows)
+            while carried >= batch_size:
+                merged = {k: np.concatenate([c[k] for c in carry]) for k in data} if len(carry) > 1 else carry[0]
+                yield _tensordict({k: v[:batch_size] for k, v in merged.items()})
+                rest = {k: v[batch_size:] for k, v in merged.items()}
+                carried -= batch_size
+                carry = [rest] if carried else []
+        if carried and not drop_last:
+            merged = {k: np.concatenate([c[k] for c in carry]) for k in carry[0]}
+            yield _tensordict(merged)
+
+
+def _check_bindings(episode_id, n, windows, certifications, reviews, qc, error) -> None:
+    """Windows, certifications, reviews and QC results must point at this episode, its steps and its windows."""
+    ids = set()
+    for w in windows:
+        if w.parent_episode_id != episode_id:
+            raise error(f"episode {episode_id}: window {w.window_id} belongs to episode {w.parent_episode_id}")
+        if w.handover_end > n or w.parent_step_id >= max(n, 1):
+            raise error(f"episode {episode_id}: window {w.window_id} [{w.handover_start}, {w.handover_end}) "
+                        f"outside the episode's {n} steps")
+        ids.add(w.window_id)
+    for c in certifications:
+        if c.episode_id != episode_id or c.step_end > n:
+            raise error(f"episode {episode_id}: certification {c.cert_id} does not fit this episode's {n} steps")
+    for r in reviews:
+        if r.window_id not in ids:
+            raise error(f"episode {episode_id}: review by {r.reviewer} names unknown window {r.window_id}")
+    for q in qc:
+        if q.episode_id != episode_id or (q.window_id is not None and q.window_id not in ids):
+            raise error(f"episode {episode_id}: QC result does not belong to this episode or its windows")
+
+
+def _fill_column(spec: FieldSpec | None, name: str, n: int) -> np.ndarray:
+    if spec is None:
+        return np.full(n, {"valid": True}.get(name, 0))
+    return np.full(n, layout.array_fill(spec), spec.np_dtype)
+
+
+def _tensordict(arrays: dict[str, np.ndarray]) -> TensorDict:
+    n = len(next(iter(arrays.values()))) if arrays else 0
+    td = TensorDict({}, batch_size=[n])
+    for name, a in arrays.items():
+        if a.dtype == np.uint16:
+            a = a.astype(np.int32)
+        elif a.dtype == np.uint32:
+            a = a.astype(np.int64)
+        td.set(tuple(name.split("/")), torch.from_numpy(np.ascontiguousarray(a)))
+    return td
+
+
+def _val(v: Any) -> str:
+    return getattr(v, "value", v)
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
