@@ -79,7 +79,10 @@ class Gamepad(Device):
         self._connected = False
         self.map_name = config.default_map
         self.calibration: Calibration | None = None
-        self._axes = np.zeros(0)
+        self._axes: list[float] = []
+        self._plan: tuple = ()
+        self._named_buttons: tuple = ()
+        self._hold_button: int | None = None
         self._hats: dict[int, tuple[int, int]] = {}
         self._held: set[int] = set()
         self._pressed: set[int] = set()  # pressed since the last poll, so a short tap is never lost
@@ -123,7 +126,8 @@ class Gamepad(Device):
         self._name = joy.get_name()
         self.map_name = select_map(self.config.maps, self.config.default_map, guid=self._guid, name=self._name)
         self._check_map(joy)
-        self._axes = np.array([joy.get_axis(i) for i in range(joy.get_numaxes())], np.float64)
+        self._build_plan()
+        self._axes = [joy.get_axis(i) for i in range(joy.get_numaxes())]
         self._hats = {i: tuple(joy.get_hat(i)) for i in range(joy.get_numhats())}
         self._held = {b for b in range(joy.get_numbuttons()) if joy.get_button(b)}
         self._pressed = set()
@@ -213,8 +217,8 @@ class Gamepad(Device):
 
     def _collect(self, seconds: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Axis state samples every 10 ms for ``seconds``, and the extremes of every axis value seen."""
-        lo = self._axes.copy()
-        hi = self._axes.copy()
+        lo = np.array(self._axes, np.float64)
+        hi = lo.copy()
         samples = []
         deadline = time.monotonic() + seconds
         while True:
@@ -223,7 +227,7 @@ class Gamepad(Device):
                 if event.type == pygame.JOYAXISMOTION and event.instance_id == self._instance_id:
                     lo[event.axis] = min(lo[event.axis], event.value)
                     hi[event.axis] = max(hi[event.axis], event.value)
-            samples.append(self._axes.copy())
+            samples.append(list(self._axes))
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
@@ -251,21 +255,35 @@ class Gamepad(Device):
             self._connected = False
             self._joy = None
 
-    def raw(self) -> np.ndarray:
-        """The 7 command slots as read (before calibration and shaping)."""
-        out = np.zeros(7, np.float32)
+    def _build_plan(self) -> None:
+        """Where each command slot is read from, resolved once per connect (poll runs every tick)."""
+        plan = []
         for slot, axis_name in enumerate(COMMAND_AXES):
             src = self.mapping.axes.get(axis_name)
             if src is None:
                 continue
             if src.axis is not None:
-                out[slot] = self._axes[src.axis] if src.axis < len(self._axes) else 0.0
+                plan.append((slot, "axis", src.axis, 0))
             elif src.hat is not None:
-                out[slot] = self._hats.get(src.hat, (0, 0))[0 if src.hat_dir == "x" else 1]
+                plan.append((slot, "hat", src.hat, 0 if src.hat_dir == "x" else 1))
             else:
-                p, n = src.buttons
-                out[slot] = float(p in self._held) - float(n in self._held)
-        return out
+                plan.append((slot, "buttons", *src.buttons))
+        self._plan = tuple(plan)
+        m = self.mapping
+        self._named_buttons = tuple(m.buttons.items())
+        self._hold_button = m.hold_button
+
+    def raw(self) -> np.ndarray:
+        """The 7 command slots as read (before calibration and shaping)."""
+        out = [0.0] * 7
+        for slot, kind, a, b in self._plan:
+            if kind == "axis":
+                out[slot] = self._axes[a]
+            elif kind == "hat":
+                out[slot] = self._hats.get(a, (0, 0))[b]
+            else:
+                out[slot] = float(a in self._held) - float(b in self._held)
+        return np.array(out, np.float32)
 
     def poll(self) -> HumanCommand | None:
         if not self._connected:
@@ -274,9 +292,7 @@ class Gamepad(Device):
             self._handle(event)
         if not self._connected:
             return None
-        down = self._held | self._pressed
+        down = self._held | self._pressed if self._pressed else self._held
         self._pressed = set()
-        m = self.mapping
-        buttons = frozenset(name for name, b in m.buttons.items() if b in down)
-        hold = m.hold_button is not None and m.hold_button in down
-        return self._command(self.raw(), hold=hold, buttons=buttons, t_ns=now_ns())
+        buttons = frozenset(name for name, b in self._named_buttons if b in down)
+        return self._command(self.raw(), hold=self._hold_button in down, buttons=buttons, t_ns=now_ns())

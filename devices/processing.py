@@ -20,8 +20,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
 
 N_AXES = COMMAND_DIM
-TRANSLATION = slice(0, 3)
-ROTATION = slice(3, 6)
 
 
 def per_axis(value, *, allow_none: bool = False) -> tuple:
@@ -145,71 +143,100 @@ class AxisNormalizer:
         self.neg_span = np.maximum(np.broadcast_to(np.asarray(neg_span, np.float64), (N_AXES,)), 1e-6)
         self.pos_span = np.maximum(np.broadcast_to(np.asarray(pos_span, np.float64), (N_AXES,)), 1e-6)
         self.sign = np.broadcast_to(np.asarray(sign, np.float64), (N_AXES,)).copy()
+        # plain floats: for 7 values, Python arithmetic is several times cheaper than numpy calls
+        self._rows = tuple(zip(*(a.tolist() for a in (self.center, self.neg_span, self.pos_span, self.sign)), strict=True))
+
+    def values(self, raw: list[float]) -> list[float]:
+        out = []
+        for v, (c, neg, pos, sign) in zip(raw, self._rows, strict=True):
+            d = v - c
+            y = sign * d / (pos if d >= 0 else neg)
+            out.append(1.0 if y > 1.0 else -1.0 if y < -1.0 else y)
+        return out
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
-        d = raw - self.center
-        return np.clip(self.sign * d / np.where(d >= 0, self.pos_span, self.neg_span), -1.0, 1.0)
+        return np.array(self.values(np.asarray(raw, np.float64).tolist()))
+
+
+def _clip1(v: float) -> float:
+    return 1.0 if v > 1.0 else -1.0 if v < -1.0 else v
 
 
 class CommandPipeline:
-    """Stateful per-device shaping (the engagement timer and the rate limiter keep state between ticks)."""
+    """Stateful per-device shaping (the engagement timer and the rate limiter keep state between ticks).
+
+    Runs on plain Python floats: one tick costs a few microseconds instead of tens with numpy calls.
+    """
 
     def __init__(self, cfg: ProcessingConfig, normalizer: AxisNormalizer | None = None, extra_scale=1.0):
         self.cfg = cfg
         self.normalizer = normalizer or AxisNormalizer()
-        self._deadzone = np.asarray(cfg.deadzone)
-        self._expo = np.asarray(cfg.expo)
-        self._scale = np.asarray(cfg.scale) * np.broadcast_to(np.asarray(extra_scale, np.float64), (N_AXES,))
-        self._max_rate = np.array([np.inf if v is None else v for v in cfg.max_rate])
-        self._rate_limited = bool(np.isfinite(self._max_rate).any())
+        scale = np.asarray(cfg.scale) * np.broadcast_to(np.asarray(extra_scale, np.float64), (N_AXES,))
+        self._axes = tuple(zip(cfg.deadzone, cfg.expo, scale.tolist(), strict=True))
+        self._max_rate = tuple(float("inf") if v is None else v for v in cfg.max_rate)
+        self._rate_limited = any(v is not None for v in cfg.max_rate)
         self._device_to_base = cfg.frame.matrix()
-        self._frame = self._device_to_base.copy()
-        self._identity_frame = np.allclose(self._frame, np.eye(3))
-        self._hold = cfg.hold
+        self._set_frame(self._device_to_base)
+        self._mode = cfg.hold.engage_on
+        self._threshold = cfg.hold.motion_threshold
         self._release_ns = int(cfg.hold.release_delay_s * 1e9)
         self.reset()
 
+    def _set_frame(self, rotation: np.ndarray) -> None:
+        self._identity_frame = bool(np.allclose(rotation, np.eye(3)))
+        self._frame = tuple(tuple(row) for row in np.asarray(rotation, np.float64).tolist())
+
     def reset(self) -> None:
         self._last_active_ns: int | None = None
-        self._prev = np.zeros(N_AXES)
+        self._prev = [0.0] * N_AXES
 
     def set_ee_rotation(self, ee_rotation: np.ndarray) -> None:
         """End-effector orientation in the base frame (3x3); used when frame.target is 'ee'."""
         if self.cfg.frame.target != "ee":
             return
-        self._frame = np.asarray(ee_rotation, np.float64).T @ self._device_to_base
-        self._identity_frame = False
+        self._set_frame(np.asarray(ee_rotation, np.float64).T @ self._device_to_base)
+
+    def _shape(self, raw) -> list[float]:
+        x = self.normalizer.values(raw.tolist() if isinstance(raw, np.ndarray) else [float(v) for v in raw])
+        for i, (dz, expo, scale) in enumerate(self._axes):
+            v = x[i]
+            m = abs(v)
+            if m <= dz:
+                x[i] = 0.0
+                continue
+            v = (m - dz) / (1.0 - dz) * (1.0 if v > 0 else -1.0)
+            if expo:
+                v = (1.0 - expo) * v + expo * v * v * v
+            x[i] = v * scale
+        if not self._identity_frame:
+            (a, b, c), (d, e, f), (g, h, k) = self._frame
+            for j in (0, 3):
+                u, v, w = x[j], x[j + 1], x[j + 2]
+                x[j], x[j + 1], x[j + 2] = a * u + b * v + c * w, d * u + e * v + f * w, g * u + h * v + k * w
+        return [_clip1(v) for v in x]
 
     def shape(self, raw: np.ndarray) -> np.ndarray:
         """Calibration, deadzone, expo, scale, frame, clip: the stateless part."""
-        x = self.normalizer(np.asarray(raw, np.float64))
-        mag = np.abs(x)
-        x = np.where(mag <= self._deadzone, 0.0, np.sign(x) * (mag - self._deadzone) / (1.0 - self._deadzone))
-        x = (1.0 - self._expo) * x + self._expo * x**3
-        x = x * self._scale
-        if not self._identity_frame:
-            x[TRANSLATION] = self._frame @ x[TRANSLATION]
-            x[ROTATION] = self._frame @ x[ROTATION]
-        return np.clip(x, -1.0, 1.0)
+        return np.array(self._shape(raw))
 
-    def engaged(self, shaped: np.ndarray, hold: bool, t_ns: int) -> bool:
-        mode = self._hold.engage_on
-        if mode == "always":
+    def _engaged(self, shaped: list[float], hold: bool, t_ns: int) -> bool:
+        if self._mode == "always":
             return True
-        active = hold or (mode == "motion" and bool((np.abs(shaped[:6]) > self._hold.motion_threshold).any()))
-        if active:
+        if hold or (self._mode == "motion" and max(abs(v) for v in shaped[:6]) > self._threshold):
             self._last_active_ns = t_ns
             return True
         return self._last_active_ns is not None and t_ns - self._last_active_ns <= self._release_ns
 
     def process(self, raw: np.ndarray, *, hold: bool, t_ns: int) -> tuple[np.ndarray, bool]:
         """One tick: returns (motion float32 [7], engaged). Motion is zero while not engaged."""
-        shaped = self.shape(raw)
-        engaged = self.engaged(shaped, hold, t_ns)
-        if not engaged:
-            self._prev = np.zeros(N_AXES)
+        shaped = self._shape(raw)
+        if not self._engaged(shaped, hold, t_ns):
+            self._prev = [0.0] * N_AXES
             return np.zeros(N_AXES, np.float32), False
         if self._rate_limited:
-            shaped = self._prev + np.clip(shaped - self._prev, -self._max_rate, self._max_rate)
+            shaped = [
+                s if -r <= s - p <= r else p + (r if s > p else -r)
+                for p, r, s in zip(self._prev, self._max_rate, shaped, strict=True)
+            ]
         self._prev = shaped
-        return shaped.astype(np.float32), True
+        return np.array(shaped, np.float32), True
