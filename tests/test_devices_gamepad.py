@@ -295,3 +295,29 @@ def test_named_buttons_cover_the_contract(pads, tmp_path):
     for b in (0, 1, 2, 6):
         post("JOYBUTTONDOWN", pad._instance_id, button=b)
     assert pad.poll().buttons == {TAKEOVER, RETURN, GRIPPER, ESTOP}
+
+
+def test_cli_lists_pads_and_reports_missing_hardware_without_traceback(pads, capsys):
+    from hg_dagger.cli import main
+
+    assert main(["device", "calibrate", "gamepad"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no gamepad found") and "Traceback" not in err
+    pads.attach("Wireless Controller", 0x054C, 0x09CC, buttons=13)
+    assert main(["device", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "'Wireless Controller'" in out and "map playstation" in out and "13 buttons" in out
+
+
+def test_monitor_prints_live_commands_and_stops_on_loss(pads, tmp_path):
+    from hg_dagger.devices.tools import monitor
+
+    pad = connected_pad(pads, tmp_path)
+    post("JOYBUTTONDOWN", pad._instance_id, button=4)
+    post("JOYAXISMOTION", pad._instance_id, axis=1, value=-1.0)
+    lines = []
+    assert monitor(pad, seconds=0.05, hz=200, out=lines.append) == len(lines) >= 1
+    assert lines[0].startswith("ENGAGED motion [+1.00")
+    post("JOYDEVICEREMOVED", pad._instance_id)
+    with pytest.raises(DeviceError, match="device lost"):
+        monitor(pad, seconds=1.0, hz=200, out=lines.append)
