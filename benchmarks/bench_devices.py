@@ -125,9 +125,10 @@ def render(results: dict[str, dict[str, tuple[float, float]]], n: int) -> str:
         "",
         f"`python benchmarks/bench_devices.py --n {n}` ({platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, pygame {pygame.version.ver}, "
-        f"{time.strftime('%Y-%m-%d')}). Times in microseconds, {n} samples each; the bare baseline of each "
-        "group was measured in the same run. Shipped configs (gamepad: deadzone, expo, rate limit; "
-        "SpaceMouse: frame rotation).",
+        f"{time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.1f} from other work on the machine). "
+        f"Times in microseconds, {n} samples each; the bare baseline of each group was measured in the same run. "
+        "Shipped configs (gamepad: deadzone, expo, rate limit; SpaceMouse: frame rotation). p99 on a shared "
+        "machine mostly measures preemption by other processes.",
         "",
         "| group | measurement | p50 µs | p99 µs |",
         "|---|---|---:|---:|",
