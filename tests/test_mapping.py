@@ -81,7 +81,8 @@ def test_metadata_round_trip_and_tamper_refused():
     m = load_mapping("toy_reach")
     meta = m.as_metadata()
     assert meta["hash"] == m.hash and meta["task_id"] == "toy_reach"
-    assert TaskMapping.from_metadata(meta) == m
+    back = TaskMapping.from_metadata(meta)
+    assert back.model_dump() == m.model_dump() and back.hash == m.hash
     meta["horizon"] = 7
     with pytest.raises(ConfigError, match="hash"):
         TaskMapping.from_metadata(meta)
@@ -139,3 +140,13 @@ def test_conversions_invert(tmp_path):
 def test_human_command_of_wrong_width_refused():
     with pytest.raises(EnvError, match="last dim 6"):
         load_mapping("toy_reach").human_to_raw(np.zeros((2, 6)))
+
+
+def test_copy_revalidates_and_refreshes_derived_values():
+    m = load_mapping("toy_reach")
+    h, _ = m.hash, m.flatten_obs  # derived values computed before the copy
+    c = m.model_copy(update={"action": {**m.action.model_dump(), "low": [-0.5, -0.5]}})
+    assert c.hash != h
+    np.testing.assert_array_equal(c.clip_raw(np.full((1, 2), -9.0)), [[-0.5, -0.5]])
+    with pytest.raises(ConfigError, match="horizon"):
+        m.model_copy(update={"horizon": -1})

@@ -42,7 +42,7 @@ def make_env(task: str | Path | TaskMapping, num_envs: int = 1, seed: int | None
         raise EnvError(f"{mapping.task_id}: unknown backend {mapping.backend!r}")
     try:
         obs, _ = env.reset(seed=seed)
-        mapping.check_obs(obs, num_envs=env.num_envs, where=f"configs/tasks/{mapping.task_id}.yaml vs {mapping.backend}")
+        mapping.check_obs(obs, num_envs=env.num_envs, where=f"{mapping.source} vs the {mapping.backend} backend")
     except BaseException:
         env.close()
         raise

@@ -26,15 +26,20 @@ NEAR_TABLE = 0.018  # the grip site stops ~15 mm above the table when the finger
 
 class FetchVecEnv(MujocoRowsEnv):
     def _make_row(self) -> Any:
+        import contextlib
+        import io
+
         import gymnasium as gym
-        import gymnasium_robotics
+
+        with contextlib.redirect_stderr(io.StringIO()):  # an import-time notice about Adroit envs
+            import gymnasium_robotics
 
         gym.register_envs(gymnasium_robotics)
         gym_id = self.options.get("gym_id")
         try:
             env = gym.make(gym_id, disable_env_checker=True).unwrapped
         except Exception as exc:  # noqa: BLE001 - a config fault, named
-            raise EnvError(f"configs/tasks/{self.task_id}.yaml: backend_options.gym_id {gym_id!r}: {exc}") from None
+            raise EnvError(f"{self._mapping.source}: backend_options.gym_id {gym_id!r}: {exc}") from None
         return env
 
     def _init_rows(self, seed: int | None) -> None:
@@ -62,6 +67,9 @@ class FetchVecEnv(MujocoRowsEnv):
     def _step_row(self, i: int, action: np.ndarray):
         obs, reward, _, _, info = self.envs[i].step(action)
         return obs, float(reward), bool(info["is_success"]), info
+
+    def _raw_shapes(self, raw: Any) -> dict[str, tuple[int, ...]]:
+        return {k: v.shape for k, v in raw.items()}
 
     def _write_obs(self, raw: Any, out, i: int) -> None:
         out["observation"][i] = raw["observation"]

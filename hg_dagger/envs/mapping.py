@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from hg_dagger import config
 from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
@@ -192,6 +192,8 @@ class TaskMapping(_Strict):
     human: HumanAction
     joints: Joints | None = None
 
+    _source: str | None = PrivateAttr(default=None)
+
     # ---------------------------------------------------------------- validation
     @model_validator(mode="after")
     def _consistent(self) -> TaskMapping:
@@ -226,7 +228,22 @@ class TaskMapping(_Strict):
     # ---------------------------------------------------------------- loading
     @classmethod
     def load(cls, path: str | Path) -> TaskMapping:
-        return config.load(path, cls)
+        m = config.load(path, cls)
+        m._source = str(path)
+        return m
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TaskMapping:
+        """A validated copy with fresh derived values (hash, arrays); ``update`` takes plain values."""
+        data = self.model_dump()
+        data.update(update or {})
+        m = config.validate(type(self), data, source=f"{self.source} (copy)")
+        m._source = self._source
+        return m
+
+    @property
+    def source(self) -> str:
+        """The file this mapping came from (for error messages)."""
+        return self._source or f"configs/tasks/{self.task_id}.yaml"
 
     # ---------------------------------------------------------------- derived, cached
     @property

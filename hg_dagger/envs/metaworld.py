@@ -34,7 +34,7 @@ class MetaWorldVecEnv(MujocoRowsEnv):
             if name not in envs:
                 known = ", ".join(sorted(k.removesuffix("-goal-observable") for k in envs)[:8])
                 raise EnvError(
-                    f"configs/tasks/{self.task_id}.yaml: backend_options.env_name {self.options.get('env_name')!r} "
+                    f"{self._mapping.source}: backend_options.env_name {self.options.get('env_name')!r} "
                     f"is not a Meta-World v3 task (e.g. {known}, ...)"
                 )
             env = envs[name](seed=0)
@@ -63,6 +63,9 @@ class MetaWorldVecEnv(MujocoRowsEnv):
     def _step_row(self, i: int, action: np.ndarray):
         obs, reward, _, _, info = self.envs[i].step(action)
         return obs, float(reward), bool(info["success"]), info
+
+    def _raw_shapes(self, raw: Any) -> dict[str, tuple[int, ...]]:
+        return {"observation": (raw.shape[0] - 3,), "desired_goal": (3,)}
 
     def _write_obs(self, raw: Any, out, i: int) -> None:
         out["observation"][i] = raw[:36]

@@ -10,6 +10,7 @@ renderer shared by all rows (the rows' models are identical).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import weakref
 from abc import abstractmethod
@@ -24,6 +25,7 @@ from hg_dagger.envs.mapping import TaskMapping
 from hg_dagger.errors import EnvError
 
 os.environ.setdefault("MUJOCO_GL", "egl")
+logging.getLogger("OpenGL").setLevel(logging.WARNING)  # its import-time INFO lines are noise here
 
 
 def contact_force(model, data, geom_ids: np.ndarray, exclude: np.ndarray | None = None) -> float:
@@ -151,6 +153,10 @@ class MujocoRowsEnv(VecEnv):
     def _write_obs(self, raw: Any, out: Obs, i: int) -> None:
         """Copy row i's raw observation into the batch arrays (state keys; the camera is separate)."""
 
+    @abstractmethod
+    def _raw_shapes(self, raw: Any) -> dict[str, tuple[int, ...]]:
+        """Shape per observation key of what _write_obs would copy from this raw observation."""
+
     def _init_rows(self, seed: int | None) -> None:  # noqa: B027 - optional hook
         """Seed row random streams at construction."""
 
@@ -166,13 +172,13 @@ class MujocoRowsEnv(VecEnv):
     def _make_camera(self, env) -> LeanCamera:
         cam = self.options.get("camera")
         if cam is None:
-            raise EnvError(f"configs/tasks/{self.task_id}.yaml: backend_options.camera is required for the '{self.image_key}' key")
+            raise EnvError(f"{self._mapping.source}: backend_options.camera is required for the '{self.image_key}' key")
         shape = next(k.shape for k in self._mapping.observation if k.name == self.image_key)
         return LeanCamera(env.model, width=shape[1], height=shape[0], camera=cam, flip=self.options.get("camera_flip", "none"))
 
     # ------------------------------------------------------------------ checks
     def _check_sim(self, env) -> None:
-        where = f"configs/tasks/{self.task_id}.yaml"
+        where = self._mapping.source
         dim = int(np.prod(env.action_space.shape))
         if dim != self._mapping.action_dim:
             raise EnvError(f"{where}: action has {self._mapping.action_dim} names but the simulator takes {dim} values")
@@ -196,11 +202,22 @@ class MujocoRowsEnv(VecEnv):
             for k, v in self._last_obs.items():
                 obs[k][...] = v
         for i, s in zip(rows, seeds, strict=True):
-            self._fill(int(i), self._reset_row(int(i), s), obs)
+            raw = self._reset_row(int(i), s)
+            self._check_raw(raw)
+            self._fill(int(i), raw, obs)
         self._t[rows] = 0
         self._reset_signals(rows)
         self._last_obs = obs
         return obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
+
+    def _check_raw(self, raw: Any) -> None:
+        declared = {k.name: tuple(k.shape) for k in self._mapping.observation}
+        for key, shape in self._raw_shapes(raw).items():
+            if declared.get(key) != tuple(shape):
+                raise EnvError(
+                    f"{self._mapping.source}: observation {key!r} is {list(shape)} in the simulator, "
+                    f"the mapping declares {list(declared[key]) if key in declared else 'no such key'}"
+                )
 
     def _fill(self, i: int, raw: Any, obs: Obs) -> None:
         self._write_obs(raw, obs, i)

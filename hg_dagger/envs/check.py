@@ -1,0 +1,100 @@
+"""The worker-local smoke test behind `hg-dagger check-env TASK`: build, reset, step, compare to the mapping.
+
+Run it in the process that will drive the env (a Ray worker included) before trusting that
+process's simulator: it catches a missing renderer, a mismatched simulator version or a mapping
+that no longer matches the backend. Every failure raises EnvError with what did not match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from hg_dagger.contract.command import COMMAND_DIM
+from hg_dagger.envs import make_env
+from hg_dagger.envs.base import StepResult, VecEnv
+from hg_dagger.errors import EnvError
+
+INFO_KEYS = ("success", "final_obs", "episode_start", "t_obs", "t_action_apply")
+
+
+def _expect(cond: bool, what: str, task: str) -> None:
+    if not cond:
+        raise EnvError(f"check-env {task}: {what}")
+
+
+def _check_step(env: VecEnv, res: StepResult, label: str) -> None:
+    n, t = env.num_envs, env.task_id
+    env.mapping.check_obs(res.obs, num_envs=n, where=f"check-env {t} ({label})")
+    for name, arr, dtype in (("reward", res.reward, np.float32), ("terminated", res.terminated, bool), ("truncated", res.truncated, bool)):
+        _expect(isinstance(arr, np.ndarray) and arr.shape == (n,) and arr.dtype == dtype, f"{label}: {name} must be {np.dtype(dtype)}[{n}], got {getattr(arr, 'dtype', type(arr))}{list(getattr(arr, 'shape', []))}", t)
+    missing = [k for k in INFO_KEYS if k not in res.info]
+    _expect(not missing, f"{label}: info lacks {missing}", t)
+    for k in ("success", "episode_start"):
+        _expect(res.info[k].shape == (n,) and res.info[k].dtype == bool, f"{label}: info[{k!r}] must be bool[{n}]", t)
+    for k in ("t_obs", "t_action_apply"):
+        _expect(res.info[k].shape == (n,) and res.info[k].dtype == np.int64, f"{label}: info[{k!r}] must be int64[{n}]", t)
+    env.mapping.check_obs(res.info["final_obs"], num_envs=n, where=f"check-env {t} ({label}) final_obs")
+    for k, v in res.info.get("signals", {}).items():
+        _expect(np.asarray(v).shape == (n,), f"{label}: signal {k!r} must have shape ({n},)", t)
+    flat = env.mapping.flatten_obs(res.obs)
+    _expect(flat.shape == (n, env.mapping.flat_dim) and bool(np.isfinite(flat).all()), f"{label}: flattened obs not finite [{n}, {env.mapping.flat_dim}]", t)
+
+
+def smoke_test(task: str, *, num_envs: int = 2, steps: int = 5, seed: int = 0, log: Callable[[str], None] = print) -> None:
+    """Reset/step smoke test of one task in this process; raises EnvError on the first mismatch."""
+    with make_env(task, num_envs=num_envs, seed=seed) as env:
+        m, t = env.mapping, env.task_id
+        log(f"built {type(env).__name__} x{env.num_envs}: observations and timing match the mapping")
+        obs_a, info = env.reset(seed=seed)
+        m.check_obs(obs_a, num_envs=num_envs, where=f"check-env {t} reset")
+        _expect(info.get("t_obs") is not None and np.asarray(info["t_obs"]).shape == (num_envs,), "reset info lacks t_obs[N]", t)
+        obs_b, _ = env.reset(seed=seed)
+        for k in obs_a:
+            _expect(np.array_equal(obs_a[k], obs_b[k]), f"reset(seed={seed}) is not deterministic (key {k!r})", t)
+        log(f"reset(seed={seed}) deterministic over {len(obs_a)} observation keys")
+        rng = np.random.default_rng(seed)
+        n, a = num_envs, m.action_dim
+        sources = {
+            "policy": lambda: m.policy_to_raw(rng.uniform(-1, 1, (n, a)).astype(np.float32)),
+            "expert": lambda: m.expert_to_raw(rng.uniform(-1, 1, (n, a)).astype(np.float32)),
+            "human": lambda: m.human_to_raw(rng.uniform(-1, 1, (n, COMMAND_DIM)).astype(np.float32)),
+        }
+        for label, make in sources.items():
+            for _ in range(steps):
+                _check_step(env, env.step(make()), label)
+        log(f"stepped {steps} x {len(sources)} action sources (policy, expert, human) through the mapping")
+        bad = np.zeros((n, a), np.float32)
+        bad[-1, 0] = np.nan
+        try:
+            env.step(bad)
+        except EnvError:
+            log("NaN action refused before the simulator")
+        else:
+            raise EnvError(f"check-env {t}: a NaN action was accepted")
+        try:
+            env.step(np.zeros((n, a + 1), np.float32))
+        except EnvError:
+            log("wrong-shape action refused")
+        else:
+            raise EnvError(f"check-env {t}: an action of shape ({n}, {a + 1}) was accepted")
+    _check_auto_reset(task, seed=seed, log=log)
+
+
+def _check_auto_reset(task: str, *, seed: int, log: Callable[[str], None]) -> None:
+    """A 2-step-horizon copy of the task must end, deliver final_obs and mark the fresh row."""
+    from hg_dagger.envs import load_mapping
+
+    mapping = load_mapping(task).model_copy(update={"horizon": 2})
+    with make_env(mapping, num_envs=1, seed=seed) as env:
+        zero = mapping.clip_raw(np.zeros((1, mapping.action_dim), np.float32))
+        first = env.step(zero)
+        _expect(not first.info["episode_start"][0] and not first.truncated[0], "an episode ended before its horizon", task)
+        last = env.step(zero)
+        _expect(bool(last.truncated[0] or last.terminated[0]), "the episode did not end at its horizon", task)
+        _expect(bool(last.info["episode_start"][0]), "an auto-reset row is not marked episode_start", task)
+        _check_step(env, last, "auto-reset")
+        fresh = any(not np.array_equal(last.obs[k], last.info["final_obs"][k]) for k in last.obs)
+        _expect(fresh, "after auto-reset the row still holds the final observation", task)
+    log("auto-reset: final_obs delivered, fresh row marked episode_start")
