@@ -25,6 +25,7 @@ from hg_dagger.errors import ContractError
 _TRAINABLE = LabelMask.TRAINABLE.code
 _TARGET_FIELD = {LabelTarget.EXPERT_ACTION.code: "expert_action", LabelTarget.APPLIED_ACTION.code: "applied_action"}
 _INTERVENTION_SOURCES = (ActionSource.HUMAN.code, ActionSource.EXPERT.code)
+LABEL_FIELDS = ("expert_action", "applied_action", "action_source")  # read besides obs and the label layer
 HELD_OUT_SPLITS = (Split.VAL, Split.TEST, Split.HOLDOUT)
 
 
@@ -119,10 +120,11 @@ def extract_labels(
 
 def load_labels(store, info, obs_keys: Iterable[str]) -> EpisodeLabels:
     """Trainable rows of a stored episode (EpisodeInfo from ``store.episodes()``)."""
-    td = store.load(info.episode_id)
+    keys = list(obs_keys)
+    td = store.load(info.episode_id, fields=[f"obs/{k}" for k in keys] + list(LABEL_FIELDS))
     flat = flatten_td(td)
     return extract_labels(
-        flat, episode_id=info.episode_id, obs_keys=obs_keys, iteration=info.start.iteration,
+        flat, episode_id=info.episode_id, obs_keys=keys, iteration=info.start.iteration,
         success=bool(info.end.task_success) if info.end is not None else False,
     )
 

@@ -41,6 +41,8 @@ from hg_dagger.contract import (
     EndReason,
     EpisodeEnd,
     EpisodeStart,
+    Event,
+    EventKind,
     TaskInfo,
     now_ns,
     step_fields,
@@ -191,12 +193,21 @@ class Collector:
         self.fields = step_fields(self.mapping.obs_spec(), self.mapping.action_dim)
         self.obs_keys = list(self.mapping.obs_spec())
         self.student = None
+        self._rows: list[_Row] = []
         self.stats = CollectStats()
         self.iteration = 0
         self.beta = 1.0
         self._meta = self.mapping.as_metadata()
 
     def set_policy(self, student, *, iteration: int, beta: float) -> None:
+        """Act with ``student`` from now on; episodes already running note the switch as an event."""
+        if self.student is not None and student.version != self.student.version:
+            for r in self._rows:
+                if r.episode_id is not None:
+                    self.recorder.event(r.episode_id, Event(
+                        kind=EventKind.NOTE, step=r.t, t_ns=now_ns(), source="policy_snapshot",
+                        reason="policy changed mid-episode", values={"policy_version": student.version,
+                                                                     "iteration": int(iteration), "beta": float(beta)}))
         self.student, self.iteration, self.beta = student, int(iteration), float(beta)
 
     def _begin(self, row: int, seed: int | None) -> str:
@@ -225,34 +236,59 @@ class Collector:
         rec.episode_id, rec.t = None, 0
 
     def run(self, *, episodes: int | None, reset_seed: int, stop: Callable[[], bool] | None = None,
-            on_tick: Callable[[int], None] | None = None, on_episode: Callable[[str, dict], None] | None = None,
-            progress: bool = False) -> CollectStats:
-        """Collect ``episodes`` complete episodes (None: until ``stop()``); rows past the quota idle."""
+            may_begin: Callable[[], bool] | None = None, on_tick: Callable[[int, bool], None] | None = None,
+            on_episode: Callable[[str, dict], None] | None = None, progress: bool = False) -> CollectStats:
+        """Collect ``episodes`` complete episodes, or with episodes=None until ``stop()``.
+
+        A free row begins a new episode while the quota (or ``may_begin()``) allows; otherwise it idles
+        (stepped by the student, not recorded, not queried) and is reset before its next episode.
+        """
         env, m = self.env, self.mapping
         n = env.num_envs
         stats = self.stats = CollectStats()
         obs, info = env.reset(seed=reset_seed)
-        rows = [_Row() for _ in range(n)]
-        begun = 0
-        for i in range(n):
-            if episodes is None or begun < episodes:
-                rows[i].episode_id = self._begin(i, reset_seed + i)
-                begun += 1
-        self.expert.reset(list(range(n)), obs, info)
         t_obs = np.asarray(info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
+        rows = [_Row() for _ in range(n)]
+        fresh = np.ones(n, dtype=bool)  # the row's obs is the first of an unrecorded episode
+        begun = 0
         bar = tqdm(total=episodes, desc=f"collect it{self.iteration} beta={self.beta:.2f}", disable=not progress,
                    leave=False)
         t0 = time.perf_counter()
+        self._rows = rows
         try:
-            while True:
+            while not (stop is not None and stop()):
+                obs = {k: np.array(v) for k, v in obs.items()}  # the recorder owns what it is handed
+                free = [i for i in range(n) if rows[i].episode_id is None]
+                starting = []
+                for i in free:
+                    if episodes is not None and begun >= episodes:
+                        break
+                    if may_begin is not None and not may_begin():
+                        break
+                    starting.append(i)
+                    begun += 1
+                if starting:
+                    stale = np.array([i for i in starting if not fresh[i]], dtype=np.int64)
+                    if len(stale):  # an idle row wandered off its start state: give it a new episode
+                        new_obs, new_info = env.reset(env_ids=stale)
+                        for k in obs:
+                            obs[k][stale] = new_obs[k][stale]
+                        t_obs[stale] = np.asarray(new_info.get("t_obs", np.full(n, now_ns())))[stale]
+                    for i in starting:
+                        rows[i].episode_id = self._begin(i, reset_seed + i if stats.ticks == 0 else None)
+                    self.expert.reset(starting, {k: v[starting] for k, v in obs.items()}, info)
                 active = np.array([r.episode_id is not None for r in rows])
-                if not active.any() or (stop is not None and stop()):
-                    break
+                if not active.any():
+                    if episodes is not None and begun >= episodes:
+                        break
+                    time.sleep(0.01)  # waiting for permission to begin (a newer policy snapshot)
+                    if on_tick is not None:
+                        on_tick(stats.ticks, True)
+                    continue
                 ids = np.flatnonzero(active)
                 out = self.student.act(obs)
                 t_policy = now_ns()
-                sub = {k: v[ids] for k, v in obs.items()}
-                q = _query(self.expert, sub, ids, m, self.timeout_s)
+                q = _query(self.expert, {k: v[ids] for k, v in obs.items()}, ids, m, self.timeout_s)
                 expert_action = np.full((n, m.action_dim), np.nan, dtype=np.float32)
                 expert_valid = np.zeros(n, dtype=bool)
                 expert_action[ids], expert_valid[ids] = q.action, q.valid
@@ -273,6 +309,9 @@ class Collector:
                     d = np.linalg.norm(expert_action[both] - out.action[both], axis=1)
                     stats.disagreement_sum += float(d.sum())
                     stats.disagreement_n += len(both)
+                source = np.where(used, _EXPERT, _POLICY).astype(np.uint8)
+                control = np.where(used, _CS_EXPERT, _CS_AUTO).astype(np.uint8)
+                reward = np.asarray(res.reward, dtype=np.float32)
                 t_apply = np.asarray(res.info.get("t_action_apply", np.full(n, NO_TIME_FILL)), dtype=np.int64)
                 success = np.asarray(res.info["success"], dtype=bool)
                 for i in ids:
@@ -283,24 +322,17 @@ class Collector:
                         policy_action=out.action[i], policy_confidence=out.confidence[i],
                         policy_uncertainty=out.uncertainty[i], expert_action=expert_action[i],
                         expert_valid=expert_valid[i], expert_used=used[i], applied_action=applied[i],
-                        action_source=_EXPERT if used[i] else _POLICY,
-                        control_state=_CS_EXPERT if used[i] else _CS_AUTO,
-                        reward=res.reward[i], terminated=res.terminated[i], truncated=res.truncated[i],
-                        success=success[i], valid=True,
+                        action_source=source[i], control_state=control[i], reward=reward[i],
+                        terminated=res.terminated[i], truncated=res.truncated[i], success=success[i], valid=True,
                     )
                     self.recorder.put(r.episode_id, step)
                     r.t += 1
-                ended = res.terminated | res.truncated
-                cut = active & ~ended & (np.array([r.t for r in rows]) >= self.max_steps)
-                if cut.any():  # episode cut by max_episode_steps: restart those rows ourselves
-                    cut_rows = np.flatnonzero(cut)
-                    new_obs, new_info = env.reset(env_ids=cut_rows)
-                    for k in res.obs:
-                        res.obs[k][cut_rows] = new_obs[k][cut_rows]
-                finished = np.flatnonzero((ended | cut) & active)
-                for i in finished:
-                    eid = rows[i].episode_id
-                    length = rows[i].t
+                ended = np.asarray(res.terminated | res.truncated, dtype=bool)
+                lengths = np.array([r.t for r in rows])
+                cut = active & ~ended & (lengths >= self.max_steps)
+                fresh = ended.copy()
+                for i in np.flatnonzero((ended | cut) & active):
+                    eid, length = rows[i].episode_id, rows[i].t
                     self._end(rows[i], success=bool(success[i]), truncated=bool(res.truncated[i] or cut[i]),
                               complete=True)
                     stats.episode_ids.append(eid)
@@ -309,16 +341,11 @@ class Collector:
                     bar.update(1)
                     if on_episode is not None:
                         on_episode(eid, {"length": length, "success": bool(success[i]), "iteration": self.iteration})
-                    if episodes is None or begun < episodes:
-                        rows[i].episode_id = self._begin(i, None)
-                        begun += 1
-                restarted = np.flatnonzero(ended | cut)
-                if len(restarted):
-                    self.expert.reset(restarted.tolist(), {k: v[restarted] for k, v in res.obs.items()}, res.info)
                 obs = res.obs
+                info = res.info
                 t_obs = np.asarray(res.info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
                 if on_tick is not None:
-                    on_tick(stats.ticks)
+                    on_tick(stats.ticks, False)
         finally:
             for r in rows:  # stopped mid-episode: commit the raw data, never trainable
                 if r.episode_id is not None:
@@ -386,7 +413,8 @@ class AutoRun:
 
     # -------------------------------------------------------------- one iteration's learning half
 
-    def _learn(self, it, beta, trainer, store, mapping, new_ids, collect, env_eval, progress) -> dict[str, Any]:
+    def _learn(self, it, beta, trainer, store, mapping, new_ids, collect, env_eval, progress,
+               after_fit: Callable[[], None] | None = None) -> dict[str, Any]:
         from hg_dagger.learn.aggregate import load_labels
         from hg_dagger.learn.evaluate import closed_loop
 
@@ -395,6 +423,8 @@ class AutoRun:
         trainer.replay.add(load_labels(store, infos[eid], keys) for eid in new_ids)
         trainer.iteration, trainer.beta = it + 1, beta
         fit = trainer.fit(log_path=self.out / "loss.jsonl", progress=progress, info={"beta": beta})
+        if after_fit is not None:
+            after_fit()
         ev = closed_loop(trainer.student, env_eval, self.cfg.eval)
         ev.pop("per_episode")
         row = {
@@ -510,8 +540,11 @@ class AutoRun:
                     "snapshot_lag_iterations": float(np.mean([it - e["iteration"] for e in eps])),
                     "worker": worker_stats, "rss_growth_mb": _rss_mb() - rss0,
                 }
-                rows.append(self._learn(it, beta, trainer, store, mapping, take, collect, env_eval, progress))
-                trainer.student.save(snapshot, iteration=it + 1, beta=cfg.beta_at(it + 1))  # the hand-off
+                def hand_off(it=it):  # the only way a policy reaches the simulation process
+                    trainer.student.save(snapshot, iteration=it + 1, beta=cfg.beta_at(it + 1))
+
+                rows.append(self._learn(it, beta, trainer, store, mapping, take, collect, env_eval, progress,
+                                        after_fit=hand_off))
         finally:
             stop.set()
             _drain_and_join(worker, messages, cfg.async_.join_timeout_s)
@@ -539,6 +572,8 @@ def _wait_complete(store, ids: list[str], timeout_s: float = 60.0) -> dict[str, 
     """EpisodeInfo of each id once its commit is visible (the async writer may still be finishing)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if hasattr(store, "refresh"):
+            store.refresh()
         infos = {i.episode_id: i for i in store.episodes()}
         missing = [e for e in ids if e not in infos or not infos[e].complete]
         if not missing:
@@ -546,8 +581,6 @@ def _wait_complete(store, ids: list[str], timeout_s: float = 60.0) -> dict[str, 
         if time.monotonic() > deadline:
             raise HgDaggerError(f"episodes {missing[:3]} (of {len(missing)}) never became complete in the store")
         time.sleep(0.05)
-        if hasattr(store, "refresh"):
-            store.refresh()
 
 
 def _drain_and_join(proc, messages, timeout_s: float) -> None:
@@ -604,8 +637,18 @@ def _async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop)
                                   expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps)
             load_snapshot(collector)
 
-            def on_tick(ticks: int) -> None:
-                if ticks % cfg.async_.snapshot_check_steps == 0:
+            begun_for: dict[int, int] = {}
+
+            def may_begin() -> bool:
+                """At most episodes_per_iteration episodes per snapshot: staleness stays bounded."""
+                k = collector.iteration
+                if begun_for.get(k, 0) >= cfg.episodes_per_iteration:
+                    return False
+                begun_for[k] = begun_for.get(k, 0) + 1
+                return True
+
+            def on_tick(ticks: int, waiting: bool) -> None:
+                if waiting or ticks % cfg.async_.snapshot_check_steps == 0:
                     load_snapshot(collector)
                     messages.put(("stats", collector.stats.summary()))
 
@@ -614,7 +657,7 @@ def _async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop)
 
             try:
                 stats = collector.run(episodes=None, reset_seed=_reset_seed(cfg, 0), stop=stop.is_set,
-                                      on_tick=on_tick, on_episode=on_episode)
+                                      may_begin=may_begin, on_tick=on_tick, on_episode=on_episode)
             finally:
                 rec.close()
             messages.put(("stats", {**stats.summary(), "partial_episodes": len(stats.partial_ids),

@@ -50,6 +50,51 @@ class TrainConfig(BaseModel):
     threads: int = Field(default=1, ge=1, description="torch CPU threads while training")
 
 
+class AdamW:
+    """Adam with decoupled weight decay, in a few tensor ops.
+
+    torch.optim imports the torch compiler stack on first use (seconds of start-up in every process,
+    over ten on a loaded machine); the student's few parameter tensors do not need it.
+    """
+
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params = [p for p in params if p.requires_grad]
+        self.lr, self.weight_decay, self.betas, self.eps = float(lr), float(weight_decay), tuple(betas), float(eps)
+        self.t = 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.betas
+        c1, c2 = 1 - b1**self.t, 1 - b2**self.t
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            if p.grad is None:
+                continue
+            g = p.grad
+            if self.weight_decay:
+                p.mul_(1 - self.lr * self.weight_decay)
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-self.lr / c1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "m": [m.clone() for m in self.m], "v": [v.clone() for v in self.v],
+                "lr": self.lr, "weight_decay": self.weight_decay, "betas": list(self.betas), "eps": self.eps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["m"]) != len(self.params):
+            raise ConfigError(f"optimizer state has {len(state['m'])} tensors, the student has {len(self.params)}")
+        self.t = int(state["t"])
+        for dst, src in zip(self.m + self.v, list(state["m"]) + list(state["v"]), strict=True):
+            dst.copy_(src)
+
+
 class Trainer:
     """Owns the optimizer and the training-side state a checkpoint must carry to resume."""
 
@@ -57,7 +102,7 @@ class Trainer:
         self.student = student
         self.config = config
         self.replay = replay
-        self.optimizer = torch.optim.AdamW(student.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = AdamW(student.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.iteration = 0  # completed DAgger iterations (set by the caller)
         self.beta: float | None = None
         self.total_steps = 0
