@@ -321,3 +321,17 @@ def test_monitor_prints_live_commands_and_stops_on_loss(pads, tmp_path):
     post("JOYDEVICEREMOVED", pad._instance_id)
     with pytest.raises(DeviceError, match="device lost"):
         monitor(pad, seconds=1.0, hz=200, out=lines.append)
+
+
+def test_replugged_pad_is_used_again_after_connect(pads, tmp_path):
+    pad = connected_pad(pads, tmp_path, hold={"engage_on": "always"})
+    first_instance = pad._instance_id
+    pads.detach_all()
+    assert pad.poll() is None
+    with pytest.raises(DeviceError, match="no gamepad found"):
+        pad.connect()
+    pads.attach()
+    pad.connect()
+    assert pad.connected and pad._instance_id != first_instance
+    post("JOYAXISMOTION", pad._instance_id, axis=4, value=-0.5)  # right stick up -> +z
+    assert pad.poll().motion[2] == pytest.approx(0.5)
