@@ -23,6 +23,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 KINDS: dict[str, str] = {
     "task": "hg_dagger.envs.mapping:TaskMapping",
     "gates": "hg_dagger.control.gates:GateConfig",
+    "run": "hg_dagger.control.session:RunConfig",
     "device": "hg_dagger.devices.configs:DeviceFile",
     "auto": "hg_dagger.learn.auto:AutoConfig",
 }

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from hg_dagger.contract.clock import NO_TIME
-from hg_dagger.contract.enums import ActionSource, ControlState, EndReason, LabelMask, RecoveryOutcome, StepFlag
+from hg_dagger.contract.enums import (
+    ActionSource,
+    ControlState,
+    EndReason,
+    LabelMask,
+    RecoveryOutcome,
+    StepFlag,
+)
 from hg_dagger.contract.labels import derive_labels
 from hg_dagger.control.handover import (
     SRC_EXPERT,

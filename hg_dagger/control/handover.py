@@ -121,6 +121,7 @@ class HandoverMachine:
         self._src_operator = SRC_EXPERT if operator == "expert" else SRC_HUMAN
         self.state = np.full(num_envs, AUTO, np.uint8)
         self.wait_since = np.zeros(num_envs, np.int64)
+        self.paused_ticks = np.zeros(num_envs, np.int64)  # ticks waited with the env paused (no step)
         self.agree_count = np.zeros(num_envs, np.int32)
         self.force_hold = np.zeros(num_envs, bool)
         self.trans_left = np.zeros(num_envs, np.int32)
@@ -176,6 +177,7 @@ class HandoverMachine:
             t_warn = int(x.t_warn[r]) if x.t_warn is not None else t_gate
             self.open[r] = _Open(int(x.step[r]), trip.get("reason", "gate"), t_warn, t_gate, self.open_source())
             self.wait_since[r] = x.step[r]
+            self.paused_ticks[r] = 0
             go(r, REQUESTED, f"gate:{trip.get('reason', 'gate')}")
         warn_rows = armed & (lvl == _GATE_WARN) & (st == AUTO)
         ok_rows = armed & (lvl == 0) & (st == WARNING)
@@ -197,6 +199,7 @@ class HandoverMachine:
             else:
                 self.open[r] = _Open(int(x.step[r]), "device_lost", x.t_ns, x.t_ns, self.open_source())
                 self.wait_since[r] = x.step[r]
+                self.paused_ticks[r] = 0
                 self.force_hold[r] = True
                 go(r, REQUESTED, "device_lost")
         ar = self.cfg.auto_return
@@ -229,8 +232,11 @@ class HandoverMachine:
             if self.cfg.transition != "none" and self.cfg.transition_ticks > 0:
                 self._start_transition(r, to_operator=True)
             go(r, self._in_control, "operator_engaged")
+        if self.cfg.wait == "pause":
+            self.paused_ticks[(st == REQUESTED) & ~self.force_hold & (before == REQUESTED)] += 1
         if self.cfg.wait_timeout_s is not None:
-            late = (st == REQUESTED) & ((x.step - self.wait_since) * self.step_dt >= self.cfg.wait_timeout_s)
+            waited = (x.step - self.wait_since + self.paused_ticks) * self.step_dt
+            late = (st == REQUESTED) & (waited >= self.cfg.wait_timeout_s)
             for r in np.flatnonzero(late):
                 self.open[int(r)] = None
                 go(int(r), SAFE_STOP, "no_operator")

@@ -1,0 +1,45 @@
+"""hg-dagger run: a human-gated collection run (student + gates + operator + safety -> store)."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="human-gated run: the student acts, gates ask the operator, corrections are recorded")
+    p.add_argument("--task", required=True, help="task id (configs/tasks)")
+    p.add_argument("--store", required=True, help="episode store to record into (created if missing)")
+    p.add_argument("--operator", choices=("synthetic", "expert", "device"),
+                   help="who answers a handover: synthetic operator (planner-driven), the planner expert, a device")
+    p.add_argument("--episodes", type=int, help="episodes to record")
+    p.add_argument("--student", help="student checkpoint; default: a fresh, untrained student (seeded)")
+    p.add_argument("--config", help="run config (kind: run); default: configs/run/<task>.yaml if present")
+    p.add_argument("--gates", help="gate config name in configs/gates or a path; default: the task's")
+    p.add_argument("--num-envs", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--wait", choices=("pause", "hold", "policy"), help="behaviour while waiting for the operator")
+    p.add_argument("--calibrate-steps", type=int, help="autonomous steps to calibrate the confidence gate first")
+    p.add_argument("--device", help="device config for --operator device (e.g. gamepad, spacemouse)")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from hg_dagger.control.session import load_run_config, run_gated
+
+    cfg = load_run_config(args.config, args.task, **{
+        "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,
+        "seed": args.seed, "handover.wait": args.wait, "calibrate_steps": args.calibrate_steps,
+        "operator.device": args.device,
+    })
+    summary = run_gated(cfg, args.store, student_path=args.student, progress=not args.quiet)
+    d = summary.as_dict()
+    d.pop("episode_ids")
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        print(f"{args.store}: {d['episodes']} episodes ({d['successes']} successful), {d['steps']} steps, "
+              f"{d['windows']} correction windows, {d['human_steps']} operator steps, "
+              f"{d['safety_clamps']} safety clamps" + (f"; stopped by {d['stopped_by']}" if d["stopped_by"] else ""))
+    return 0
