@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from hg_dagger import config as config_io
 from hg_dagger.contract.command import COMMAND_AXES, ESTOP, GRIPPER, RETURN, TAKEOVER
@@ -28,6 +28,11 @@ class DeviceConfig(BaseModel):
     name: str = ""  # a label for people
     processing: ProcessingConfig = Field(default_factory=ProcessingConfig)
     calibration_dir: Path | None = None  # default: $HG_DAGGER_CALIBRATION_DIR or ~/.config/hg_dagger/calibration
+
+    @field_validator("calibration_dir")
+    @classmethod
+    def _expand_home(cls, v: Path | None) -> Path | None:
+        return v.expanduser() if v is not None else None
 
 
 # ---- gamepad -----------------------------------------------------------------------------------

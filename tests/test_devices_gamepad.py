@@ -17,6 +17,7 @@ import numpy as np
 import pygame
 import pytest
 
+from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
 from hg_dagger.devices import Calibration, CommandPipeline, DeviceError, load_device_config, make_device
 from hg_dagger.devices.configs import GamepadConfig
@@ -154,7 +155,9 @@ def test_posted_events_become_commands(pads, tmp_path):
     post("JOYAXISMOTION", iid, axis=3, value=0.25)  # right stick right -> -yaw
     post("JOYHATMOTION", iid, hat=0, value=(0, 1))
     post("JOYBUTTONDOWN", iid, button=4)  # LB = hold
+    t_before = now_ns()
     cmd = pad.poll()
+    assert t_before <= cmd.t_device <= now_ns()  # stamped on our monotonic clock while polling
     assert isinstance(cmd, HumanCommand) and cmd.engaged and cmd.device_id == pad.device_id
     np.testing.assert_allclose(cmd.raw, [-0.5, 0, 0, 0, 1, 0.25, -1], atol=1e-6)  # as read, in x..gripper slots
     np.testing.assert_allclose(cmd.motion, [0.5, 0, 0, 0, 1, -0.25, -1], atol=1e-6)  # inverted per the map

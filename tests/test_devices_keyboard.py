@@ -96,6 +96,8 @@ def test_make_device_from_name_path_dict_and_object():
     d = make_device(KeyboardConfig())
     assert all(isinstance(x, Keyboard) and isinstance(x, Device) for x in (a, b, c, d))
     assert c.config.hold_key == "shift"
+    home = make_device({"type": "keyboard", "calibration_dir": "~/cal"})
+    assert home.config.calibration_dir == Path.home() / "cal"
     assert set(DEVICE_TYPES) == {"gamepad", "spacemouse", "keyboard", "synthetic"}
     with a:
         a.press("space")
