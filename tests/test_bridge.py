@@ -40,12 +40,19 @@ class Robot:
         env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line.startswith("listening on "):
-            self.stop()
-            raise RuntimeError(f"robot server did not start: {line!r}\n{self.log()}")
-        self.port = int(line.strip().rsplit(":", 1)[1])
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """Waits for the server's "listening on HOST:PORT" line (so callers can work while it starts)."""
+        if self._port is None:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+            line = self.proc.stdout.readline() if ready else ""
+            if not line.startswith("listening on "):
+                self.stop()
+                raise RuntimeError(f"robot server did not start: {line!r}\n{self.log()}")
+            self._port = int(line.strip().rsplit(":", 1)[1])
+        return self._port
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -188,6 +195,26 @@ def test_reset_step_match_the_in_process_backend_across_two_processes(tmp_path):
                 obs = res.obs
             assert finished > 0  # the IK expert reaches targets, so auto-reset was exercised
             assert env.status()["steps"] == 60
+    finally:
+        local.close()
+        robot.stop()
+
+
+def test_fetch_reach_over_the_bridge_matches_mujoco_in_process_and_reports_the_hold_action(tmp_path):
+    robot = Robot(tmp_path, "fetch_reach")
+    local = make_env("fetch_reach", num_envs=1, seed=0)
+    try:
+        with robot.client(task_id="fetch_reach") as env:
+            obs, _ = env.reset(seed=11)
+            assert_same_obs(obs, local.reset(seed=11)[0])
+            actions = np.random.default_rng(0).uniform(-1, 1, (8, 1, 4)).astype(np.float32)
+            for action in actions:
+                res = env.step(action)
+                want = local.step(action)
+                assert_same_obs(res.obs, want.obs)  # same MuJoCo physics, bit for bit
+                np.testing.assert_array_equal(res.reward, want.reward)
+            # safe stop for Fetch: no end-effector motion, the gripper keeps its last command
+            np.testing.assert_array_equal(env.status()["hold_action"], [[0.0, 0.0, 0.0, actions[-1, 0, 3]]])
     finally:
         local.close()
         robot.stop()
@@ -445,6 +472,7 @@ def test_client_reconnects_after_the_robot_server_restarts(tmp_path):
         first_instance = env.status()["instance"]
         robot.stop()
         robot = Robot(tmp_path, port=port)
+        assert robot.port == port
         with pytest.raises(BridgeError, match="restarted .* call reset"):
             env.step(np.zeros((1, 2), np.float32))
         obs, _ = env.reset(seed=0)

@@ -98,7 +98,6 @@ class BridgeEnv(VecEnv):
         self._welcome: dict[str, Any] = {}
         self._instance: str | None = None
         self._closed = False
-        self._last_obs: Obs | None = None
 
         with self._request_lock:
             self._connect_with_retries()
@@ -235,21 +234,22 @@ class BridgeEnv(VecEnv):
     # ------------------------------------------------------------------ replies -> contract
     def _obs_info(self, reply: dict, t_send: int, t_recv: int) -> tuple[Obs, dict]:
         n, clock = self.num_envs, self._clock
-        obs = reply["obs"]
-        t_obs = np.broadcast_to(np.asarray(reply["t_obs"], dtype=np.int64), (n,)) + clock.offset_ns
-        t_apply = np.broadcast_to(np.asarray(reply.get("t_action_apply", NO_TIME), dtype=np.int64), (n,))
-        t_apply = np.where(t_apply == NO_TIME, NO_TIME, t_apply + clock.offset_ns)
+        t_obs = np.asarray(reply["t_obs"], dtype=np.int64)
+        t_apply = np.asarray(reply.get("t_action_apply", NO_TIME), dtype=np.int64)
+        if t_obs.shape != (n,):
+            t_obs = np.broadcast_to(t_obs, (n,))
+        if t_apply.shape != (n,):
+            t_apply = np.broadcast_to(t_apply, (n,))
         robot_ns = int(reply.get("t_send", 0)) - int(reply.get("t_recv", 0))
         info = {
-            "t_obs": t_obs.astype(np.int64),
-            "t_action_apply": t_apply.astype(np.int64),
+            "t_obs": t_obs + clock.offset_ns,
+            "t_action_apply": np.where(t_apply == NO_TIME, NO_TIME, t_apply + clock.offset_ns),
             "alignment_error_ms": np.full(n, clock.error_ms, dtype=np.float32),
             "transport_ns": np.full(n, max(0, (t_recv - t_send) - robot_ns), dtype=np.int64),
             "robot_state": reply.get("state"),
         }
-        self._welcome["state"] = reply.get("state", self.robot_state)
-        self._last_obs = obs
-        return obs, info
+        self._welcome["state"] = info["robot_state"] or self.robot_state
+        return reply["obs"], info
 
     # ------------------------------------------------------------------ transport
     def _request(self, msg: dict, *, fresh_instance_ok: bool = False) -> tuple[dict, int, int]:

@@ -10,6 +10,7 @@ numpy arrays travel as msgpack ext type 1: dtype string, shape, raw little-endia
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
@@ -125,6 +126,12 @@ _DTYPES = {code: np.dtype(code) for code in ALLOWED_DTYPES}
 _SHAPES = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 
 
+@functools.lru_cache(maxsize=256)
+def _ndarray_head(code: str, shape: tuple[int, ...]) -> bytes:
+    raw = code.encode("ascii")
+    return bytes((len(raw),)) + raw + bytes((len(shape),)) + _SHAPES[len(shape)].pack(*shape)
+
+
 def _pack_ndarray(arr: np.ndarray) -> msgpack.ExtType:
     dtype = arr.dtype
     if dtype.byteorder == ">":
@@ -135,9 +142,8 @@ def _pack_ndarray(arr: np.ndarray) -> msgpack.ExtType:
         raise TypeError(f"bridge cannot send arrays of dtype {arr.dtype}")
     if arr.ndim > MAX_NDIM:
         raise TypeError(f"bridge cannot send arrays with {arr.ndim} dims (max {MAX_NDIM})")
-    raw = code.encode("ascii")
-    head = bytes((len(raw),)) + raw + bytes((arr.ndim,)) + _SHAPES[arr.ndim].pack(*arr.shape)
-    return msgpack.ExtType(NDARRAY_EXT, head + arr.tobytes())  # tobytes() is C order for any layout
+    # tobytes() is C order for any memory layout
+    return msgpack.ExtType(NDARRAY_EXT, _ndarray_head(code, arr.shape) + arr.tobytes())
 
 
 def _unpack_ndarray(data: bytes) -> np.ndarray:
