@@ -284,6 +284,22 @@ def test_commands_without_handshake_or_with_wrong_version_are_refused(robot):
     assert robot.wait_log("refused no_handshake") and robot.wait_log("refused version")
 
 
+def test_a_flood_of_unauthenticated_connections_is_capped(robot):
+    pending = [Raw(robot.port) for _ in range(16)]  # each got a challenge and owes a hello
+    extra = socket.create_connection(("127.0.0.1", robot.port), timeout=5)
+    try:
+        assert extra.recv(4096) == b""  # closed without a challenge
+    except ConnectionResetError:
+        pass
+    extra.close()
+    for raw in pending:
+        raw.close()
+    with robot.client() as env:  # once they are gone, a real client gets in (retrying if needed)
+        status = env.status()
+    assert status["refused"]["too_many_pending"] >= 1 and status["steps"] == 0
+    assert robot.wait_log("connections still owe a hello")
+
+
 def test_silent_unauthenticated_connection_is_closed_after_the_handshake_timeout(tmp_path):
     robot = Robot(tmp_path, "toy_reach", "--handshake-timeout", "0.3")
     try:
@@ -473,8 +489,10 @@ def test_client_reconnects_after_the_robot_server_restarts(tmp_path):
         robot.stop()
         robot = Robot(tmp_path, port=port)
         assert robot.port == port
-        with pytest.raises(BridgeError, match="restarted .* call reset"):
-            env.step(np.zeros((1, 2), np.float32))
+        assert env.status()["instance"] != first_instance  # status and e-stop work at once ...
+        for call in (lambda: env.step(np.zeros((1, 2), np.float32)), env.resume):  # ... motion waits for reset
+            with pytest.raises(BridgeError, match="restarted .* call reset"):
+                call()
         obs, _ = env.reset(seed=0)
         env.step(np.zeros((1, 2), np.float32))
         status = env.status()

@@ -97,6 +97,7 @@ class BridgeEnv(VecEnv):
         self._last_sync = 0
         self._welcome: dict[str, Any] = {}
         self._instance: str | None = None
+        self._restarted_from: str | None = None  # set when we reconnect to a new robot process, until reset()
         self._closed = False
 
         with self._request_lock:
@@ -150,8 +151,8 @@ class BridgeEnv(VecEnv):
         if env_ids is not None:
             msg["env_ids"] = [int(i) for i in env_ids]
         reply, t_send, t_recv = self._request(msg, fresh_instance_ok=True)
-        obs, info = self._obs_info(reply, t_send, t_recv)
-        return obs, info
+        self._restarted_from = None
+        return self._obs_info(reply, t_send, t_recv)
 
     def step(self, action: np.ndarray) -> StepResult:
         action = self.check_action(action)
@@ -171,7 +172,7 @@ class BridgeEnv(VecEnv):
 
     def observe(self) -> tuple[Obs, dict]:
         """The robot's current observation; the robot does not move."""
-        reply, t_send, t_recv = self._request({"type": Msg.OBSERVE})
+        reply, t_send, t_recv = self._request({"type": Msg.OBSERVE}, fresh_instance_ok=True)
         return self._obs_info(reply, t_send, t_recv)
 
     def close(self) -> None:
@@ -193,18 +194,21 @@ class BridgeEnv(VecEnv):
 
     # ------------------------------------------------------------------ robot commands
     def status(self) -> dict:
-        reply, _, _ = self._request({"type": Msg.STATUS})
+        reply, _, _ = self._request({"type": Msg.STATUS}, fresh_instance_ok=True)
         self._welcome["state"] = reply["state"]
         return reply
 
     def estop(self, reason: str = "operator e-stop") -> dict:
-        """Latch the robot's emergency stop: it refuses every motion until ``release_estop``."""
-        reply, _, _ = self._request({"type": Msg.ESTOP, "reason": reason})
+        """Latch the robot's emergency stop: it refuses every motion until ``release_estop``.
+
+        Requests are serialised: called from another thread, it goes out right after the request in
+        flight (a step takes milliseconds; the wait is bounded by request_timeout_s)."""
+        reply, _, _ = self._request({"type": Msg.ESTOP, "reason": reason}, fresh_instance_ok=True)
         return reply
 
     def release_estop(self) -> dict:
         """Lift the e-stop; the robot then holds until ``reset`` or ``resume``."""
-        reply, _, _ = self._request({"type": Msg.ESTOP_RELEASE})
+        reply, _, _ = self._request({"type": Msg.ESTOP_RELEASE}, fresh_instance_ok=True)
         return reply
 
     def resume(self) -> dict:
@@ -264,12 +268,11 @@ class BridgeEnv(VecEnv):
                     self._disconnect()
             for attempt in range(self.max_retries + 1):
                 if self._sock is None:
-                    instance = self._instance
                     self._connect_with_retries()
-                    if instance is not None and self._instance != instance and not fresh_instance_ok:
-                        raise BridgeError(
-                            f"{self._where}: the robot server restarted (instance {instance[:8]} -> "
-                            f"{self._instance[:8]}); its episode state is gone, call reset()", ErrorCode.STATE)
+                if self._restarted_from is not None and not fresh_instance_ok:
+                    raise BridgeError(
+                        f"{self._where}: the robot server restarted (instance {self._restarted_from[:8]} -> "
+                        f"{self._instance[:8]}); its episode state is gone, call reset()", ErrorCode.STATE)
                 try:
                     return self._roundtrip(msg)
                 except _Dropped as exc:
@@ -363,9 +366,12 @@ class BridgeEnv(VecEnv):
         same_robot = reconnect and welcome["instance"] == self._instance
         with self._send_lock:
             self._sock = sock
+        previous = self._instance
         self._welcome, self._instance = welcome, welcome["instance"]
         if reconnect:
             self.reconnects += 1
+            if not same_robot and self._restarted_from is None:
+                self._restarted_from = previous
         if not same_robot:
             self._exchanges.clear()
         try:

@@ -68,6 +68,7 @@ class ServerConfig:
     handshake_timeout_s: float = 2.0  # an unauthenticated connection is closed after this
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     send_timeout_s: float = 5.0
+    max_pending: int = 16  # unauthenticated connections held at once; more are closed on accept
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_timeout_s", "handshake_timeout_s", "send_timeout_s"):
@@ -174,6 +175,12 @@ class BridgeServer:
         try:
             sock, addr = self._listener.accept()
         except OSError:
+            return
+        pending = sum(not c.authed for c in self._conns.values())
+        if pending >= self.config.max_pending:
+            self.counters.refused["too_many_pending"] = self.counters.refused.get("too_many_pending", 0) + 1
+            log.warning("refused connection from %s:%s: %d connections still owe a hello", addr[0], addr[1], pending)
+            sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.config.send_timeout_s)  # sends block (bounded); reads happen only when readable
