@@ -36,7 +36,7 @@ ALWAYS = GateConfig(name="always", gates=[ConfidenceGate(trigger=1e-9, warn=None
 
 @pytest.fixture(scope="module")
 def student():
-    return Student.create(make_env("toy_reach", num_envs=1).mapping, seed=0)
+    return Student.create(make_env("toy_reach", num_envs=1).mapping, seed=0, ensemble=3, hidden=(32, 32))
 
 
 class Rig:

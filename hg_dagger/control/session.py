@@ -491,25 +491,30 @@ class Session:
                 reason = EndReason.TIMEOUT
             self._end(r, reason, bool(success[r]))
         new_episode = np.asarray(info.get("episode_start", term | trunc), bool)
-        fresh = ended & stopped & ~new_episode  # the env did not reset these rows itself
-        obs_next, info_next = result.obs, info
-        if fresh.any() and not self.safety.estopped:
-            obs_next, reset_info = self.env.reset(env_ids=np.flatnonzero(fresh).tolist())
-            info_next = {**info, "t_obs": np.where(fresh, reset_info.get("t_obs", now_ns()), info.get("t_obs", now_ns()))}
-        restarted = new_episode | fresh
-        self._take_obs(obs_next, info_next, restarted)
-        self.safety.reset(np.flatnonzero(restarted))
         if self.safety.estopped:
             self.summary.stopped_by = "estop"
             for r in range(n):
                 if self.eids[r] is not None:
                     self._end(r, EndReason.SAFETY_STOP, False)
             self._target = self._started  # no new episodes
+            self._take_obs(result.obs, info, new_episode)
             return
-        for r in np.flatnonzero(ended):
-            self._begin(int(r), seed=None)
-        for r in np.flatnonzero(restarted & ~ended & active):  # cannot happen with a contract-abiding env
-            log.warning("env row %d restarted without ending its episode", r)
+        # rows that start a new episode are reset with a seed of their own (recorded for replay)
+        begin = [int(r) for r in np.flatnonzero(ended)][: max(0, self._target - self._started)]
+        obs_next, info_next = result.obs, info
+        restarted = new_episode.copy()
+        if begin:
+            seeds = [self.seed + self._started + k for k in range(len(begin))]
+            obs_next, reset_info = self.env.reset(seed=seeds, env_ids=begin)
+            rows = np.zeros(n, bool)
+            rows[begin] = True
+            t_now = np.full(n, now_ns(), np.int64)
+            info_next = {**info, "t_obs": np.where(rows, reset_info.get("t_obs", t_now), info.get("t_obs", t_now))}
+            restarted |= rows
+        self._take_obs(obs_next, info_next, restarted)
+        self.safety.reset(np.flatnonzero(restarted))
+        for r in begin:
+            self._begin(r, seed=self.seed + self._started)
 
     def _end(self, r: int, reason: EndReason, success: bool) -> None:
         eid = self.eids[r]
@@ -641,7 +646,7 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
         session = build_session(cfg, rec, student, env=env)
         if cfg.calibrate_steps:
             cal = session.calibrate(cfg.calibrate_steps)
-            log.info("confidence gate calibrated: %s", cal)
+            log.info("confidence gate calibrated: %s", cal if cal else "too few samples, thresholds unchanged")
         summary = session.run(cfg.episodes, progress=progress)
     finally:
         rec.close()
