@@ -293,6 +293,7 @@ class BridgeEnv(VecEnv):
                 if reply.get("re") == seq or (reply["type"] == Msg.ERROR and reply.get("re") is None):
                     break
         except ProtocolError as exc:
+            self._disconnect()  # the byte stream can no longer be trusted
             raise BridgeError(f"{self._where}: robot sent a bad frame: {exc}", exc.code) from exc
         except (OSError, ConnectionError) as exc:
             raise _Dropped(str(exc) or type(exc).__name__) from exc
@@ -387,10 +388,12 @@ class BridgeEnv(VecEnv):
             raise
 
     def _heartbeat_loop(self) -> None:
-        interval_ns = int(float(self._welcome.get("heartbeat_timeout_s", 1.0)) / 4 * 1e9)
         frame = encode({"type": Msg.HEARTBEAT})
-        while not self._heartbeat_stop.wait(interval_ns / 4e9):
-            if now_ns() - self._last_send < interval_ns:
+        while True:
+            interval = float(self._welcome.get("heartbeat_timeout_s", 1.0)) / 4  # the robot's timeout / 4
+            if self._heartbeat_stop.wait(interval / 4):
+                return
+            if now_ns() - self._last_send < interval * 1e9:
                 continue
             try:
                 self._send_frame(frame)

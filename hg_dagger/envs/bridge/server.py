@@ -153,7 +153,11 @@ class BridgeServer:
                     if key.data is None:
                         self._accept()
                     else:
-                        self._on_readable(key.data)
+                        try:
+                            self._on_readable(key.data)
+                        except Exception:  # noqa: BLE001 - one bad connection must not stop the robot side
+                            log.exception("unexpected failure serving %s; dropping it", key.data.peer)
+                            self._drop(key.data, "server error")
                 self._watchdog()
         finally:
             self._close_all()
@@ -209,7 +213,13 @@ class BridgeServer:
         if conn.closed:
             return
         try:
-            conn.sock.sendall(encode(msg))
+            frame = encode(msg)
+        except (TypeError, ValueError, OverflowError) as exc:  # the backend produced something unsendable
+            log.error("cannot encode %s for %s: %s", msg.get("type"), conn.peer, exc)
+            frame = encode({"type": Msg.ERROR, "code": ErrorCode.INTERNAL, "state": self.state, "re": msg.get("re"),
+                            "message": f"robot cannot encode its {msg.get('type')} reply: {exc}"})
+        try:
+            conn.sock.sendall(frame)
         except OSError as exc:
             log.warning("send to %s failed (%s); closing the connection", conn.peer, exc)
             self._drop(conn, f"send failed: {exc}")
