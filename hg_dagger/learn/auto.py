@@ -668,7 +668,21 @@ def _async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop)
 
 
 def leftover_workers() -> list[str]:
-    """Live child processes and non-daemon helper threads (for shutdown checks)."""
-    kids = [f"process {p.pid} {p.name()}" for p in psutil.Process().children(recursive=True)]
-    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    """Live child processes and helper threads (for shutdown checks).
+
+    Interpreter-wide helpers are not counted: Python's multiprocessing resource tracker (started with
+    the first spawned child) and zarr's I/O event loop and its executor threads (started with the first
+    store access) and tqdm's progress-bar monitor; they live as long as the interpreter, whatever we start
+    or stop.
+    """
+    kids = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(p.cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        kids.append(f"process {p.pid} {p.name()}")
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+               and not (t.name in ("zarr_io", "tqdm_monitor") or t.name.startswith("asyncio_"))]
     return kids + [f"thread {t}" for t in threads]
