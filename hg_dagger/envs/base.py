@@ -97,7 +97,7 @@ def check_action(action: Any, num_envs: int, action_dim: int, *, where: str) -> 
         raise EnvError(f"{where}: action has shape {action.shape}, expected ({num_envs}, {action_dim})")
     if action.dtype.kind != "f":
         raise EnvError(f"{where}: action has dtype {action.dtype}, expected a float dtype")
-    if not np.all(np.isfinite(action)):
+    if not np.isfinite(action).all():
         rows = sorted({int(r) for r in np.argwhere(~np.isfinite(action))[:, 0]})
         raise EnvError(f"{where}: action has NaN/inf in env rows {rows}; refused before reaching the env")
     return action.astype(np.float32, copy=False)

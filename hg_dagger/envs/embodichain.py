@@ -82,7 +82,6 @@ class EmbodiChainEnv(VecEnv):
         self.env = (make_fn or _default_make)(mapping, self.num_envs, seed)
         self.env._replay_no_auto_reset = True  # we reset finished rows ourselves (keeps final_obs)
         self.device = torch.device(getattr(self.env, "device", "cpu"))
-        self._lo, self._hi = mapping._arrays["raw_low"], mapping._arrays["raw_high"]
         self._keys = [(k.name, np.dtype(k.dtype)) for k in mapping.observation]
         where = mapping.source
         if int(self.env.num_envs) != self.num_envs:
@@ -123,7 +122,7 @@ class EmbodiChainEnv(VecEnv):
         return self._to_numpy(td), {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
 
     def step(self, action: np.ndarray) -> StepResult:
-        a = np.clip(self.check_action(action), self._lo, self._hi)
+        a = self._mapping.clip_raw(self.check_action(action))
         t_apply = now_ns()
         td, reward, terminated, truncated, info = self.env.step(self._torch.as_tensor(a, device=self.device))
         obs = self._to_numpy(td)

@@ -9,6 +9,7 @@ the table or below, once per drop), collision_imminent (fingertips at the table 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -52,8 +53,8 @@ class FetchVecEnv(MujocoRowsEnv):
         self._object = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, OBJECT)], np.int32)
         robot = [b for b in range(m.nbody) if m.body(b).name.startswith("robot0:")]
         hand = [m.body(name).id for name in GRIPPER_BODIES]
-        self._robot_geoms = np.flatnonzero(np.isin(m.geom_bodyid, robot)).astype(np.int32)
-        self._hand_geoms = np.flatnonzero(np.isin(m.geom_bodyid, hand)).astype(np.int32)
+        self._robot_geoms = np.isin(m.geom_bodyid, robot)
+        self._hand_geoms = np.isin(m.geom_bodyid, hand)
         self._rest_z = float(env.height_offset) if self._has_object else 0.0
         table = m.body("table0")
         geom = m.geom(int(m.body_geomadr[table.id]))
@@ -86,14 +87,15 @@ class FetchVecEnv(MujocoRowsEnv):
         ncon = data.ncon
         if ncon == 0:
             return False
-        g1, g2 = data.contact.geom1[:ncon], data.contact.geom2[:ncon]
+        pairs = data.contact.geom[:ncon]
+        g1, g2 = pairs[:, 0], pairs[:, 1]
         obj = self._object[0]
-        touching = np.concatenate([g2[g1 == obj], g1[g2 == obj]])
-        return bool(np.isin(self._fingers, touching).all())
+        touching = set(g2[g1 == obj].tolist()) | set(g1[g2 == obj].tolist())
+        return all(int(f) in touching for f in self._fingers)
 
     def _signals(self, i: int, raw: Any, info: dict, out: dict[str, np.ndarray]) -> None:
         env = self.envs[i]
-        out["progress"][i] = -float(np.linalg.norm(raw["achieved_goal"] - raw["desired_goal"]))
+        out["progress"][i] = -math.dist(raw["achieved_goal"], raw["desired_goal"])
         out["contact_force"][i] = contact_force(env.model, env.data, self._hand_geoms, exclude=self._robot_geoms)
         grip_z = float(raw["observation"][2])
         out["collision_imminent"][i] = grip_z < self._table_z + NEAR_TABLE

@@ -330,7 +330,7 @@ class TaskMapping(_Strict):
     def clip_raw(self, a: np.ndarray) -> np.ndarray:
         """The one preprocessing step every action source passes before env.step: clip to raw bounds."""
         arr = self._arrays
-        return np.clip(np.asarray(a, dtype=np.float32), arr["raw_low"], arr["raw_high"])
+        return np.minimum(np.maximum(np.asarray(a, dtype=np.float32), arr["raw_low"]), arr["raw_high"])
 
     def policy_to_raw(self, a: np.ndarray) -> np.ndarray:
         arr = self._arrays

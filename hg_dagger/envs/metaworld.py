@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hg_dagger.envs.mujoco_rows import MujocoRowsEnv, contact_force
+from hg_dagger.envs.mujoco_rows import MujocoRowsEnv, contact_force, geom_mask
 from hg_dagger.errors import EnvError
 
 HAND_GEOMS = ("rightpad_geom", "leftpad_geom", "rightclaw_it", "leftclaw_it")
@@ -47,8 +47,8 @@ class MetaWorldVecEnv(MujocoRowsEnv):
         m = self.envs[0].model
         hand = [m.geom(g).id for g in HAND_GEOMS]
         arm = [b for b in range(m.nbody) if m.body(b).name.startswith(("right", "left", "hand", "base"))]
-        self._hand_geoms = np.asarray(hand, np.int32)
-        self._robot_geoms = np.unique(np.concatenate([hand, np.flatnonzero(np.isin(m.geom_bodyid, arm))])).astype(np.int32)
+        self._hand_geoms = geom_mask(m, hand)
+        self._robot_geoms = self._hand_geoms | np.isin(m.geom_bodyid, arm)
         self._rest_z = np.zeros(self.num_envs)
         self._lifted = np.zeros(self.num_envs, bool)
 

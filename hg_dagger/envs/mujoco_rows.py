@@ -28,26 +28,33 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 logging.getLogger("OpenGL").setLevel(logging.WARNING)  # its import-time INFO lines are noise here
 
 
-def contact_force(model, data, geom_ids: np.ndarray, exclude: np.ndarray | None = None) -> float:
-    """Sum of normal contact forces (N) on the given geoms from geoms not in ``exclude`` (only those
-    contacts are resolved, so it stays cheap)."""
+def geom_mask(model, geom_ids) -> np.ndarray:
+    """Boolean mask over the model's geoms (lookups by fancy indexing are cheap per step)."""
+    mask = np.zeros(model.ngeom, bool)
+    mask[np.asarray(geom_ids, dtype=np.int64)] = True
+    return mask
+
+
+def contact_force(model, data, geoms: np.ndarray, exclude: np.ndarray | None = None) -> float:
+    """Sum of normal contact forces (N) on the geoms in mask ``geoms`` from geoms not in mask
+    ``exclude`` (only those contacts are resolved, so it stays cheap)."""
     import mujoco
 
     ncon = data.ncon
-    if ncon == 0 or geom_ids.size == 0:
+    if ncon == 0:
         return 0.0
-    g1 = data.contact.geom1[:ncon]
-    g2 = data.contact.geom2[:ncon]
-    in1, in2 = np.isin(g1, geom_ids), np.isin(g2, geom_ids)
+    pairs = data.contact.geom[:ncon]
+    g1, g2 = pairs[:, 0], pairs[:, 1]
+    in1, in2 = geoms[g1], geoms[g2]
     hit = in1 | in2
     if exclude is not None:
-        hit &= ~((in1 & np.isin(g2, exclude)) | (in2 & np.isin(g1, exclude)))
-    hits = np.flatnonzero(hit)
+        hit &= ~((in1 & exclude[g2]) | (in2 & exclude[g1]))
     total = 0.0
-    buf = np.zeros(6)
-    for c in hits:
-        mujoco.mj_contactForce(model, data, int(c), buf)
-        total += abs(buf[0])
+    if hit.any():
+        buf = np.zeros(6)
+        for c in np.flatnonzero(hit):
+            mujoco.mj_contactForce(model, data, int(c), buf)
+            total += abs(buf[0])
     return total
 
 
@@ -121,7 +128,6 @@ class MujocoRowsEnv(VecEnv):
         self.options = dict(mapping.backend_options)
         self.terminate_on_success = bool(self.options.get("terminate_on_success", False))
         self._horizon = mapping.horizon
-        self._lo, self._hi = mapping._arrays["raw_low"], mapping._arrays["raw_high"]
         self._keys = [(k.name, (self.num_envs, *k.shape), np.dtype(k.dtype)) for k in mapping.observation]
         self.envs: list[Any] = []
         self.camera: LeanCamera | None = None
@@ -225,7 +231,7 @@ class MujocoRowsEnv(VecEnv):
             self.camera.render(self.envs[i].data, obs[self.image_key][i])
 
     def step(self, action: np.ndarray) -> StepResult:
-        a = np.clip(self.check_action(action), self._lo, self._hi)
+        a = self._mapping.clip_raw(self.check_action(action))
         n = self.num_envs
         obs = self._alloc()
         reward = np.empty(n, np.float32)

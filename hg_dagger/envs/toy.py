@@ -79,7 +79,6 @@ class ToyReachEnv(VecEnv):
         self._target = np.zeros((n, 2))
         self._t = np.zeros(n, dtype=np.int64)
         self._horizon = mapping.horizon
-        self._lo, self._hi = mapping._arrays["raw_low"], mapping._arrays["raw_high"]
 
     @property
     def mapping(self) -> TaskMapping:
@@ -111,7 +110,7 @@ class ToyReachEnv(VecEnv):
         return obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
 
     def step(self, action: np.ndarray) -> StepResult:
-        a = np.clip(self.check_action(action), self._lo, self._hi)
+        a = self._mapping.clip_raw(self.check_action(action))
         t_apply = now_ns()
         self._q = self._q + a * self._max_step
         self._t += 1
