@@ -34,11 +34,6 @@ class SegmentWriter:
     def __init__(self, root: zarr.Group, fields: dict[str, FieldSpec]):
         self.segment_id = new_segment_id()
         self.fields = fields
-        self.group = root.require_group(layout.SEGMENTS).create_group(self.segment_id)
-        self.arrays = {name: layout.create_field_array(self.group, spec) for name, spec in fields.items()}
-        self.rows_episode = layout.create_index_array(self.group, "rows/episode")
-        self.rows_step = layout.create_index_array(self.group, "rows/step")
-        self.log = layout.create_log_array(self.group)
         self.capacity = 0
         self.rows = 0
         self.log_len = 0
@@ -53,7 +48,15 @@ class SegmentWriter:
             "committed_log": 0,
             "closed": False,
         }
-        self._write_meta()
+        # the group is born with its attributes (one write): a kill never leaves a segment without them
+        self.group = root.require_group(layout.SEGMENTS).create_group(
+            self.segment_id, attributes={layout.SEGMENT_ATTR: self._meta})
+        made = layout.create_arrays(self.group, [
+            *(layout.field_array_kwargs(spec) for spec in fields.values()),
+            layout.index_array_kwargs("rows/episode"), layout.index_array_kwargs("rows/step"), layout.log_array_kwargs(),
+        ])
+        self.arrays = dict(zip(fields, made[:len(fields)], strict=True))
+        self.rows_episode, self.rows_step, self.log = made[len(fields):]
 
     def _all_arrays(self) -> list[zarr.Array]:
         return [*self.arrays.values(), self.rows_episode, self.rows_step]
@@ -68,12 +71,13 @@ class SegmentWriter:
             end = self.rows + k
             if end > self.capacity:
                 self.capacity = -(-end // layout.CAPACITY_STEP) * layout.CAPACITY_STEP
-                for arr in self._all_arrays():
-                    arr.resize((self.capacity, *arr.shape[1:]))
-            for name, arr in self.arrays.items():
-                arr[self.rows:end] = columns[name]
-            self.rows_episode[self.rows:end] = episode
-            self.rows_step[self.rows:end] = step
+                layout.gather([a.async_array.resize((self.capacity, *a.shape[1:])) for a in self._all_arrays()])
+            sel = (slice(self.rows, end),)
+            layout.gather([
+                *(arr.async_array.setitem(sel, columns[name]) for name, arr in self.arrays.items()),
+                self.rows_episode.async_array.setitem(sel, episode),
+                self.rows_step.async_array.setitem(sel, step),
+            ])
         if records:
             n = len(records)
             self.log.resize((self.log_len + n,))
@@ -86,9 +90,7 @@ class SegmentWriter:
 
     def close(self) -> None:
         """Trim the arrays to the committed rows (readers with plain zarr then see exact shapes) and seal."""
-        for arr in self._all_arrays():
-            if arr.shape[0] != self.rows:
-                arr.resize((self.rows, *arr.shape[1:]))
+        layout.gather([a.async_array.resize((self.rows, *a.shape[1:])) for a in self._all_arrays() if a.shape[0] != self.rows])
         self.capacity = self.rows
         self._meta["closed"] = True
         self._write_meta()
@@ -123,8 +125,9 @@ class SegmentView:
         self.log_read = 0
         self.records: dict[int, EpisodeRecord] = {}
         self.problems: list[tuple[str | None, str]] = []  # (episode_id, message)
-        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._index: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._index_rows = -1
+        self._arrays: dict[str, zarr.Array] = {}
 
     def reload(self) -> None:
         """Re-read the segment attributes (committed counts move while a writer is active)."""
@@ -178,13 +181,24 @@ class SegmentView:
         self.log_read = self.committed_log
         return new
 
-    def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(order, starts, ends): rows of episode ordinal k are order[starts[k]:ends[k]], in step order."""
+    def array(self, name: str) -> zarr.Array:
+        """A field or index array of this segment (handles are cached: opening one costs a metadata read)."""
+        arr = self._arrays.get(name)
+        if arr is None:
+            arr = self._arrays[name] = self.group[name]
+        return arr
+
+    def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(order, starts, ends, steps): rows of episode ordinal k are order[starts[k]:ends[k]] in step order,
+        their step numbers steps[starts[k]:ends[k]]."""
         if self._index is None or self._index_rows != self.committed_rows:
             n = self.committed_rows
             try:
-                ep = self.group["rows/episode"][:n].astype(np.int64)
-                st = self.group["rows/step"][:n].astype(np.int64)
+                if n == 0:  # arrays may not exist yet in a segment killed while being created
+                    ep = st = np.zeros(0, np.int64)
+                else:
+                    ep, st = read_many([self.array("rows/episode"), self.array("rows/step")], slice(0, n))
+                    ep, st = ep.astype(np.int64), st.astype(np.int64)
             except Exception as exc:
                 raise StoreError(f"segment {self.segment_id}: row index unreadable ({_one_line(exc)})") from exc
             order = np.lexsort((st, ep))
@@ -193,34 +207,52 @@ class SegmentView:
             sorted_ep = ep[order]
             starts = np.searchsorted(sorted_ep, keys, side="left")
             ends = np.searchsorted(sorted_ep, keys, side="right")
-            self._index = (order, starts, ends)
+            self._index = (order, starts, ends, st[order])
             self._index_rows = n
         return self._index
 
     def rows_of(self, ordinal: int) -> np.ndarray:
-        order, starts, ends = self.index()
+        order, starts, ends, _ = self.index()
         if ordinal >= len(starts):
             return np.zeros(0, np.int64)
         return order[starts[ordinal]:ends[ordinal]]
 
-    def steps_of(self, rows: np.ndarray) -> np.ndarray:
-        if len(rows) == 0:
+    def steps_of(self, ordinal: int) -> np.ndarray:
+        order, starts, ends, steps = self.index()
+        if ordinal >= len(starts):
             return np.zeros(0, np.int64)
-        return read_rows(self.group["rows/step"], rows).astype(np.int64)
+        return steps[starts[ordinal]:ends[ordinal]]
+
+
+def _selection(rows: np.ndarray | slice):
+    """How to read `rows` (sorted row numbers or a slice): ('slice', sl, None) or ('span', sl, idx) or ('o', rows)."""
+    if isinstance(rows, slice):
+        return "slice", rows, None
+    if len(rows) > 1 and not np.all(np.diff(rows) > 0):
+        return "o", rows, None
+    if len(rows) == 0:
+        return "slice", slice(0, 0), None
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi - lo == len(rows):
+        return "slice", slice(lo, hi), None
+    if hi - lo <= 2 * len(rows):
+        return "span", slice(lo, hi), rows - lo
+    return "o", rows, None
+
+
+def read_many(arrays: list[zarr.Array], rows: np.ndarray | slice) -> list[np.ndarray]:
+    """Read the same rows of several arrays with one round of concurrent reads."""
+    kind, sel, idx = _selection(rows)
+    if kind == "o":
+        coros = [a.async_array.get_orthogonal_selection((sel,)) for a in arrays]
+    else:
+        coros = [a.async_array.getitem((sel,)) for a in arrays]
+    out = layout.gather(coros)
+    return [o[idx] if idx is not None else o for o in out]
 
 
 def read_rows(arr: zarr.Array, rows: np.ndarray) -> np.ndarray:
-    """Read the given (sorted) rows; one contiguous slice when they are contiguous."""
-    if len(rows) == 0:
-        return np.zeros((0, *arr.shape[1:]), arr.dtype)
-    if len(rows) > 1 and not np.all(np.diff(rows) > 0):
-        return arr.get_orthogonal_selection((rows,))
-    lo, hi = int(rows[0]), int(rows[-1]) + 1
-    if hi - lo == len(rows):
-        return arr[lo:hi]
-    if hi - lo <= 2 * len(rows):
-        return arr[lo:hi][rows - lo]
-    return arr.get_orthogonal_selection((rows,))
+    return read_many([arr], rows)[0]
 
 
 def _one_line(exc: Exception) -> str:

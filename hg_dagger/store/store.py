@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 import zarr
-from tensordict import TensorDict
 
 from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget
 from hg_dagger.contract.labels import derive_labels, label_violations
@@ -31,7 +31,10 @@ from hg_dagger.contract.schema import (
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import layout
 from hg_dagger.store.labels import LabelLayer
-from hg_dagger.store.segment import EpisodeRecord, SegmentView, read_rows
+from hg_dagger.store.segment import EpisodeRecord, SegmentView, read_many, read_rows
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +87,9 @@ class EpisodeStore:
             if exist_ok and layout.STORE_ATTR in existing.attrs:
                 return cls.open(url, mode="a")
             raise StoreError(f"{url}: already exists (open it with EpisodeStore.open, or choose a new path)")
-        root = zarr.open_group(zstore, mode="w-")
-        root.attrs.put({layout.STORE_ATTR: {"format": layout.FORMAT, "format_version": layout.FORMAT_VERSION,
-                                            "schema_version": SCHEMA_VERSION}})
+        # one write: a store killed while being created is either absent or complete
+        root = zarr.create_group(zstore, overwrite=False, attributes={layout.STORE_ATTR: {
+            "format": layout.FORMAT, "format_version": layout.FORMAT_VERSION, "schema_version": SCHEMA_VERSION}})
         root.create_group(layout.SEGMENTS)
         return cls(url, zstore, root, "a")
 
@@ -128,7 +131,8 @@ class EpisodeStore:
     def refresh(self) -> None:
         """Pick up segments and commits written since opening (by this or another process)."""
         try:
-            names = [n for n in layout.list_dir(self._zstore, f"{layout.SEGMENTS}/") if n != "zarr.json"]
+            names = [n for n in layout.list_dir(self._zstore, f"{layout.SEGMENTS}/")
+                     if n != "zarr.json" and not n.endswith(".partial")]  # .partial: a write cut by a kill
         except Exception as exc:
             raise StoreError(f"{self.url}: cannot list segments ({_one_line(exc)})") from exc
         for sid in names:
@@ -252,12 +256,17 @@ class EpisodeStore:
         if steps is not None:
             rows = rows[steps] if isinstance(steps, slice) else rows[np.asarray(steps, np.int64)]
         names = list(seg.fields) if fields is None else list(fields)
-        out = {}
         for name in names:
             if name not in seg.fields:
                 raise StoreError(f"episode {episode_id}: no field '{name}' (fields: {', '.join(seg.fields)})")
+        try:
+            return dict(zip(names, read_many([seg.array(layout.data_path(n)) for n in names], rows), strict=True))
+        except Exception:
+            pass  # find the field that fails, to name it
+        out = {}
+        for name in names:
             try:
-                out[name] = read_rows(seg.group[layout.data_path(name)], rows)
+                out[name] = read_rows(seg.array(layout.data_path(name)), rows)
             except Exception as exc:
                 raise StoreError(f"episode {episode_id}: field '{name}' unreadable in segment {seg.segment_id} "
                                  f"({_one_line(exc)})") from exc
@@ -437,12 +446,10 @@ class EpisodeStore:
         carried = 0
         for sid, rows, meta in blocks:
             seg = self._segs[sid]
-            data = {}
-            for n in names:
-                try:
-                    data[n] = read_rows(seg.group[layout.data_path(n)], rows)
-                except Exception as exc:
-                    raise StoreError(f"segment {sid}: field '{n}' unreadable ({_one_line(exc)})") from exc
+            try:
+                data = dict(zip(names, read_many([seg.array(layout.data_path(n)) for n in names], rows), strict=True))
+            except Exception as exc:
+                raise StoreError(f"segment {sid}: fields unreadable ({_one_line(exc)})") from exc
             data["episode_index"], data["step"] = meta[:, 0], meta[:, 1]
             data["label_mask"], data["label_target"] = meta[:, 2].astype(np.uint8), meta[:, 3].astype(np.uint8)
             if shuffle:
@@ -489,6 +496,8 @@ def _fill_column(spec: FieldSpec | None, name: str, n: int) -> np.ndarray:
 
 
 def _tensordict(arrays: dict[str, np.ndarray]) -> TensorDict:
+    import torch  # imported here: recording processes never pay for torch
+    from tensordict import TensorDict
     n = len(next(iter(arrays.values()))) if arrays else 0
     td = TensorDict({}, batch_size=[n])
     for name, a in arrays.items():

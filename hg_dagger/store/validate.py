@@ -87,7 +87,7 @@ def _segment_columns(seg: SegmentView, out: list[Violation], images: bool) -> di
                                                    f"contract says {spec.dtype}{list(spec.shape)}"))
     for name, spec in seg.fields.items():
         try:
-            arr = seg.group[layout.data_path(name)]
+            arr = seg.array(layout.data_path(name))
         except Exception as exc:
             out.append(Violation(None, None, name, f"segment {seg.segment_id}: array missing or unreadable ({_one(exc)})"))
             cols[name] = None
@@ -109,7 +109,7 @@ def _segment_columns(seg: SegmentView, out: list[Violation], images: bool) -> di
                         arr[lo:min(n, lo + step)]
                 cols[name] = None
             else:
-                cols[name] = arr[:n]
+                cols[name] = arr[:n] if n else np.zeros((0, *spec.shape), spec.np_dtype)
         except Exception as exc:
             out.append(Violation(None, None, name, f"segment {seg.segment_id}: data unreadable ({_one(exc)}); "
                                                    "episodes of this segment cannot be loaded"))
@@ -129,11 +129,13 @@ def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Vio
     if info.complete and n != info.end.num_steps:
         bad(None, None, f"{n} stored steps, end record says {info.end.num_steps}")
         return
-    steps = seg.steps_of(rows)
+    steps = seg.steps_of(rec.ordinal)
     if not np.array_equal(steps, np.arange(n)):
         first = int(np.flatnonzero(steps != np.arange(n))[0])
         bad(first, None, f"step numbers are not 0..{n - 1} (found {int(steps[first])} at position {first})")
     col = {k: (None if v is None else v[rows]) for k, v in columns.items()}
+    if n == 0:
+        col = {}
 
     for name in TIME_FIELDS:
         t = col.get(name)
