@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -439,6 +440,16 @@ def test_estop_latches_until_released_and_resumed(robot):
         env.step(np.full((1, 2), 0.5, np.float32))
         assert env.status()["steps"] == 1
     assert robot.wait_log("E-STOP: operator pressed the button")
+
+
+def test_robot_side_estop_by_signal(robot):
+    with robot.client() as env:
+        env.reset(seed=0)
+        robot.proc.send_signal(signal.SIGUSR1)
+        assert robot.wait_log("E-STOP: SIGUSR1 on the robot side")
+        assert env.status()["state"] == RobotState.ESTOP
+        with pytest.raises(BridgeError, match="e-stop"):
+            env.step(np.zeros((1, 2), np.float32))
 
 
 def test_client_reconnects_after_the_socket_drops_without_losing_or_repeating_a_step(tmp_path):

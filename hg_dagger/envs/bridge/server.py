@@ -137,6 +137,7 @@ class BridgeServer:
         self._conns: dict[int, _Conn] = {}
         self._active: _Conn | None = None
         self._stopping = False
+        self._estop_request: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -164,6 +165,10 @@ class BridgeServer:
 
     def shutdown(self) -> None:
         self._stopping = True
+
+    def request_estop(self, reason: str) -> None:
+        """Robot-side e-stop (a signal handler or another thread); latched at the next loop tick."""
+        self._estop_request = reason
 
     def _close_all(self) -> None:
         for conn in list(self._conns.values()):
@@ -279,6 +284,9 @@ class BridgeServer:
         self.state, self.reason = RobotState.HOLD, reason
 
     def _watchdog(self) -> None:
+        if self._estop_request is not None:
+            reason, self._estop_request = self._estop_request, None
+            self._estop({"reason": reason})
         t = now_ns()
         for conn in list(self._conns.values()):
             if not conn.authed and t - conn.t_open > self.config.handshake_timeout_s * 1e9:
@@ -494,6 +502,7 @@ def serve(task: str, *, token: bytes, config: ServerConfig | None = None, num_en
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGUSR1, lambda *_: server.request_estop("SIGUSR1 on the robot side"))
     host, port = server.address
     log.info("serving %s (num_envs %d, mapping %s) on %s:%d, heartbeat timeout %g s", env.task_id, env.num_envs,
              env.mapping.hash, host, port, server.config.heartbeat_timeout_s)
