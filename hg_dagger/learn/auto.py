@@ -48,7 +48,7 @@ from hg_dagger.contract import (
     step_fields,
 )
 from hg_dagger.errors import ConfigError, HgDaggerError
-from hg_dagger.learn.aggregate import ReplayConfig
+from hg_dagger.learn.aggregate import ReplayConfig, held_out
 from hg_dagger.learn.evaluate import EvalConfig
 from hg_dagger.learn.schedules import BetaSchedule
 from hg_dagger.learn.train import StudentConfig, TrainConfig
@@ -420,7 +420,9 @@ class AutoRun:
 
         keys = list(mapping.obs_spec())
         infos = _wait_complete(store, new_ids)
-        trainer.replay.add(load_labels(store, infos[eid], keys) for eid in new_ids)
+        frac = trainer.replay.config.holdout_fraction
+        trainer.replay.add(load_labels(store, infos[eid], keys) for eid in new_ids
+                           if not held_out(eid, infos[eid].start.split, frac))
         trainer.iteration, trainer.beta = it + 1, beta
         fit = trainer.fit(log_path=self.out / "loss.jsonl", progress=progress, info={"beta": beta})
         if after_fit is not None:
