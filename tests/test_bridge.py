@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hg_dagger.contract.clock import NO_TIME, now_ns
-from hg_dagger.envs import make_env
+from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.bridge import BridgeEnv, BridgeError, ErrorCode, Msg, RobotState
 from hg_dagger.envs.bridge.protocol import HEADER, PROTOCOL_VERSION, auth_digest, encode, recv_frame
 from hg_dagger.envs.toy import toy_ik_action
@@ -245,6 +245,8 @@ def test_client_refuses_wrong_task_and_mismatched_mapping(tmp_path, robot):
     try:
         with pytest.raises(EnvError, match="has hash .* ours"):
             other.client()
+        with other.client(mapping=load_mapping(other_dir / "toy_reach.yaml")) as env:  # the robot's own config
+            assert env.mapping.horizon == 77
     finally:
         other.stop()
 

@@ -75,7 +75,9 @@ class BridgeEnv(VecEnv):
         heartbeat: bool = True,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         client_name: str = "hg-dagger",
+        mapping: TaskMapping | None = None,
     ):
+        """``mapping``: the task mapping to check the robot against (default: configs/tasks/<task>.yaml)."""
         self.host, self.port = host, int(port)
         self._token = token.encode() if isinstance(token, str) else bytes(token)
         self.connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
@@ -109,15 +111,16 @@ class BridgeEnv(VecEnv):
         self.task_id: str = w["task_id"]
         self.num_envs: int = int(w["num_envs"])
         try:
-            self._mapping = load_mapping(self.task_id)
+            self._mapping = mapping if mapping is not None else load_mapping(self.task_id)
         except BaseException:
             self.close()
             raise
         if self._mapping.hash != w["mapping_hash"]:
             self.close()
+            ours = "the given mapping" if mapping is not None else f"configs/tasks/{self.task_id}.yaml"
             raise EnvError(
                 f"{self._where}: robot's mapping for {self.task_id} has hash {w['mapping_hash']}, ours "
-                f"(configs/tasks/{self.task_id}.yaml) has {self._mapping.hash}; use the same task config on both sides"
+                f"({ours}) has {self._mapping.hash}; use the same task config on both sides"
             )
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread = None
