@@ -450,13 +450,16 @@ class GateEngine:
         accept = rising & (self.pending >= self.debounce)
         new = np.where(accept | ~rising, target, cur)
         self.pending[accept] = 0
-        new[:, ~armed] = cur[:, ~armed]
-        self.pending[:, ~armed] = 0
+        all_armed = armed.all()
+        if not all_armed:
+            new[:, ~armed] = cur[:, ~armed]
+            self.pending[:, ~armed] = 0
         self.gate_level = new
 
         before = self.level
         level = new.max(axis=0)
-        level[~armed] = before[~armed]
+        if not all_armed:
+            level[~armed] = before[~armed]
         self.level = level
         warned = np.flatnonzero((level >= WARN) & (before < WARN))
         triggered = np.flatnonzero((level == TRIGGER) & (before < TRIGGER))

@@ -41,6 +41,7 @@ SRC_HUMAN = ActionSource.HUMAN.code
 SRC_EXPERT = ActionSource.EXPERT.code
 SRC_HOLD = ActionSource.SAFETY_CONTROLLER.code  # hold position: the controller's own command
 
+_EMPTY = np.zeros(0, np.int64)
 _GATE_TRIGGER = 2
 _GATE_WARN = 1
 
@@ -132,6 +133,8 @@ class HandoverMachine:
         self.open: list[_Open | None] = [None] * num_envs
         self.closed: list[list[_Open]] = [[] for _ in range(num_envs)]
         self._apply_pending: list[tuple[int, _Open, str]] = []  # (row, window, "start"|"end") awaiting t_action_apply
+        self._all_policy = np.full(num_envs, SRC_POLICY, np.uint8)
+        self._no_rows = np.zeros(num_envs, bool)
 
     # ---- episode boundaries ----------------------------------------------------------------
 
@@ -153,6 +156,8 @@ class HandoverMachine:
     # ---- the tick --------------------------------------------------------------------------
 
     def update(self, x: TickInputs) -> Decision:
+        if self._quiet(x):  # the common tick: the policy is in control everywhere and nothing asks for a change
+            return Decision(self.state.copy(), self._all_policy.copy(), self._no_rows.copy(), _EMPTY, self._no_rows.copy(), [])
         st = self.state
         before = st.copy()
         transitions: list[tuple[int, int, int, str]] = []
@@ -253,6 +258,9 @@ class HandoverMachine:
         source[hold_wait | (st == SAFE_STOP) | device_lost] = SRC_HOLD
         paused = (st == REQUESTED) & ~self.force_hold & (self.cfg.wait == "pause")
         return Decision(st.copy(), source, paused, rearm, device_lost, transitions)
+
+    def _quiet(self, x: TickInputs) -> bool:
+        return not (self.state.any() or x.gate_level.any() or x.estop.any())  # AUTO is code 0
 
     def open_source(self) -> ActionSource:
         return ActionSource.EXPERT if self.operator == "expert" else ActionSource.HUMAN

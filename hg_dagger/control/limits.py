@@ -86,12 +86,26 @@ class CompiledLimits:
             for b in limits.boxes
         ]
         self.action_dim = action_dim
+        if self.low is not None:
+            self._mid = (self.high + self.low) / 2
+            self._inv_half = 2 / (self.high - self.low)
+        if self.max_delta is not None:
+            self._inv_delta = 1 / self.max_delta
 
     # ---- measuring (gate) ------------------------------------------------------------------
 
     def usage(self, action: np.ndarray, prev: np.ndarray | None, prev_ok: np.ndarray | None, obs: dict) -> np.ndarray:
         """Largest normalized limit usage per row: 0 = centre, 1.0 = on a limit, > 1 = outside. [N] float32."""
-        return self._usage_terms(action, prev, prev_ok, obs)[0]
+        best = np.zeros(action.shape[0], np.float32)
+        if self.low is not None:
+            np.maximum(best, (np.abs(action - self._mid) * self._inv_half).max(axis=1), out=best)
+        if self.max_delta is not None and prev is not None:
+            u = (np.abs(action - prev) * self._inv_delta).max(axis=1)
+            np.maximum(best, u if prev_ok is None else np.where(prev_ok, u, 0.0), out=best)
+        for b, idx, aidx, gain, lo, hi in self.boxes:
+            pred = np.asarray(obs[b.obs_key])[:, idx] + gain * action[:, aidx]
+            np.maximum(best, (np.abs(pred - (hi + lo) / 2) / ((hi - lo) / 2)).max(axis=1), out=best)
+        return best
 
     def _usage_terms(self, action, prev, prev_ok, obs):
         n = action.shape[0]

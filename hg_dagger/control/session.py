@@ -168,6 +168,7 @@ class Session:
         if operators is not None and len(operators) != self.n:
             raise ConfigError(f"{len(operators)} operator devices for {self.n} envs: give one per env")
         self.operators = list(operators) if operators is not None else [None] * self.n
+        self._mark_synthetic()
         self.expert = expert
         self.operator_kind = operator_kind
         if operator_kind in ("expert", "synthetic") and expert is None:
@@ -208,6 +209,12 @@ class Session:
                               return_after_steps=cfg.return_after_steps)
             for r in range(self.n)
         ]
+        self._mark_synthetic()
+
+    def _mark_synthetic(self) -> None:
+        from hg_dagger.devices import SyntheticOperator
+
+        self._synthetic = [isinstance(op, SyntheticOperator) for op in self.operators]
 
     # ---- external controls ----------------------------------------------------------------
 
@@ -361,8 +368,11 @@ class Session:
                 if op is None:
                     device_ok[r] = False
                     continue
-                if hasattr(op, "observe"):  # the synthetic operator watches the scene
+                if self._synthetic[r]:  # the synthetic operator watches the scene
                     op.observe({k: v[r : r + 1] for k, v in obs.items()}, bool(state_before[r] == REQUESTED))
+                    if not op.engaged:  # nothing to say until it answers a request
+                        device_ok[r] = op.connected
+                        continue
                 cmd = op.poll() if op.connected else None
                 if cmd is None:
                     device_ok[r] = False
@@ -424,7 +434,7 @@ class Session:
         res = self.safety.apply(command, obs)
         applied = res.applied
         source = d.source.copy()
-        source[res.changed] = ActionSource.SAFETY_CONTROLLER.code
+        source[res.changed] = SRC_HOLD
         flags = flags | np.where(res.changed, StepFlag.CLAMPED, 0).astype(np.uint16)
         flags |= np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)
         for r in np.flatnonzero(res.changed & active):
@@ -450,32 +460,31 @@ class Session:
         term, trunc = np.asarray(result.terminated, bool), np.asarray(result.truncated, bool)
         align = info.get("alignment_error_ms")
         transport = info.get("transport_ns")
-        human_cmd_rows = (source == SRC_HUMAN) | (d.state == HUMAN)
-        for r in np.flatnonzero(active):
-            step = {
-                "t_obs": self.t_obs[r], "t_policy": t_policy, "t_action_apply": t_apply[r],
-                "inference_ns": int(out.inference_ns),
-                "policy_action": policy[r], "policy_confidence": out.confidence[r], "policy_uncertainty": unc[r],
-                "applied_action": applied[r], "action_source": source[r], "control_state": d.state[r],
-                "step_flags": flags[r], "reward": result.reward[r], "terminated": term[r], "truncated": trunc[r],
-                "success": success[r], "valid": True,
-            }
-            if human_cmd_rows[r] and np.isfinite(op_raw_cmd[r]).all():
+        human_cmd = ((source == SRC_HUMAN) | (d.state == HUMAN)) & np.isfinite(op_raw_cmd).all(axis=1)
+        cols = {
+            "t_obs": self.t_obs, "t_action_apply": t_apply, "policy_action": policy,
+            "policy_confidence": np.asarray(out.confidence, np.float32), "policy_uncertainty": unc,
+            "applied_action": applied, "action_source": source, "control_state": d.state, "step_flags": flags,
+            "reward": np.asarray(result.reward, np.float32), "terminated": term, "truncated": trunc, "success": success,
+            **{f"obs/{k}": v for k, v in obs.items()},
+        }
+        if align is not None:
+            cols["alignment_error_ms"] = np.asarray(align, np.float32)
+        if transport is not None:
+            cols["transport_ns"] = np.asarray(transport, np.int64)
+        if self.operator_kind == "expert":
+            cols.update(expert_action=expert_action, expert_valid=expert_valid, expert_used=source == SRC_EXPERT)
+        rows = {k: list(v) for k, v in cols.items()}  # one C loop per field instead of one index per row and field
+        common = {"t_policy": t_policy, "inference_ns": int(out.inference_ns), "valid": True}
+        for r in np.flatnonzero(active).tolist():
+            step = {k: v[r] for k, v in rows.items()}
+            step.update(common)
+            if human_cmd[r]:
                 step["human_command"] = op_raw_cmd[r]
                 step["t_device"] = t_device[r]
-            if self.operator_kind == "expert":
-                step["expert_action"] = expert_action[r]
-                step["expert_valid"] = expert_valid[r]
-                step["expert_used"] = bool(source[r] == SRC_EXPERT)
-            if align is not None:
-                step["alignment_error_ms"] = align[r]
-            if transport is not None:
-                step["transport_ns"] = transport[r]
-            for k, v in obs.items():
-                step[f"obs/{k}"] = v[r]
             self.rec.put(self.eids[r], step)
-            self.summary.steps += 1
-            self.summary.human_steps += int(source[r] in (SRC_HUMAN, SRC_EXPERT))
+        self.summary.steps += int(active.sum())
+        self.summary.human_steps += int((active & ((source == SRC_HUMAN) | (source == SRC_EXPERT))).sum())
         self.ep_step[active] += 1
 
         # 8. episode ends: env-driven, or a SAFE_STOP; an e-stop ends the run
