@@ -116,6 +116,7 @@ def whole_tick(n: int, ticks: int):
 
 def poll_to_applied(ticks: int):
     from hg_dagger.devices import Keyboard
+
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
