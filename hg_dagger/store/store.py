@@ -389,6 +389,7 @@ class EpisodeStore:
         from hg_dagger.store.recorder import Recorder
 
         self._writable()
+        self._catalog()  # ids known now are refused by begin_episode without touching the disk again
         return Recorder(self, flush_interval_s=flush_interval_s, queue_steps=queue_steps, on_full=on_full)
 
     def _writable(self) -> None:
