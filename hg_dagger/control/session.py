@@ -45,7 +45,7 @@ from hg_dagger.control.handover import (
     TickInputs,
 )
 from hg_dagger.control.safety import SafetyConfig, SafetyMonitor
-from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.errors import ConfigError, EnvError, HgDaggerError
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +443,13 @@ class Session:
                         {"command": command[r].tolist(), "applied": applied[r].tolist(),
                          "command_source": ActionSource.from_code(int(d.source[r])).value})
             self.summary.safety_clamps += 1
-        result = self.env.step(applied)
+        try:
+            result = self.env.step(applied)
+        except EnvError as exc:
+            if getattr(exc, "code", None) != "state":  # ErrorCode.STATE: the robot holds or is e-stopped
+                raise
+            self._robot_refused(str(exc), t_policy)  # the action never moved the robot: nothing to record
+            return
         self.safety.commit(applied)
         info = result.info
         t_apply = np.asarray(info.get("t_action_apply", np.full(n, now_ns())), np.int64)
@@ -501,12 +507,10 @@ class Session:
             self._end(r, reason, bool(success[r]))
         new_episode = np.asarray(info.get("episode_start", term | trunc), bool)
         if self.safety.estopped:
-            self.summary.stopped_by = "estop"
-            for r in range(n):
-                if self.eids[r] is not None:
-                    self._end(r, EndReason.SAFETY_STOP, False)
-            self._target = self._started  # no new episodes
+            self._stop_all()
             self._take_obs(result.obs, info, new_episode)
+            if hasattr(self.env, "estop"):  # latch the robot's own e-stop too (robot bridge)
+                self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
             return
         # rows that start a new episode are reset with a seed of their own (recorded for replay)
         begin = [int(r) for r in np.flatnonzero(ended)][: max(0, self._target - self._started)]
@@ -524,6 +528,24 @@ class Session:
         self.safety.reset(np.flatnonzero(restarted))
         for r in begin:
             self._begin(r, seed=self.seed + self._started)
+
+    def _stop_all(self) -> None:
+        """E-stop: end every open episode as a safety stop and open no new ones."""
+        self.summary.stopped_by = "estop"
+        self.summary.estops += 1
+        for r in range(self.n):
+            if self.eids[r] is not None:
+                self._end(r, EndReason.SAFETY_STOP, False)
+        self._target = self._started
+
+    def _robot_refused(self, message: str, t_ns: int) -> None:
+        """The robot refused to move (its own e-stop or safe stop): an e-stop from the bridge."""
+        self.safety.request_estop("bridge", message)
+        for r in range(self.n):
+            if self.eids[r] is not None:
+                self._event(r, EventKind.ESTOP, t_ns, message, "bridge",
+                            {"from_state": ControlState.from_code(int(self.machine.state[r])).value})
+        self._stop_all()
 
     def _end(self, r: int, reason: EndReason, success: bool) -> None:
         eid = self.eids[r]
