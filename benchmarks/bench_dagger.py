@@ -1,0 +1,170 @@
+"""DAgger benchmarks: (1) overhead of `auto` against bare expert-driven stepping, (2) DAgger vs BC learning curves.
+
+    python benchmarks/bench_dagger.py --quick          # minutes: short overhead run + 3 small iterations
+    python benchmarks/bench_dagger.py                  # the full comparison (tens of minutes on 2 cores)
+
+(1) Same env, same num_envs, same process, alternating repeats: env-steps/s of the auto collector (student
+    forward pass + expert query + beta mixing + recording into a zarr store) against a loop that only queries
+    the expert and steps the env. Target: ratio >= 0.85.
+(2) FetchPickAndPlace (state): `auto` in dagger_sync mode against expert_demo (behaviour cloning on expert-only
+    demonstrations) with identical seeds, episodes per iteration and training steps, so both see the same number
+    of expert labels per iteration. Student-only success after every iteration is printed for both.
+Results are printed and written as JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np  # noqa: E402
+
+
+def bare_loop(env, expert, mapping, ticks: int) -> float:
+    """Env-steps/s of stepping driven by the expert alone (no student, no recording)."""
+    from hg_dagger.experts import query_expert
+
+    n = env.num_envs
+    ids = np.arange(n)
+    obs, info = env.reset(seed=1)
+    expert.reset(list(ids), obs, info)
+    t0 = time.perf_counter()
+    for _ in range(ticks):
+        q = query_expert(expert, obs, ids, mapping)
+        res = env.step(mapping.clip_raw(q.with_fallback(np.zeros((n, mapping.action_dim), np.float32))))
+        done = np.flatnonzero(res.terminated | res.truncated)
+        if len(done):
+            expert.reset(done.tolist(), {k: v[done] for k, v in res.obs.items()}, res.info)
+        obs = res.obs
+    return ticks * n / (time.perf_counter() - t0)
+
+
+def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, dict]:
+    """Env-steps/s of the auto collector (student + expert + beta mixing + recorder) on the same env."""
+    from hg_dagger.learn.auto import Collector
+
+    rec = store.recorder(queue_steps=1 << 16)
+    col = Collector(env, expert, rec, mode="dagger_sync", seed=0)
+    col.set_policy(student, iteration=0, beta=0.5)
+    count = {"t": 0}
+
+    def on_tick(t, waiting):
+        count["t"] = t
+
+    stats = col.run(episodes=None, reset_seed=1, stop=lambda: count["t"] >= ticks, on_tick=on_tick)
+    t_close = time.perf_counter()
+    rec.close()
+    drain_s = time.perf_counter() - t_close
+    summary = stats.summary()
+    summary.update(drain_s=drain_s, dropped=rec.stats.dropped_steps)
+    return stats.steps / stats.seconds, summary
+
+
+def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
+    from hg_dagger.envs import load_mapping, make_env
+    from hg_dagger.experts import make_expert
+    from hg_dagger.policy import Student
+    from hg_dagger.store import EpisodeStore
+
+    mapping = load_mapping(task)
+    expert = make_expert(task, "planner", mapping=mapping)
+    student = Student.create(mapping, kind="mlp", ensemble=5, hidden=(256, 256))
+    bare, auto, details = [], [], []
+    with tempfile.TemporaryDirectory() as tmp, make_env(mapping, num_envs=num_envs, seed=0) as env:
+        bare_loop(env, expert, mapping, 5)  # warm-up
+        for r in range(repeats):
+            bare.append(bare_loop(env, expert, mapping, ticks))
+            store = EpisodeStore.create(Path(tmp) / f"s{r}")
+            rate, info = auto_loop(env, expert, student, store, ticks)
+            auto.append(rate)
+            details.append(info)
+    ratio = statistics.median(a / b for a, b in zip(auto, bare))
+    return {
+        "task": task, "num_envs": num_envs, "ticks": ticks, "repeats": repeats,
+        "bare_steps_per_s": bare, "auto_steps_per_s": auto, "ratio_median": ratio,
+        "expert_latency_ms_mean": statistics.mean(d["expert_latency_ms_mean"] for d in details),
+        "student_inference_ms_mean": statistics.mean(d["student_inference_ms_mean"] for d in details),
+        "recorder_drain_s": max(d["drain_s"] for d in details),
+        "dropped_steps": sum(d["dropped"] for d in details),
+    }
+
+
+def learning(task: str, quick: bool, out: Path) -> dict:
+    from hg_dagger.learn.auto import AutoConfig, AutoRun
+
+    base = {
+        "task": task, "num_envs": 6 if quick else 8, "seed": 0,
+        "iterations": 3 if quick else 6, "episodes_per_iteration": 6 if quick else 16,
+        "max_episode_steps": 80,
+        "beta": {"kind": "exponential", "beta0": 1.0, "decay": 0.5},
+        "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
+        "train": {"steps": 800 if quick else 2000, "batch_size": 256, "lr": 1e-3},
+        "eval": {"episodes": 12 if quick else 30, "num_envs": 6 if quick else 10, "max_steps": 80, "seed": 100000},
+    }
+    curves = {}
+    for mode in ("dagger_sync", "expert_demo"):
+        cfg = AutoConfig.model_validate({**base, "mode": mode})
+        t0 = time.perf_counter()
+        rows = AutoRun(cfg, out / mode).run(progress=False)
+        curves[mode] = {
+            "labels": [r["replay"]["labels"] for r in rows],
+            "success": [r["eval_success_rate"] for r in rows],
+            "beta": [r["beta"] for r in rows],
+            "collect_success": [r["collect_success_rate"] for r in rows],
+            "seconds": time.perf_counter() - t0,
+        }
+        print(f"  {mode}: " + ", ".join(f"{lab} labels -> {s:.0%}" for lab, s in
+                                        zip(curves[mode]["labels"], curves[mode]["success"])), flush=True)
+    dag, bc = curves["dagger_sync"], curves["expert_demo"]
+    best = max(dag["success"])
+    need_dag = next(lab for lab, s in zip(dag["labels"], dag["success"]) if s >= best)
+    need_bc = next((lab for lab, s in zip(bc["labels"], bc["success"]) if s >= best), None)
+    return {"config": base, "curves": curves, "dagger_best_success": best, "dagger_labels_for_best": need_dag,
+            "bc_labels_for_same_success": need_bc}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short run (minutes)")
+    p.add_argument("--task", default="fetch_pick_place")
+    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--out", default=None, help="folder for runs and results.json (default: a temp folder)")
+    p.add_argument("--skip-learning", action="store_true")
+    p.add_argument("--skip-overhead", action="store_true")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench_dagger_"))
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"argv": sys.argv[1:], "quick": args.quick}
+    if not args.skip_overhead:
+        for task in (args.task, "toy_reach"):
+            ticks = (60 if args.quick else 300) if task.startswith("fetch") else (300 if args.quick else 2000)
+            o = overhead(task, args.num_envs, ticks, 3 if args.quick else 5)
+            result.setdefault("overhead", []).append(o)
+            print(f"overhead {task} x{args.num_envs}: bare {statistics.median(o['bare_steps_per_s']):.0f} env-steps/s, "
+                  f"auto {statistics.median(o['auto_steps_per_s']):.0f} env-steps/s, ratio {o['ratio_median']:.2f} "
+                  f"(target >= 0.85); expert {o['expert_latency_ms_mean']:.2f} ms/query, student "
+                  f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}", flush=True)
+    if not args.skip_learning:
+        print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
+        result["learning"] = learning(args.task, args.quick, out)
+        lr = result["learning"]
+        print(f"DAgger best {lr['dagger_best_success']:.0%} at {lr['dagger_labels_for_best']} labels; BC reached it at "
+              f"{lr['bc_labels_for_same_success'] or 'no point of its curve'} labels")
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
