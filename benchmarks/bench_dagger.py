@@ -86,7 +86,7 @@ def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
             rate, info = auto_loop(env, expert, student, store, ticks)
             auto.append(rate)
             details.append(info)
-    ratio = statistics.median(a / b for a, b in zip(auto, bare))
+    ratio = statistics.median(a / b for a, b in zip(auto, bare, strict=True))
     return {
         "task": task, "num_envs": num_envs, "ticks": ticks, "repeats": repeats,
         "bare_steps_per_s": bare, "auto_steps_per_s": auto, "ratio_median": ratio,
@@ -122,11 +122,11 @@ def learning(task: str, quick: bool, out: Path) -> dict:
             "seconds": time.perf_counter() - t0,
         }
         print(f"  {mode}: " + ", ".join(f"{lab} labels -> {s:.0%}" for lab, s in
-                                        zip(curves[mode]["labels"], curves[mode]["success"])), flush=True)
+                                        zip(curves[mode]["labels"], curves[mode]["success"], strict=True)), flush=True)
     dag, bc = curves["dagger_sync"], curves["expert_demo"]
     best = max(dag["success"])
-    need_dag = next(lab for lab, s in zip(dag["labels"], dag["success"]) if s >= best)
-    need_bc = next((lab for lab, s in zip(bc["labels"], bc["success"]) if s >= best), None)
+    need_dag = next(lab for lab, s in zip(dag["labels"], dag["success"], strict=True) if s >= best)
+    need_bc = next((lab for lab, s in zip(bc["labels"], bc["success"], strict=True) if s >= best), None)
     return {"config": base, "curves": curves, "dagger_best_success": best, "dagger_labels_for_best": need_dag,
             "bc_labels_for_same_success": need_bc}
 

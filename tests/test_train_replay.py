@@ -7,12 +7,19 @@ import json
 import numpy as np
 import pytest
 
-from hg_dagger.contract import ActionSource, CollectionMode, CorrectionWindow, LabelMask, LabelTarget, derive_labels
+from hg_dagger.contract import (
+    ActionSource,
+    CollectionMode,
+    CorrectionWindow,
+    LabelMask,
+    LabelTarget,
+    derive_labels,
+)
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.toy import toy_ik_action
 from hg_dagger.errors import ContractError
 from hg_dagger.learn.aggregate import Replay, ReplayConfig, extract_labels
-from hg_dagger.learn.train import Trainer, TrainConfig
+from hg_dagger.learn.train import TrainConfig, Trainer
 from hg_dagger.policy import Student
 
 

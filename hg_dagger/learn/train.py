@@ -21,10 +21,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from hg_dagger.errors import ConfigError, ContractError
 from hg_dagger.learn.aggregate import Replay, ReplayConfig, held_out, load_labels
 from hg_dagger.policy import Student
 from hg_dagger.policy.checkpoint import read_checkpoint
-from hg_dagger.errors import ConfigError, ContractError
 
 log = logging.getLogger(__name__)
 

@@ -75,7 +75,7 @@ class EnsembleMLP(nn.Module):
     def __init__(self, k: int, n_in: int, hidden: tuple[int, ...], n_out: int):
         super().__init__()
         sizes = [n_in, *hidden, n_out]
-        self.layers = nn.ModuleList(EnsembleLinear(k, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(EnsembleLinear(k, a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         self.k = k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
