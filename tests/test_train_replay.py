@@ -168,3 +168,36 @@ def test_intervention_weighting_balances_corrections():
     assert w[:10].tolist() == [1.0] * 10 and np.allclose(w[10:], 1.0)  # 10 vs 10 -> weight 1
     r = _replay(n_eps=2, steps=10, intervention_weight=4.0)
     assert np.allclose(r.arrays()["weight"], 4.0)  # every expert row was executed
+
+
+def test_cnn_student_trains_on_camera_labels(tmp_path):
+    """The camera path end to end: uint8 frames in the replay -> encoder -> loss; the target is readable
+    from the image only (a bright square's column), so fitting it needs the encoder."""
+    import yaml
+
+    from hg_dagger.envs.mapping import TASKS_DIR
+
+    data = yaml.safe_load((TASKS_DIR / "toy_reach.yaml").read_text())
+    data["observation"].append({"name": "rgb", "shape": [32, 32, 3], "dtype": "uint8"})
+    (tmp_path / "cam.yaml").write_text(yaml.safe_dump(data))
+    mapping = load_mapping(str(tmp_path / "cam.yaml"))
+    rng = np.random.default_rng(0)
+    n = 256
+    col = rng.integers(0, 24, n)
+    rgb = np.zeros((n, 32, 32, 3), np.uint8)
+    for i, c in enumerate(col):
+        rgb[i, 12:20, c : c + 8] = 255
+    target = np.stack([col / 12.0 - 1.0, np.zeros(n)], axis=1).astype(np.float32)
+    rows = {"obs/qpos": np.zeros((n, 2), np.float32), "obs/ee_pos": np.zeros((n, 2), np.float32),
+            "obs/target": np.zeros((n, 2), np.float32), "obs/rgb": rgb, "expert_action": target,
+            "applied_action": target, "action_source": np.full(n, ActionSource.EXPERT.code, np.uint8),
+            "label_mask": np.full(n, LabelMask.TRAINABLE.code, np.uint8),
+            "label_target": np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8)}
+    replay = Replay(ReplayConfig())
+    replay.add([extract_labels(rows, episode_id="cam", obs_keys=["qpos", "ee_pos", "target", "rgb"])])
+    student = Student.create(mapping, kind="cnn", ensemble=2, hidden=(32,), seed=0)
+    result = Trainer(student, TrainConfig(steps=150, batch_size=64, lr=3e-3), replay).fit(progress=False)
+    assert result["loss_last"] < 0.3 * result["loss_first"]
+    obs = {k[4:]: v for k, v in rows.items() if k.startswith("obs/")}
+    err = np.abs(student.act(obs).action[:, 0] - target[:, 0]).mean()
+    assert err < 0.5 * np.abs(target[:, 0] - target[:, 0].mean()).mean()
