@@ -21,7 +21,7 @@ import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import ActionSource
-from hg_dagger.control.gates import GateEngine, GateInputs
+from hg_dagger.control.gates import GateConfig, GateEngine, GateInputs, OperatorGate
 from hg_dagger.control.handover import AUTO, HUMAN, SRC_HOLD, WARNING, HandoverMachine, TickInputs
 from hg_dagger.control.safety import SafetyMonitor
 from hg_dagger.control.session import build_session, load_gate_config, load_run_config
@@ -80,7 +80,7 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float]:
     return pct(times)
 
 
-def whole_tick(n: int, ticks: int):
+def whole_tick(n: int, ticks: int, quiet: bool = False):
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
@@ -99,7 +99,8 @@ def whole_tick(n: int, ticks: int):
     # gated: the session tick with gates, handover, synthetic operator, safety and recorder.put
     with tempfile.TemporaryDirectory() as tmp:
         rec = EpisodeStore.create(f"{tmp}/store").recorder()
-        cfg = load_run_config(None, "toy_reach", num_envs=n)
+        over = {"gates": GateConfig(name="operator_only", gates=[OperatorGate()])} if quiet else {}
+        cfg = load_run_config(None, "toy_reach", num_envs=n, **over)
         s = build_session(cfg, rec, student, env=env)
         s.start(10**9)
         gated = []
@@ -145,6 +146,99 @@ def poll_to_applied(ticks: int):
     return pct(lat), len(lat)
 
 
+# --------------------------------------------------------------------------------------------
+# Learning efficiency at an equal label budget (--learning)
+# --------------------------------------------------------------------------------------------
+
+
+def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: int, gated_episodes: int) -> dict:
+    """BC vs classic DAgger (planner expert) vs human-gated DAgger (synthetic operator driven by the planner)
+    on FetchPickAndPlace, each with at most ``budget`` labels from the expert / operator."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from hg_dagger.contract.enums import LabelMask
+    from hg_dagger.envs import load_mapping, make_env
+    from hg_dagger.learn.aggregate import load_labels
+    from hg_dagger.learn.auto import AutoConfig, AutoRun
+    from hg_dagger.learn.evaluate import EvalConfig, closed_loop
+    from hg_dagger.learn.train import TrainConfig, Trainer, store_loader
+    from hg_dagger.store import EpisodeStore
+
+    task, horizon = "fetch_pick_place", 150
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    train = {"steps": train_steps, "batch_size": 256, "lr": 1e-3, "seed": seed}
+    ev = {"episodes": eval_episodes, "num_envs": 10, "seed": 100_000}
+    results: dict = {"budget": budget, "train_steps": train_steps, "eval_episodes": eval_episodes}
+
+    def auto(name, **kw):
+        cfg = AutoConfig(task=task, seed=seed, num_envs=5, train=train, eval=ev, **kw)
+        t0 = time.time()
+        rows = AutoRun(cfg, out / name).run(progress=False)
+        curve = [{"labels": int(r["replay"]["rows"]) if isinstance(r.get("replay"), dict) and "rows" in r["replay"]
+                  else None, "success": r["eval_success_rate"]} for r in rows]
+        return {"curve": curve, "success": rows[-1]["eval_success_rate"], "seconds": time.time() - t0}
+
+    half = budget // horizon // 2
+    results["bc"] = auto("bc", mode="expert_demo", iterations=1, episodes_per_iteration=2 * half)
+    results["bc"]["labels"] = 2 * half * horizon
+    print("BC:", json.dumps(results["bc"]), flush=True)
+    results["dagger"] = auto("dagger", mode="dagger_sync", iterations=4, episodes_per_iteration=max(1, half // 2),
+                             beta={"kind": "exponential", "beta0": 1.0, "decay": 0.5})
+    results["dagger"]["labels"] = 4 * max(1, half // 2) * horizon
+    print("DAgger:", json.dumps(results["dagger"]), flush=True)
+
+    # human-gated: BC warm start on half the budget, then gated rounds until the human labels fill the rest
+    t0 = time.time()
+    warm = auto("gated_warmstart", mode="expert_demo", iterations=1, episodes_per_iteration=half)
+    mapping = load_mapping(task)
+    store_url = str(out / "gated_warmstart" / "store")
+    store = EpisodeStore.open(store_url, mode="a")
+    trainer = Trainer.resume(out / "gated_warmstart" / "checkpoint.pt", mapping, store_loader(store, mapping),
+                             TrainConfig(**train))
+    labels = half * horizon
+    curve = [{"labels": labels, "success": warm["success"]}]
+    rounds = []
+    keys = list(mapping.obs_spec())
+    torch.set_num_threads(1)
+    env_eval = make_env(task, num_envs=10, seed=100_000)
+    r = 0
+    while labels < budget and r < 6:
+        cfg = load_run_config(None, task, num_envs=4, seed=seed + 1000 * (r + 1), calibrate_steps=200)
+        rec = store.recorder()
+        env = make_env(task, num_envs=4, seed=seed + r)
+        session = build_session(cfg, rec, trainer.student, env=env)
+        cal = session.calibrate(200)
+        summary = session.run(gated_episodes, progress=False)
+        rec.close()
+        env.close()
+        store = EpisodeStore.open(store_url, mode="a")
+        new = [store.info(e) for e in summary.episode_ids]
+        human = sum(int((store.labels(i.episode_id).mask == LabelMask.TRAINABLE.code).sum()) for i in new)
+        labels += human
+        trainer.replay.add(load_labels(store, i, keys) for i in new)
+        trainer.iteration += 1
+        trainer.fit(log_path=out / "gated_loss.jsonl", progress=False, info={"round": r})
+        e = closed_loop(trainer.student, env_eval, EvalConfig(**ev))
+        row = {"round": r, "labels": labels, "human_labels": human, "success": e["success_rate"],
+               "collect_episodes": summary.episodes, "collect_success": summary.successes / max(1, summary.episodes),
+               "interventions_per_episode": summary.windows / max(1, summary.episodes),
+               "context_switches": summary.context_switches, "gate_triggers": summary.gate_triggers,
+               "human_labels_per_success": human / max(1, summary.successes), "calibration": cal}
+        rounds.append(row)
+        curve.append({"labels": labels, "success": e["success_rate"]})
+        print("gated round:", json.dumps(row, default=str), flush=True)
+        r += 1
+    env_eval.close()
+    results["gated"] = {"curve": curve, "success": curve[-1]["success"], "labels": labels, "rounds": rounds,
+                        "seconds": time.time() - t0}
+    (out / "learning.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
 def main() -> None:
     import torch
 
@@ -152,7 +246,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ticks", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="fewer ticks (smoke run)")
+    ap.add_argument("--learning", metavar="OUT", help="instead: BC vs DAgger vs human-gated at an equal label budget")
+    ap.add_argument("--budget", type=int, default=3000, help="labels per method (--learning)")
+    ap.add_argument("--train-steps", type=int, default=1000)
+    ap.add_argument("--eval-episodes", type=int, default=30)
+    ap.add_argument("--gated-episodes", type=int, default=8, help="episodes per human-gated round")
     args = ap.parse_args()
+    if args.learning:
+        res = learning(args.learning, args.budget, 0, args.train_steps, args.eval_episodes, args.gated_episodes)
+        print(f"{'method':>12} {'labels':>7} {'eval success':>12}")
+        for k in ("bc", "dagger", "gated"):
+            print(f"{k:>12} {res[k]['labels']:>7} {res[k]['success']:>12.2f}")
+        return
     ticks = 200 if args.quick else args.ticks
     t_start = now_ns()
     print(f"control layer (gates + handover + safety), FetchPickAndPlace configs, {ticks} ticks")
@@ -161,11 +266,15 @@ def main() -> None:
         for busy in (False, True):
             p50, p99 = control_layer(n, ticks, busy)
             print(f"{n:>8} {'25% in correction' if busy else 'all autonomous':>22} {p50:9.1f} {p99:9.1f}")
-    print(f"\nwhole tick on toy_reach, {ticks // 2} ticks (student 5x256x256 MLP ensemble)")
-    print(f"{'num_envs':>8} {'bare p50':>9} {'bare p99':>9} {'gated p50':>10} {'gated p99':>10} {'ratio p50':>9}")
+    print(f"\nwhole tick on toy_reach, {ticks // 2} ticks (student 5x256x256 MLP ensemble), microseconds")
+    print("bare = student.act + env.step; session = Session.tick with recorder.put into a real store")
+    print(f"{'num_envs':>8} {'session gates':>24} {'bare p50':>9} {'bare p99':>9} {'sess p50':>9} {'sess p99':>9} "
+          f"{'ratio p50':>9}")
     for n in (1, 64):
-        (b50, b99), (g50, g99) = whole_tick(n, ticks // 2)
-        print(f"{n:>8} {b50:9.0f} {b99:9.0f} {g50:10.0f} {g99:10.0f} {g50 / b50:9.2f}")
+        for quiet in (True, False):
+            (b50, b99), (g50, g99) = whole_tick(n, ticks // 2, quiet)
+            label = "operator only (no handover)" if quiet else "toy_reach (synthetic op.)"
+            print(f"{n:>8} {label:>24} {b50:9.0f} {b99:9.0f} {g50:9.0f} {g99:9.0f} {g50 / b50:9.2f}")
     (l50, l99), k = poll_to_applied(ticks // 4)
     print(f"\nkeyboard poll -> applied (t_action_apply - t_device), {k} human steps: p50 {l50:.0f} us, p99 {l99:.0f} us")
     print(f"\n(total {(now_ns() - t_start) / 1e9:.0f} s)")

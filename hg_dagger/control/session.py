@@ -369,7 +369,9 @@ class Session:
                     device_ok[r] = False
                     continue
                 if self._synthetic[r]:  # the synthetic operator watches the scene
-                    op.observe({k: v[r : r + 1] for k, v in obs.items()}, bool(state_before[r] == REQUESTED))
+                    requested = bool(state_before[r] == REQUESTED)
+                    row = {k: v[r : r + 1] for k, v in obs.items()} if requested or op.engaged else None
+                    op.observe(row, requested)
                     if not op.engaged:  # nothing to say until it answers a request
                         device_ok[r] = op.connected
                         continue
@@ -405,8 +407,10 @@ class Session:
         if self.operator_kind == "expert":
             op_action = expert_action
         else:
-            op_action = np.where(np.isfinite(op_motion).all(axis=1)[:, None],
-                                 m.human_to_raw(np.nan_to_num(op_motion)), np.nan).astype(np.float32)
+            has_cmd = np.isfinite(op_motion).all(axis=1)
+            op_action = np.full((n, m.action_dim), np.nan, np.float32)
+            if has_cmd.any():
+                op_action[has_cmd] = m.human_to_raw(op_motion[has_cmd])
         tol = self.machine.cfg.auto_return.agree_tol
         with np.errstate(invalid="ignore"):
             agree = np.all(np.abs(policy - op_action) <= tol, axis=1)
