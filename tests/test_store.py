@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import zarr
-from store_helpers import CHECKED_FIELDS, check_steps, end, fields, human_window, record, start, step
+from store_helpers import check_steps, end, fields, human_window, record, start, step
 
 from hg_dagger.contract import (
     ActionSource,

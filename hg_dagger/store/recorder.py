@@ -21,7 +21,14 @@ import numpy as np
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import EventKind
 from hg_dagger.contract.labels import derive_labels
-from hg_dagger.contract.schema import CorrectionWindow, EpisodeEnd, EpisodeStart, Event, ExpertCertification, FieldSpec
+from hg_dagger.contract.schema import (
+    CorrectionWindow,
+    EpisodeEnd,
+    EpisodeStart,
+    Event,
+    ExpertCertification,
+    FieldSpec,
+)
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store.labels import LabelLayer
 from hg_dagger.store.layout import array_fill

@@ -8,9 +8,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import zarr
@@ -119,7 +117,7 @@ class EpisodeStore:
                              f"(this version reads {layout.FORMAT_VERSION})")
         store = cls(url, zstore, root, mode)
         store.refresh()
-        for eid, msg in store._damaged:
+        for _eid, msg in store._damaged:
             log.warning("%s: %s", url, msg)
         return store
 

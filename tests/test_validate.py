@@ -1,0 +1,180 @@
+"""validate_store and `hg-dagger validate`: each contract invariant is detected and named; corrupt input gives
+clear errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from store_helpers import end, fields, human_window, record, start, step
+
+from hg_dagger.cli import main
+from hg_dagger.contract import ActionSource, LabelMask, LabelTarget
+from hg_dagger.errors import StoreError
+from hg_dagger.store import EpisodeStore, LabelLayer, layout, validate_store
+
+
+def _bad_episode(rec) -> str:
+    eid = rec.begin_episode(start(), fields())
+    for t in range(12):
+        s = step(1, t)
+        if t == 3:
+            s["t_obs"] = step(1, 1)["t_obs"]  # goes back in time
+            s["t_policy"], s["t_action_apply"] = s["t_obs"] + 1, s["t_obs"] + 2
+        if t == 4:
+            s["t_policy"] = s["t_obs"] - 50  # policy before its observation
+        if t == 5:
+            s["applied_action"] = np.array([0, np.nan, 0, 0], np.float32)
+        if t == 6:
+            s["policy_action"] = np.array([np.inf, 0, 0, 0], np.float32)
+        if t == 7:
+            s["action_source"] = np.uint8(9)
+        if t == 8:
+            s["step_flags"] = np.uint16(1 << 12)
+        rec.put(eid, s)
+    rec.end_episode(eid, end(12))
+    return eid
+
+
+def _write_layer(path, eid, version, mask, target, windows=()):
+    layer = LabelLayer(version=version, author="foreign", mask=mask, target=target, windows=list(windows))
+    f = path / layout.LABELS / eid / f"v{version}.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(layer.to_json()))
+
+
+def test_every_invariant_is_reported_with_episode_step_and_field(tmp_path, capsys):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        clean = record(rec, 0, 20, window=(5, 10))
+        bad = _bad_episode(rec)
+        hard = record(rec, 2, 20, window=(5, 10))
+        orphan = rec.begin_episode(start(parent_episode_id="f" * 32, parent_step_id=3), fields())
+        rec.put(orphan, step(3, 0))
+        rec.end_episode(orphan, end(1))
+    # a foreign writer broke the hard rule: policy steps 0..4 trainable with no window or certification
+    v1 = EpisodeStore.open(path).labels(hard)
+    mask, target = v1.mask.copy(), v1.target.copy()
+    mask[0:5], target[0:5] = LabelMask.TRAINABLE.code, LabelTarget.APPLIED_ACTION.code
+    _write_layer(path, hard, 2, mask, target, v1.windows)
+    # and bound a window to steps the episode does not have
+    _write_layer(path, hard, 3, v1.mask, v1.target, [human_window(hard, 15, 25)])
+
+    found = {(v.episode_id, v.step, v.field) for v in validate_store(EpisodeStore.open(path))}
+    assert (bad, 3, "t_obs") in found
+    assert (bad, 4, "t_policy") in found
+    assert (bad, 5, "applied_action") in found
+    assert (bad, 6, "policy_action") in found
+    assert (bad, 7, "action_source") in found
+    assert (bad, 8, "step_flags") in found
+    assert {(hard, s, "label_mask") for s in range(5)} <= found
+    assert (hard, None, "labels") in found  # v3's window outside the episode
+    assert (orphan, None, "parent_episode_id") in found
+    assert not any(eid == clean for eid, _, _ in found)
+
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"episode {hard} step 0 field 'label_mask': label layer v2: trainable policy action outside any correction window" in out
+    assert f"episode {bad} step 5 field 'applied_action'" in out
+    assert "violation(s)" in out
+
+
+def test_clean_store_passes_and_lists(tmp_path, capsys):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 0, 10, image=True, window=(2, 4))
+        cut = rec.begin_episode(start(), fields(image=True))
+        rec.put(cut, step(1, 0, image=True))
+    assert main(["validate", str(path)]) == 0
+    assert "2 episodes (1 incomplete), 0 violation(s)" in capsys.readouterr().out
+    assert main(["store", "ls", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert eid in out and "(INCOMPLETE)" in out
+    assert main(["store", "info", str(path), eid[:10]]) == 0
+    assert "label layer v1 by recorder: {'trainable': 2" in capsys.readouterr().out
+
+
+def test_truncated_image_shard_is_named(tmp_path, capsys):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 0, 10, image=True)
+    shard = next((path / "segments").glob("*/data/obs/rgb/c/0/0/0/0"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    store = EpisodeStore.open(path)
+    with pytest.raises(StoreError, match=f"episode {eid}: field 'obs/rgb' unreadable"):
+        store.load(eid)
+    assert any(v.field == "obs/rgb" for v in validate_store(store))
+    assert main(["validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "field 'obs/rgb'" in captured.out and "Traceback" not in captured.out + captured.err
+
+
+def test_corrupt_log_keeps_the_store_open_and_fails_validation(tmp_path, capsys):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        record(rec, 0, 5)
+    chunk = next((path / "segments").glob("*/log/c/0"))
+    chunk.write_bytes(b"\x00garbage" * 10)
+    store = EpisodeStore.open(path)
+    assert store.episodes() == [] and any("log unreadable" in msg for _, msg in store.damaged)
+    assert main(["validate", str(path)]) == 1
+    assert "log unreadable" in capsys.readouterr().out
+
+
+def test_wrong_schema_version_is_one_clear_line(tmp_path, capsys):
+    path = tmp_path / "s"
+    EpisodeStore.create(path)
+    meta = json.loads((path / "zarr.json").read_text())
+    meta["attributes"]["hg_dagger"]["schema_version"] = "9.9"
+    (path / "zarr.json").write_text(json.dumps(meta))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "schema_version '9.9' is not supported" in err and "Traceback" not in err
+
+
+def test_episode_with_wrong_schema_version_is_damaged_not_loaded(tmp_path):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 0, 3)
+    import zarr
+
+    log = zarr.open_group(path)[f"segments/{store.segments[0]}/log"]
+    records = [json.loads(r) for r in log[:]]
+    records[0]["start"]["schema_version"] = "0.1"
+    log[:] = np.array([json.dumps(r) for r in records], dtype=object)
+    store = EpisodeStore.open(path)
+    assert not store.has_episode(eid)
+    violations = validate_store(store)
+    assert any(v.episode_id == eid and "schema_version" in v.message for v in violations)
+
+
+def test_duplicate_ids_from_two_writers_are_reported(tmp_path):
+    path = tmp_path / "s"
+    EpisodeStore.create(path)
+    a, b = EpisodeStore.open(path, mode="a"), EpisodeStore.open(path, mode="a")
+    st = start()
+    for s in (a, b):  # two processes that never saw each other's episodes
+        with s.recorder() as rec:
+            rec.begin_episode(st, fields())
+            rec.put(st.episode_id, step(0, 0))
+            rec.end_episode(st.episode_id, end(1))
+    violations = validate_store(EpisodeStore.open(path))
+    assert any(v.episode_id == st.episode_id and "id used twice" in v.message for v in violations)
+
+
+def test_action_source_codes_use_the_contract(tmp_path):
+    """The validator accepts every defined ActionSource code and only those."""
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = rec.begin_episode(start(), fields())
+        for t, src in enumerate(ActionSource):
+            rec.put(eid, step(0, t, source=src))
+        rec.end_episode(eid, end(len(ActionSource)))
+    assert validate_store(EpisodeStore.open(path)) == []
