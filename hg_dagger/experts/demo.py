@@ -59,18 +59,30 @@ class DemoAdapter:
         self._used: set[int] = set()
 
     @classmethod
-    def from_episodes(cls, episodes: Iterable, *, obs_keys: Sequence[str], **kw) -> DemoAdapter:
-        """From stored episodes (store.load(eid) TensorDicts): applied_action and obs/<key> per step."""
+    def from_store(cls, store, episode_ids: Sequence[str] | None = None, *, obs_keys: Sequence[str] | None = None,
+                   **kw) -> DemoAdapter:
+        """Demos from recorded episodes: applied_action and obs/<key> per step, the reset seed if recorded.
+
+        Default: every complete episode of the store recorded in expert_demo mode.
+        """
+        if episode_ids is None:
+            episode_ids = [e.episode_id for e in store.episodes(mode=CollectionMode.EXPERT_DEMO, complete=True)]
+        infos = {e.episode_id: e for e in store.episodes()}
         demos = []
-        for i, td in enumerate(episodes):
-            demos.append(
-                Demo(
-                    actions=np.asarray(td["applied_action"]),
-                    obs={k: np.asarray(td[f"obs/{k}"]) for k in obs_keys},
-                    name=str(i),
-                )
+        for eid in episode_ids:
+            info = infos.get(eid)
+            arrays = store.read_steps(eid)
+            keys = list(obs_keys) if obs_keys is not None else sorted(
+                n.removeprefix("obs/") for n, a in arrays.items() if n.startswith("obs/") and a.dtype != np.uint8
             )
-        return cls(demos, keys=obs_keys, **kw)
+            seed = info.start.initial_state.get("seed") if info is not None else None
+            demos.append(Demo(
+                actions=arrays["applied_action"], obs={k: arrays[f"obs/{k}"] for k in keys},
+                seed=None if seed is None else int(seed), name=eid,
+            ))
+        if not demos:
+            raise ContractError(f"DemoAdapter: no expert_demo episodes in the store {getattr(store, 'url', '')}".rstrip())
+        return cls(demos, keys=obs_keys if obs_keys is not None else sorted(demos[0].obs), **kw)
 
     @property
     def seeds(self) -> list[int | None]:
