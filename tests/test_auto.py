@@ -233,3 +233,21 @@ def test_bad_config_is_a_config_error(tmp_path):
     path.write_text("kind: auto\ntask: toy_reach\nbeta: {kind: cosine}\n")
     with pytest.raises(ConfigError, match=r"a.yaml.*\n.*beta.kind"):
         load_config(path)
+
+
+def test_auto_cli_runs_and_resumes(tmp_path, capsys):
+    import yaml
+
+    from hg_dagger.cli import main
+
+    cfg = {"kind": "auto", **json.loads(json.dumps(TINY))}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    assert main(["auto", "--config", str(path), "--out", str(out), "--quiet"]) == 0
+    assert "iteration 0: beta 1.000" in capsys.readouterr().out
+    assert main(["auto", "--config", str(path), "--out", str(out), "--iterations", "2", "--resume", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "iteration 1: beta 0.500" in text and "iteration 0" not in text
+    assert main(["auto", "--config", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
