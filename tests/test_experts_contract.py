@@ -214,3 +214,21 @@ def test_expert_flags_unreachable_targets(toy):
     q = query_expert(make_expert("toy_reach"), obs, np.arange(N), env.mapping)
     assert not q.valid[0] and "beyond the arm's reach" in q.invalid_reason[0]
     assert q.valid[1:].all()
+
+
+def test_an_empty_batch_asks_nobody(toy):
+    env, obs = toy
+    expert = FaultyExpert(env.mapping, 0, "raise")
+    q = query_expert(expert, {k: v[:0] for k, v in obs.items()}, [], env.mapping)
+    assert q.action.shape == (0, 2) and q.valid.shape == (0,) and expert.calls == 0
+
+
+def test_unknown_kinds_and_tasks_are_named():
+    from hg_dagger.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown expert kind 'oracle'"):
+        make_expert("toy_reach", kind="oracle")
+    with pytest.raises(ConfigError, match="no planner expert for task 'cartpole'"):
+        make_expert("cartpole")
+    with pytest.raises(ConfigError, match="needs demos"):
+        make_expert("toy_reach", kind="demo")

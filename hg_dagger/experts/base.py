@@ -216,6 +216,12 @@ def query_expert(
     if space not in OUTPUT_SPACES:
         raise ContractError(f"query_expert: {name}.output_space is {space!r}, expected one of {OUTPUT_SPACES}")
     a_dim = int(mapping.action_dim)
+    if n == 0:  # nothing to ask (e.g. no row needs a label this tick)
+        return ExpertQuery(
+            action=np.zeros((0, a_dim), np.float32), valid=np.zeros(0, bool),
+            metadata={"invalid_reason": {}, "output_space": space, "isolated": False, "expert_ns": 0,
+                      "latency_ns": int(now_ns() - t0)},
+        )
 
     action = np.full((n, a_dim), np.nan, dtype=np.float32)
     valid = np.zeros(n, dtype=bool)
