@@ -178,8 +178,7 @@ def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: 
         cfg = AutoConfig(task=task, seed=seed, num_envs=5, train=train, eval=ev, **kw)
         t0 = time.time()
         rows = AutoRun(cfg, out / name).run(progress=False)
-        curve = [{"labels": int(r["replay"]["rows"]) if isinstance(r.get("replay"), dict) and "rows" in r["replay"]
-                  else None, "success": r["eval_success_rate"]} for r in rows]
+        curve = [{"labels": int(r["replay"]["labels"]), "success": r["eval_success_rate"]} for r in rows]
         return {"curve": curve, "success": rows[-1]["eval_success_rate"], "seconds": time.time() - t0}
 
     half = budget // horizon // 2

@@ -305,3 +305,14 @@ def test_expert_operator_windows_train_on_expert_labels(tmp_path, student):
         used = d["action_source"] == EXPERT
         assert (d["expert_used"] == used).all()
         assert (d["control_state"][used] == ControlState.EXPERT.code).all()
+
+
+def test_steps_over_the_latency_budget_are_flagged_and_excluded_inside_windows(tmp_path, student):
+    rig = _rig(tmp_path, student, gates=ALWAYS, latency_budget_ms=1e-6)  # every step is "late"
+    rig.session.run(1, progress=False)
+    store = _finish(rig)
+    d, lab, _ = _data(store, store.episodes()[0].episode_id)
+    assert ((d["step_flags"] & int(StepFlag.LATENCY_EXCEEDED)) != 0).all()
+    assert lab.windows and (d["action_source"] == HUMAN).any()
+    assert not (lab.mask == LabelMask.TRAINABLE.code).any()
+    assert (lab.mask == LabelMask.EXCLUDED.code).all()
