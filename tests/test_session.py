@@ -316,3 +316,37 @@ def test_steps_over_the_latency_budget_are_flagged_and_excluded_inside_windows(t
     assert lab.windows and (d["action_source"] == HUMAN).any()
     assert not (lab.mask == LabelMask.TRAINABLE.code).any()
     assert (lab.mask == LabelMask.EXCLUDED.code).all()
+
+
+def test_takeover_button_then_return_while_still_holding_does_not_grab_again(tmp_path, student):
+    kb = Keyboard()
+    kb.connect()
+    rig = _rig(tmp_path, student, operators=[kb], gates=GateConfig(name="operator_only", gates=[OperatorGate()]),
+               **{"operator.type": "device", "handover.transition": "none", "handover.return_on_release": False,
+                  "handover.auto_return": {"enabled": False}})
+    s = rig.session
+    s.start(1)
+    kb.press("space")
+    kb.press("d")  # y axis -> elbow
+    s.tick()  # grabbing the device: takeover
+    assert s.machine.state[0] == ControlState.HUMAN.code
+    for _ in range(3):
+        s.tick()
+    kb.press("b")  # return button while still holding
+    s.tick()
+    kb.release("b")
+    for _ in range(3):
+        s.tick()
+    assert s.machine.state[0] == ControlState.AUTONOMOUS.code  # holding is not a new grab
+    kb.press("t")  # the takeover button asks again; the held device takes over at once
+    s.tick()
+    kb.release("t")
+    s.tick()
+    assert s.machine.state[0] == ControlState.HUMAN.code
+    s.estop("app")
+    s.tick()
+    store = _finish(rig)
+    d, lab, _ = _data(store, store.episodes()[0].episode_id)
+    assert [(w.handover_start, w.handover_end, w.gate_reason) for w in lab.windows] == [(0, 4, "operator"),
+                                                                                       (8, 10, "operator")]
+    np.testing.assert_allclose(d["applied_action"][1], [0.0, -1.0])

@@ -184,6 +184,7 @@ class Session:
         a = self.mapping.action_dim
         self._operator_raw = np.full((self.n, a), np.nan, np.float32)  # synthetic operator's planner label per row
         self._prev_device_ok = np.ones(self.n, bool)
+        self._prev_engaged = np.zeros(self.n, bool)
         self.obs: dict[str, np.ndarray] | None = None
         self.signals: dict[str, np.ndarray] = {}
         self.t_obs = np.full(self.n, NO_TIME, np.int64)
@@ -391,10 +392,12 @@ class Session:
             self.safety.request_estop("bridge", "robot-side e-stop")
         estop = np.full(n, self.safety.estopped, bool)
 
-        # 3. gates (only where the policy is in control)
+        # 3. gates (only where the policy is in control); grabbing a hold-to-intervene device is a takeover
         armed = (state_before == _AUTO) | (state_before == _WARNING)
+        grabbed = engaged & ~self._prev_engaged & armed if self.operator_kind != "expert" else np.zeros(n, bool)
+        self._prev_engaged = engaged
         gate_in = GateInputs(step=self.ep_step, t_ns=t_policy, action=policy, uncertainty=unc, obs=obs,
-                             signals=self.signals, takeover=takeover | (engaged & armed & (self.operator_kind != "expert")),
+                             signals=self.signals, takeover=takeover | grabbed,
                              prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok)
         g = self.gates.update(gate_in, armed & active)
         for r, ev in g.events:
