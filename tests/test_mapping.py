@@ -150,3 +150,16 @@ def test_copy_revalidates_and_refreshes_derived_values():
     np.testing.assert_array_equal(c.clip_raw(np.full((1, 2), -9.0)), [[-0.5, -0.5]])
     with pytest.raises(ConfigError, match="horizon"):
         m.model_copy(update={"horizon": -1})
+
+
+@pytest.mark.parametrize("task", SHIPPED)
+def test_mapping_fits_episode_metadata(task):
+    from hg_dagger.contract import CollectionMode, EpisodeStart, TaskInfo
+
+    m = load_mapping(task)
+    start = EpisodeStart(
+        task=TaskInfo(task_id=m.task_id, task_version=m.task_version), mode=CollectionMode.HUMAN_GATED,
+        control_hz=m.control_hz, action_alignment=m.action_alignment, mapping=m.as_metadata(), mapping_hash=m.hash,
+    )
+    back = EpisodeStart.model_validate_json(start.model_dump_json())
+    assert TaskMapping.from_metadata(back.mapping).hash == back.mapping_hash == m.hash
