@@ -32,16 +32,15 @@ def expert_store(path, episodes=8):
     return store
 
 
-def trained(tmp_path):
-    expert_store(tmp_path / "s")
-    r = train_from_store(str(tmp_path / "s"), "toy_reach", tmp_path / "t",
-                         student_cfg=StudentConfig(ensemble=3, hidden=(32, 32)),
-                         train_cfg=TrainConfig(steps=150, batch_size=64), progress=False)
-    return r["checkpoint"]
+def checkpoint(tmp_path):
+    """A student checkpoint; evaluation never needs a good one to show what it does."""
+    path = tmp_path / "student.pt"
+    Student.create(load_mapping("toy_reach"), ensemble=3, hidden=(32, 32), seed=4).save(path)
+    return path
 
 
 def test_closed_loop_actions_all_come_from_the_student(tmp_path):
-    ckpt = trained(tmp_path)
+    ckpt = checkpoint(tmp_path)
     mapping = load_mapping("toy_reach")
     student = Student.load(ckpt, mapping)
     trace = []
@@ -60,7 +59,7 @@ def test_closed_loop_actions_all_come_from_the_student(tmp_path):
 
 
 def test_eval_cli_imports_no_expert_device_or_gate_and_writes_reports(tmp_path):
-    ckpt = trained(tmp_path)
+    ckpt = checkpoint(tmp_path)
     out = tmp_path / "eval"
     code = (
         "import sys; from hg_dagger.cli import main; "
@@ -81,7 +80,7 @@ def test_eval_cli_imports_no_expert_device_or_gate_and_writes_reports(tmp_path):
 
 
 def test_fixed_seeds_give_identical_evaluations(tmp_path):
-    ckpt = trained(tmp_path)
+    ckpt = checkpoint(tmp_path)
     cfg = EvalConfig(episodes=6, num_envs=3, seed=21, max_steps=30)
     a = evaluate(ckpt, "toy_reach", tmp_path / "a", config=cfg, progress=False)["closed_loop"]
     b = evaluate(ckpt, "toy_reach", tmp_path / "b", config=cfg, progress=False)["closed_loop"]
