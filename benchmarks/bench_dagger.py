@@ -97,12 +97,12 @@ def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
     }
 
 
-def learning(task: str, quick: bool, out: Path) -> dict:
+def learning(task: str, quick: bool, out: Path, iterations: int | None = None) -> dict:
     from hg_dagger.learn.auto import AutoConfig, AutoRun
 
     base = {
         "task": task, "num_envs": 6 if quick else 8, "seed": 0,
-        "iterations": 3 if quick else 6, "episodes_per_iteration": 6 if quick else 16,
+        "iterations": iterations or (3 if quick else 6), "episodes_per_iteration": 6 if quick else 16,
         "max_episode_steps": 80,
         "beta": {"kind": "exponential", "beta0": 1.0, "decay": 0.5},
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--task", default="fetch_pick_place")
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--out", default=None, help="folder for runs and results.json (default: a temp folder)")
+    p.add_argument("--iterations", type=int, help="DAgger/BC iterations of the learning comparison")
     p.add_argument("--skip-learning", action="store_true")
     p.add_argument("--skip-overhead", action="store_true")
     args = p.parse_args(argv)
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
                   f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}", flush=True)
     if not args.skip_learning:
         print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
-        result["learning"] = learning(args.task, args.quick, out)
+        result["learning"] = learning(args.task, args.quick, out, args.iterations)
         lr = result["learning"]
         print(f"DAgger best {lr['dagger_best_success']:.0%} at {lr['dagger_labels_for_best']} labels; BC reached it at "
               f"{lr['bc_labels_for_same_success'] or 'no point of its curve'} labels")
