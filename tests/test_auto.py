@@ -251,3 +251,13 @@ def test_auto_cli_runs_and_resumes(tmp_path, capsys):
     assert "iteration 1: beta 0.500" in text and "iteration 0" not in text
     assert main(["auto", "--config", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_a_fresh_run_never_overwrites_an_existing_one(tmp_path):
+    from hg_dagger.errors import ConfigError
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"an earlier run")
+    with pytest.raises(ConfigError, match="--resume"):
+        AutoRun(tiny(), tmp_path / "run").run(progress=False)
+    assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == b"an earlier run"

@@ -451,6 +451,9 @@ class AutoRun:
         from hg_dagger.envs import load_mapping, make_env
 
         cfg = self.cfg
+        if not resume and self.checkpoint_path.exists():
+            raise ConfigError(f"{self.out}: already holds a run ({self.checkpoint_path.name}); pass --resume to "
+                              f"continue it or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
         mapping = load_mapping(cfg.task)
         store = self._open_store()
