@@ -245,22 +245,27 @@ def query_expert(
     expert_ns = now_ns() - t_expert
 
     finite = np.isfinite(action).all(axis=1)
-    for i in np.flatnonzero(valid & ~finite):
-        reasons[int(env_ids[i])] = "expert returned non-finite values (NaN/inf)"
-    valid &= finite
+    if not finite.all():
+        for i in np.flatnonzero(valid & ~finite):
+            reasons[int(env_ids[i])] = "expert returned non-finite values (NaN/inf)"
+        valid &= finite
     if conf is not None:
         conf = np.where(valid & np.isfinite(conf), np.clip(conf, 0.0, 1.0), np.nan).astype(np.float32)
 
     to_raw = mapping.expert_to_raw if space == "raw" else mapping.policy_to_raw
-    raw = np.asarray(to_raw(np.where(valid[:, None], action, 0.0).astype(np.float32)), dtype=np.float32)
-    bad = valid & ~np.isfinite(raw).all(axis=1)
-    for i in np.flatnonzero(bad):
-        reasons[int(env_ids[i])] = f"mapping {space}->raw produced non-finite values"
-    valid &= ~bad
-    raw = np.where(valid[:, None], raw, np.nan).astype(np.float32)
+    all_valid = bool(valid.all())
+    raw = np.asarray(to_raw(action if all_valid else np.where(valid[:, None], action, 0.0)), dtype=np.float32)
+    raw_ok = np.isfinite(raw).all(axis=1)
+    if not raw_ok.all():
+        for i in np.flatnonzero(valid & ~raw_ok):
+            reasons[int(env_ids[i])] = f"mapping {space}->raw produced non-finite values"
+        valid &= raw_ok
+        all_valid = False
+    if not all_valid:
+        raw = np.where(valid[:, None], raw, np.float32(np.nan)).astype(np.float32)
 
     meta.update(
-        invalid_reason=invalid_rows(env_ids, valid, reasons),
+        invalid_reason=invalid_rows(env_ids, valid, reasons) if not all_valid else {},
         output_space=space,
         isolated=isolated,
         expert_ns=int(expert_ns),
