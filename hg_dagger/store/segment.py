@@ -12,8 +12,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import socket
-from dataclasses import dataclass, field
 
 import numpy as np
 import zarr
@@ -56,6 +56,7 @@ class SegmentWriter:
             layout.index_array_kwargs("rows/episode"), layout.index_array_kwargs("rows/step"), layout.log_array_kwargs(),
         ])
         self.arrays = dict(zip(fields, made[:len(fields)], strict=True))
+        self._fills = {name: layout.array_fill(spec) for name, spec in fields.items()}
         self.rows_episode, self.rows_step, self.log = made[len(fields):]
 
     def _all_arrays(self) -> list[zarr.Array]:
@@ -73,8 +74,10 @@ class SegmentWriter:
                 self.capacity = -(-end // layout.CAPACITY_STEP) * layout.CAPACITY_STEP
                 layout.gather([a.async_array.resize((self.capacity, *a.shape[1:])) for a in self._all_arrays()])
             sel = (slice(self.rows, end),)
+            # rows past self.rows were never written and read as the fill value: all-fill columns need no write
             layout.gather([
-                *(arr.async_array.setitem(sel, columns[name]) for name, arr in self.arrays.items()),
+                *(arr.async_array.setitem(sel, columns[name]) for name, arr in self.arrays.items()
+                  if not _all_fill(columns[name], self._fills[name])),
                 self.rows_episode.async_array.setitem(sel, episode),
                 self.rows_step.async_array.setitem(sel, step),
             ])
@@ -101,17 +104,41 @@ class SegmentWriter:
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass
 class EpisodeRecord:
-    """Everything the log says about one episode (the catalog entry behind EpisodeInfo)."""
+    """Everything the log says about one episode (the catalog entry behind EpisodeInfo). The end and label
+    records are decoded on first use: opening a store with 10k episodes only decodes their starts."""
 
-    episode_id: str
-    segment: SegmentView
-    ordinal: int
-    start: EpisodeStart
-    events: list[Event] = field(default_factory=list)
-    end: EpisodeEnd | None = None
-    layer1: dict | None = None  # label layer v1 as stored
+    def __init__(self, episode_id: str, segment: SegmentView, ordinal: int, start: EpisodeStart):
+        self.episode_id, self.segment, self.ordinal, self.start = episode_id, segment, ordinal, start
+        self.events: list[Event] = []
+        self.end_text: str | None = None
+        self.layer1_text: str | None = None
+        self._end: EpisodeEnd | None = None
+        self._layer1: dict | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.end_text is not None and self.layer1_text is not None and self.end is not None
+
+    @property
+    def end(self) -> EpisodeEnd | None:
+        if self._end is None and self.end_text is not None:
+            try:
+                self._end = EpisodeEnd.model_validate(json.loads(self.end_text)["end"])
+            except Exception as exc:
+                self.segment.problems.append((self.episode_id, f"episode {self.episode_id}: end record invalid: "
+                                                                f"{_one_line(exc)}"))
+                self.end_text = None
+        return self._end
+
+    @property
+    def layer1(self) -> dict | None:
+        if self._layer1 is None and self.layer1_text is not None:
+            self._layer1 = json.loads(self.layer1_text)["layer"]
+        return self._layer1
+
+
+_HEADER = re.compile(r'^\{"type":"(\w+)","ep":(\d+),')
 
 
 class SegmentView:
@@ -154,11 +181,17 @@ class SegmentView:
             raise StoreError(f"segment {self.segment_id}: log unreadable ({type(exc).__name__}: {exc})") from exc
         new = []
         for i, text in enumerate(raw, start=self.log_read):
+            text = str(text)
+            head = _HEADER.match(text)
             try:
-                rec = json.loads(str(text))
-                kind, ordinal = rec["type"], int(rec["ep"])
+                if head is None:  # written by another tool: decode it whole
+                    rec = json.loads(text)
+                    kind, ordinal = str(rec["type"]), int(rec["ep"])
+                else:
+                    kind, ordinal = head.group(1), int(head.group(2))
+                    rec = json.loads(text) if kind in ("begin", "event") else None
             except Exception as exc:
-                self.problems.append((None, f"segment {self.segment_id}: log record {i} is corrupt ({exc})"))
+                self.problems.append((None, f"segment {self.segment_id}: log record {i} is corrupt ({_one_line(exc)})"))
                 continue
             ep = self.records.get(ordinal)
             try:
@@ -172,11 +205,11 @@ class SegmentView:
                 elif kind == "event":
                     ep.events.append(Event.model_validate(rec["event"]))
                 elif kind == "end":
-                    ep.end = EpisodeEnd.model_validate(rec["end"])
+                    ep.end_text = text
                 elif kind == "labels":
-                    ep.layer1 = rec["layer"]
+                    ep.layer1_text = text
             except Exception as exc:
-                eid = ep.episode_id if ep else rec.get("start", {}).get("episode_id", f"#{ordinal}")
+                eid = ep.episode_id if ep else (rec or {}).get("start", {}).get("episode_id", f"#{ordinal}")
                 self.problems.append((eid, f"episode {eid}: {kind} record invalid: {_one_line(exc)}"))
         self.log_read = self.committed_log
         return new
@@ -253,6 +286,12 @@ def read_many(arrays: list[zarr.Array], rows: np.ndarray | slice) -> list[np.nda
 
 def read_rows(arr: zarr.Array, rows: np.ndarray) -> np.ndarray:
     return read_many([arr], rows)[0]
+
+
+def _all_fill(col: np.ndarray, fill) -> bool:
+    if col.dtype.kind == "f" and fill != fill:  # NaN fill
+        return bool(np.isnan(col).all())
+    return bool((col == fill).all())
 
 
 def _one_line(exc: Exception) -> str:

@@ -69,6 +69,8 @@ class EpisodeStore:
         self._damaged: list[tuple[str | None, str]] = []  # (episode_id or None, message)
         self._duplicates: list[str] = []
         self._dirty = True
+        self._labelled: set[str] | None = None
+        self._layer_cache: dict[tuple[str, int], LabelLayer] = {}
 
     # ------------------------------------------------------------------ opening
 
@@ -127,7 +129,8 @@ class EpisodeStore:
     # ------------------------------------------------------------------ catalog
 
     def refresh(self) -> None:
-        """Pick up segments and commits written since opening (by this or another process)."""
+        """Pick up segments, commits and label layers written since opening (by this or another process)."""
+        self._labelled = None
         try:
             names = [n for n in layout.list_dir(self._zstore, f"{layout.SEGMENTS}/")
                      if n != "zarr.json" and not n.endswith(".partial")]  # .partial: a write cut by a kill
@@ -192,7 +195,7 @@ class EpisodeStore:
         return self._info(self._record(episode_id))
 
     def _info(self, rec: EpisodeRecord) -> EpisodeInfo:
-        if rec.end is not None and rec.layer1 is not None:
+        if rec.committed:
             return EpisodeInfo(rec.episode_id, rec.start, rec.end, True, rec.end.num_steps, rec.segment.segment_id)
         n = len(rec.segment.rows_of(rec.ordinal))
         end = EpisodeEnd(end_reason=EndReason.INCOMPLETE, task_success=False, num_steps=n,
@@ -228,7 +231,7 @@ class EpisodeStore:
                 continue
             if parent_episode_id is not None and s.parent_episode_id != parent_episode_id:
                 continue
-            is_complete = rec.end is not None and rec.layer1 is not None
+            is_complete = rec.committed
             if complete is not None and is_complete != complete:
                 continue
             info = self._info(rec)
@@ -294,7 +297,11 @@ class EpisodeStore:
 
     def label_versions(self, episode_id: str) -> list[int]:
         rec = self._record(episode_id)
-        versions = [1] if rec.layer1 is not None else []
+        versions = [1] if rec.committed else []
+        if self._labelled is None:  # which episodes have layers >= 2: one listing per refresh
+            self._labelled = set(layout.list_dir(self._zstore, f"{layout.LABELS}/"))
+        if episode_id not in self._labelled:
+            return versions
         prefix = f"{layout.LABELS}/{episode_id}/"
         for name in layout.list_dir(self._zstore, prefix):
             if name.startswith("v") and name.endswith(".json") and name[1:-5].isdigit():
@@ -312,6 +319,9 @@ class EpisodeStore:
         v = versions[-1] if version is None else int(version)
         if v not in versions:
             raise StoreError(f"episode {episode_id}: no label layer {v} (layers: {versions})")
+        cached = self._layer_cache.get((episode_id, v))
+        if cached is not None:
+            return cached
         try:
             if v == 1:
                 data = rec.layer1
@@ -324,6 +334,7 @@ class EpisodeStore:
         if len(layer.mask) != rec.end.num_steps:
             raise StoreError(f"episode {episode_id}: label layer {v} covers {len(layer.mask)} steps, episode has "
                              f"{rec.end.num_steps}")
+        self._layer_cache[(episode_id, v)] = layer  # layers are immutable once written
         return layer
 
     def write_labels(
@@ -344,7 +355,7 @@ class EpisodeStore:
         if not author:
             raise ContractError(f"episode {episode_id}: write_labels needs an author")
         rec = self._record(episode_id)
-        if rec.end is None or rec.layer1 is None:
+        if not rec.committed:
             raise ContractError(f"episode {episode_id}: incomplete (never committed); it cannot be labelled")
         prev = self.labels(episode_id)
         windows = prev.windows if windows is None else list(windows)
@@ -378,7 +389,9 @@ class EpisodeStore:
                                created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
             key = f"{layout.LABELS}/{episode_id}/v{version}.json"
             if layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True):
+                self._labelled = None
                 return version
+            self._labelled = None
 
     # ------------------------------------------------------------------ writing and batches
 

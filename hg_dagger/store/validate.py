@@ -49,8 +49,8 @@ def validate_store(store: EpisodeStore | str, *, images: bool = True, progress: 
     if not isinstance(store, EpisodeStore):
         store = EpisodeStore.open(store, mode="r")
     store.refresh()
+    infos = store.episodes()  # decodes every end record: problems found there join store.damaged
     out: list[Violation] = [Violation(eid, None, None, _strip(msg, eid)) for eid, msg in store.damaged]
-    infos = store.episodes()
     by_id = {i.episode_id: i for i in infos}
     window_owner: dict[str, str] = {}
     by_seg: dict[str, list] = {}

@@ -1,0 +1,259 @@
+"""Recorder benchmark: streaming steps into an EpisodeStore versus writing each episode in one go afterwards.
+
+Scenarios: 31-d state + two 128x128 RGB cameras at 50 Hz, and 31-d state only. For each it prints
+  max    - producer unpaced, on_full="block": sustained steps/s (put to close), x real time, MB/s
+  paced  - producer at --pace x real time, on_full="drop": dropped steps, hand-off p50/p99 (us), RSS over time
+  base   - the same episodes collected in lists and written to the same zarr layout in one go per episode
+and our/baseline throughput. Then a 10k-episode store: file count, open time, listing and loading times.
+
+    python benchmarks/bench_recorder.py            # default run (about 2 minutes on 2 busy cores)
+    python benchmarks/bench_recorder.py --quick    # smaller
+    python benchmarks/bench_recorder.py --codecs   # image codec comparison only (size, write, read)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import psutil
+import zarr
+
+from hg_dagger.contract import CollectionMode, EndReason, EpisodeEnd, EpisodeStart, TaskInfo, step_fields
+from hg_dagger.store import EpisodeStore, layout
+
+HZ = 50.0
+ACTION_DIM = 4
+
+
+def make_frames(n: int, size: int = 128, seed: int = 0) -> np.ndarray:
+    """Smooth synthetic scenes (gradient floor, moving disc, mild sensor noise): roughly as compressible as renders."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    out = np.empty((n, size, size, 3), np.uint8)
+    for i in range(n):
+        cx, cy = 0.5 + 0.3 * np.cos(i / 9), 0.5 + 0.3 * np.sin(i / 7)
+        disc = ((xx - cx) ** 2 + (yy - cy) ** 2) < 0.01
+        img = np.stack([120 + 80 * yy, 90 + 60 * xx, 140 - 50 * yy * xx], -1)
+        img[disc] = (200, 40, 40)
+        img += rng.normal(0, 2.0, img.shape)
+        out[i] = np.clip(img, 0, 255).astype(np.uint8)
+    return out
+
+
+def scenario_fields(cameras: bool):
+    obs = {"state": ((31,), "float32")}
+    if cameras:
+        obs["cam_left"] = ((128, 128, 3), "uint8")
+        obs["cam_right"] = ((128, 128, 3), "uint8")
+    return step_fields(obs=obs, action_dim=ACTION_DIM)
+
+
+def make_steps(n: int, cameras: bool) -> list[dict]:
+    """A pool of distinct step dicts reused round-robin (generation cost stays out of the measurement)."""
+    rng = np.random.default_rng(1)
+    frames = make_frames(64) if cameras else None
+    pool = []
+    for i in range(n):
+        s = {
+            "t_obs": i * 20_000_000, "t_policy": i * 20_000_000 + 1000, "t_action_apply": i * 20_000_000 + 2000,
+            "policy_action": rng.standard_normal(ACTION_DIM).astype(np.float32),
+            "applied_action": rng.standard_normal(ACTION_DIM).astype(np.float32),
+            "policy_confidence": np.float32(0.9), "action_source": np.uint8(0), "reward": np.float32(0),
+            "obs/state": rng.standard_normal(31).astype(np.float32),
+        }
+        if cameras:
+            s["obs/cam_left"] = frames[i % 64]
+            s["obs/cam_right"] = frames[(i + 32) % 64]
+        pool.append(s)
+    return pool
+
+
+def step_bytes(fields) -> int:
+    return sum(int(np.prod(f.shape)) * f.np_dtype.itemsize for f in fields.values())
+
+
+def start() -> EpisodeStart:
+    return EpisodeStart(task=TaskInfo(task_id="bench"), mode=CollectionMode.HUMAN_GATED, control_hz=HZ)
+
+
+def end(n: int) -> EpisodeEnd:
+    return EpisodeEnd(end_reason=EndReason.SUCCESS, task_success=True, num_steps=n)
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def run_ours(path, fields, pool, total, ep_len, *, pace: float | None, on_full: str):
+    store = EpisodeStore.create(path)
+    rec = store.recorder(flush_interval_s=0.5, queue_steps=8192, on_full=on_full)
+    handoff = np.empty(total, np.int64)
+    rss = []
+    period = None if pace is None else 1.0 / (HZ * pace)
+    t0 = time.perf_counter()
+    eid = None
+    for i in range(total):
+        if i % ep_len == 0:
+            if eid is not None:
+                rec.end_episode(eid, end(ep_len))
+            eid = rec.begin_episode(start(), fields)
+        if period is not None:  # sleep (not spin) until this step is due: the writer needs the CPU
+            ahead = t0 + i * period - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+        s = pool[i % len(pool)]
+        a = time.perf_counter_ns()
+        rec.put(eid, s)
+        handoff[i] = time.perf_counter_ns() - a
+        if (i + 1) % (total // 5) == 0:
+            rss.append(rss_mb())
+    rec.end_episode(eid, end(ep_len))
+    rec.close()
+    elapsed = time.perf_counter() - t0
+    return elapsed, rec.stats, handoff, rss
+
+
+def run_baseline(path, fields, pool, total, ep_len):
+    """ReplayBuffer style: collect an episode in lists, then resize + write every array once per episode."""
+    root = zarr.open_group(path, mode="w")
+    arrays = {n: root.create_array(**layout.field_array_kwargs(f)) for n, f in fields.items()}
+    rows = 0
+    t0 = time.perf_counter()
+    buf = []
+    for i in range(total):
+        buf.append(pool[i % len(pool)])
+        if len(buf) == ep_len:
+            for name, spec in fields.items():
+                fill = np.full(spec.shape, layout.array_fill(spec), spec.np_dtype)
+                col = np.asarray([s.get(name, fill) for s in buf], dtype=spec.np_dtype)
+                arr = arrays[name]
+                arr.resize((rows + len(buf), *arr.shape[1:]))
+                arr[rows:rows + len(buf)] = col
+            rows += len(buf)
+            buf = []
+    return time.perf_counter() - t0
+
+
+def scenario(name, cameras, total, ep_len, pace, tmp):
+    fields = scenario_fields(cameras)
+    pool = make_steps(min(total, 2048), cameras)
+    mb = step_bytes(fields) / 1e6
+    t_max, st_max, h_max, _ = run_ours(os.path.join(tmp, f"{name}-max"), fields, pool, total, ep_len, pace=None, on_full="block")
+    t_pac, st_pac, h_pac, rss = run_ours(os.path.join(tmp, f"{name}-paced"), fields, pool, total, ep_len, pace=pace, on_full="drop")
+    t_base = run_baseline(os.path.join(tmp, f"{name}-base"), fields, pool, total, ep_len)
+    ours, base = total / t_max, total / t_base
+    print(f"\n[{name}] {total} steps, episodes of {ep_len}, {mb * 1e3:.1f} kB/step")
+    print(f"  max    : {ours:8.0f} steps/s = {ours / HZ:6.1f}x real time, {ours * mb:6.1f} MB/s, "
+          f"dropped {st_max.dropped_steps}, hand-off p50 {np.percentile(h_max, 50) / 1e3:.1f} us "
+          f"p99 {np.percentile(h_max, 99) / 1e3:.1f} us (blocking)")
+    print(f"  paced  : {pace:.0f}x real time ({pace * HZ:.0f} steps/s offered, {total / t_pac:.0f} sustained): "
+          f"dropped {st_pac.dropped_steps}, hand-off p50 {np.percentile(h_pac, 50) / 1e3:.1f} us "
+          f"p99 {np.percentile(h_pac, 99) / 1e3:.1f} us, RSS MB at 20/40/60/80/100%: {' '.join(f'{r:.0f}' for r in rss)}")
+    print(f"  base   : {base:8.0f} steps/s = {base / HZ:6.1f}x real time, {base * mb:6.1f} MB/s (one write per episode, after the fact)")
+    print(f"  ratio  : ours/baseline = {ours / base:.2f}")
+    return ours / base
+
+
+def ten_k(tmp, n_eps, ep_len):
+    path = os.path.join(tmp, "tenk")
+    fields = scenario_fields(False)
+    pool = make_steps(ep_len, False)
+    store = EpisodeStore.create(path)
+    t0 = time.perf_counter()
+    with store.recorder(flush_interval_s=0.5) as rec:
+        for _ in range(n_eps):
+            eid = rec.begin_episode(start(), fields)
+            for s in pool:
+                rec.put(eid, s)
+            rec.end_episode(eid, end(ep_len))
+    t_rec = time.perf_counter() - t0
+    files = sum(len(f) for _, _, f in os.walk(path))
+    size = sum(os.path.getsize(os.path.join(d, x)) for d, _, f in os.walk(path) for x in f) / 1e6
+    t0 = time.perf_counter()
+    store = EpisodeStore.open(path)
+    t_open = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    infos = store.episodes(complete=True)
+    t_list = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store.read_steps(infos[n_eps // 2].episode_id)
+    t_read = time.perf_counter() - t0
+    import tensordict  # noqa: F401  (import cost is not batch time)
+
+    t0 = time.perf_counter()
+    n = sum(b.batch_size[0] for b in store.iter_batches(4096, fields=["obs/state", "applied_action"]))
+    t_iter = time.perf_counter() - t0
+    print(f"\n[{n_eps} episodes x {ep_len} steps, state only] recorded in {t_rec:.1f} s; {files} files, {size:.1f} MB")
+    print(f"  open {t_open * 1e3:.0f} ms, episodes() {t_list * 1e3:.0f} ms, read one episode {t_read * 1e3:.1f} ms, "
+          f"iter_batches {n / t_iter:.0f} steps/s ({n} steps)")
+
+
+def codecs(frames: np.ndarray):
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    cands = {
+        "none": [],
+        "zstd-1 (chosen)": [ZstdCodec(level=1, checksum=True)],
+        "zstd-3": [ZstdCodec(level=3, checksum=True)],
+        "zstd-9": [ZstdCodec(level=9)],
+        "blosc-lz4": [BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle", typesize=1)],
+        "blosc-zstd-3": [BloscCodec(cname="zstd", clevel=3, shuffle="noshuffle", typesize=1)],
+    }
+    n = layout.frames_per_chunk(scenario_fields(True)["obs/cam_left"])
+    print(f"{len(frames)} frames {frames.shape[1:]}, chunks of {n} frames, shards of {n * layout.IMAGES_PER_SHARD_CHUNKS}")
+    for name, comp in cands.items():
+        store = zarr.storage.MemoryStore()
+        a = zarr.create_array(store, shape=frames.shape, dtype="uint8", chunks=(n, *frames.shape[1:]),
+                              shards=(n * layout.IMAGES_PER_SHARD_CHUNKS, *frames.shape[1:]), compressors=comp)
+        t = time.perf_counter()
+        a[:] = frames
+        tw = time.perf_counter() - t
+        t = time.perf_counter()
+        back = a[:]
+        tr = time.perf_counter() - t
+        assert (back == frames).all()
+        size = sum(len(v) for k, v in store._store_dict.items() if not k.endswith("zarr.json"))
+        print(f"  {name:16} ratio {frames.nbytes / size:5.1f}x  write {frames.nbytes / tw / 1e6:6.0f} MB/s  "
+              f"read {frames.nbytes / tr / 1e6:6.0f} MB/s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10_000, help="steps per scenario (default 10000)")
+    ap.add_argument("--episode", type=int, default=500, help="steps per episode (default 500 = 10 s at 50 Hz)")
+    ap.add_argument("--pace", type=float, default=20.0, help="offered rate in the paced run, x real time")
+    ap.add_argument("--episodes", type=int, default=10_000, help="episodes in the file-count/open-time store")
+    ap.add_argument("--quick", action="store_true", help="2000 steps, 1000 episodes")
+    ap.add_argument("--codecs", action="store_true", help="only compare image codecs")
+    ap.add_argument("--frames", help="a .npy of real (N, H, W, 3) uint8 frames for --codecs")
+    ap.add_argument("--only", choices=["cameras", "state", "episodes"], help="run one part only")
+    ap.add_argument("--dir", help="where to write (default: a temporary directory, removed afterwards)")
+    args = ap.parse_args()
+    if args.codecs:
+        codecs(np.load(args.frames) if args.frames else make_frames(512))
+        return
+    if args.quick:
+        args.steps, args.episodes = 2000, 1000
+    tmp = args.dir or tempfile.mkdtemp(prefix="bench_recorder_")
+    try:
+        print(f"cpu cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
+        if args.only in (None, "cameras"):
+            scenario("two cameras", True, args.steps, args.episode, args.pace, tmp)
+        if args.only in (None, "state"):
+            scenario("state only", False, args.steps, args.episode, args.pace, tmp)
+        if args.only in (None, "episodes"):
+            ten_k(tmp, args.episodes, 20)
+        print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    finally:
+        if not args.dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
