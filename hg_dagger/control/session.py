@@ -134,6 +134,21 @@ def load_run_config(path: str | Path | None, task: str | None = None, **override
 
 
 @dataclass
+class _OperatorTick:
+    """What the operators said this tick, per env row."""
+
+    motion: np.ndarray  # float32 [N, 7] processed command (NaN: none)
+    raw: np.ndarray  # float32 [N, 7] raw device value, recorded as human_command
+    t_device: np.ndarray  # int64 [N]
+    engaged: np.ndarray  # bool [N]
+    device_ok: np.ndarray  # bool [N] the device (or expert) answered
+    takeover: np.ndarray  # bool [N]
+    ret: np.ndarray  # bool [N] return button
+    expert_action: np.ndarray  # float32 [N, A] expert operator's labels (NaN: none)
+    expert_valid: np.ndarray  # bool [N]
+
+
+@dataclass
 class RunSummary:
     episodes: int = 0
     steps: int = 0
@@ -345,59 +360,21 @@ class Session:
         unc = np.asarray(out.uncertainty, np.float32)
 
         # 2. the operator: device / synthetic operator / expert
-        state_before = self.machine.state
-        op_motion = np.full((n, COMMAND_DIM), np.nan, np.float32)
-        op_raw_cmd = np.full((n, COMMAND_DIM), np.nan, np.float32)
-        t_device = np.full(n, NO_TIME, np.int64)
-        engaged = np.zeros(n, bool)
-        device_ok = np.ones(n, bool)
-        takeover = np.zeros(n, bool)
-        ret = np.zeros(n, bool)
-        expert_action = np.full((n, m.action_dim), np.nan, np.float32)
-        expert_valid = np.zeros(n, bool)
-        if self.operator_kind == "expert":
-            expert_action, expert_valid = self._query_expert(np.arange(n))
-            engaged[:] = True
-            device_ok = expert_valid.copy()
-        else:
-            if self.operator_kind == "synthetic":
-                want = np.flatnonzero(active & ((state_before == REQUESTED) | (state_before == HUMAN)))
-                self._operator_raw[:] = np.nan
-                if want.size:
-                    self._operator_raw[want] = self._query_expert(want)[0][want]
-            for r, op in enumerate(self.operators):
-                if op is None:
-                    device_ok[r] = False
-                    continue
-                if self._synthetic[r]:  # the synthetic operator watches the scene
-                    requested = bool(state_before[r] == REQUESTED)
-                    row = {k: v[r : r + 1] for k, v in obs.items()} if requested or op.engaged else None
-                    op.observe(row, requested)
-                    if not op.engaged:  # nothing to say until it answers a request
-                        device_ok[r] = op.connected
-                        continue
-                cmd = op.poll() if op.connected else None
-                if cmd is None:
-                    device_ok[r] = False
-                    continue
-                op_motion[r], op_raw_cmd[r], t_device[r] = cmd.motion, cmd.raw, cmd.t_device
-                engaged[r] = cmd.engaged
-                takeover[r] = TAKEOVER in cmd.buttons
-                ret[r] = RETURN in cmd.buttons
-                if ESTOP in cmd.buttons:
-                    self.safety.request_estop(f"device:{cmd.device_id}", "device e-stop button")
-        self._device_events(device_ok, active, t_policy)
+        state_before = self.machine.state.copy()
+        op = self._poll_operators(active, state_before)
+        self._device_events(op.device_ok, active, t_policy)
         bridge_estop = self._bridge_info.get("estop")
         if bridge_estop is not None and np.any(bridge_estop):
             self.safety.request_estop("bridge", "robot-side e-stop")
         estop = np.full(n, self.safety.estopped, bool)
+        engaged, expert_action, expert_valid = op.engaged, op.expert_action, op.expert_valid
 
         # 3. gates (only where the policy is in control); grabbing a hold-to-intervene device is a takeover
         armed = (state_before == _AUTO) | (state_before == _WARNING)
         grabbed = engaged & ~self._prev_engaged & armed if self.operator_kind != "expert" else np.zeros(n, bool)
         self._prev_engaged = engaged
         gate_in = GateInputs(step=self.ep_step, t_ns=t_policy, action=policy, uncertainty=unc, obs=obs,
-                             signals=self.signals, takeover=takeover | grabbed,
+                             signals=self.signals, takeover=op.takeover | grabbed,
                              prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok)
         g = self.gates.update(gate_in, armed & active)
         for r, ev in g.events:
@@ -410,16 +387,16 @@ class Session:
         if self.operator_kind == "expert":
             op_action = expert_action
         else:
-            has_cmd = np.isfinite(op_motion).all(axis=1)
+            has_cmd = np.isfinite(op.motion).all(axis=1)
             op_action = np.full((n, m.action_dim), np.nan, np.float32)
             if has_cmd.any():
-                op_action[has_cmd] = m.human_to_raw(op_motion[has_cmd])
+                op_action[has_cmd] = m.human_to_raw(op.motion[has_cmd])
         tol = self.machine.cfg.auto_return.agree_tol
         with np.errstate(invalid="ignore"):
             agree = np.all(np.abs(policy - op_action) <= tol, axis=1)
         d = self.machine.update(TickInputs(
-            step=self.ep_step, t_ns=t_policy, gate_level=g.level, engaged=engaged, device_ok=device_ok,
-            return_button=ret, agree=agree, confident=self.gates.confident(), estop=estop,
+            step=self.ep_step, t_ns=t_policy, gate_level=g.level, engaged=engaged, device_ok=op.device_ok,
+            return_button=op.ret, agree=agree, confident=self.gates.confident(), estop=estop,
             gate_trip=self.gates.trip, t_warn=self.gates.t_warn, t_gate=self.gates.t_gate))
         self.gates.rearm(d.rearm)
         self._transition_events(d, t_policy)
@@ -473,7 +450,7 @@ class Session:
         term, trunc = np.asarray(result.terminated, bool), np.asarray(result.truncated, bool)
         align = info.get("alignment_error_ms")
         transport = info.get("transport_ns")
-        human_cmd = ((source == SRC_HUMAN) | (d.state == HUMAN)) & np.isfinite(op_raw_cmd).all(axis=1)
+        human_cmd = ((source == SRC_HUMAN) | (d.state == HUMAN)) & np.isfinite(op.raw).all(axis=1)
         cols = {
             "t_obs": self.t_obs, "t_action_apply": t_apply, "policy_action": policy,
             "policy_confidence": np.asarray(out.confidence, np.float32), "policy_uncertainty": unc,
@@ -493,15 +470,19 @@ class Session:
             step = {k: v[r] for k, v in rows.items()}
             step.update(common)
             if human_cmd[r]:
-                step["human_command"] = op_raw_cmd[r]
-                step["t_device"] = t_device[r]
+                step["human_command"] = op.raw[r]
+                step["t_device"] = op.t_device[r]
             self.rec.put(self.eids[r], step)
         self.summary.steps += int(active.sum())
         self.summary.human_steps += int((active & ((source == SRC_HUMAN) | (source == SRC_EXPERT))).sum())
         self.ep_step[active] += 1
 
         # 8. episode ends: env-driven, or a SAFE_STOP; an e-stop ends the run
-        stopped = d.state == SAFE_STOP
+        self._episode_ends(d.state == SAFE_STOP, term, trunc, success, active, result)
+
+    def _episode_ends(self, stopped, term, trunc, success, active, result) -> None:
+        """End finished episodes, reset their rows with fresh seeds and begin the next ones."""
+        n, info = self.n, result.info
         ended = (term | trunc | stopped) & active
         for r in np.flatnonzero(ended):
             r = int(r)
@@ -570,6 +551,48 @@ class Session:
         self._release_operator(r)
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def _poll_operators(self, active: np.ndarray, state_before: np.ndarray) -> _OperatorTick:
+        """This tick's operator input per env row: the expert's labels, or each device's command."""
+        n, a = self.n, self.mapping.action_dim
+        op = _OperatorTick(
+            motion=np.full((n, COMMAND_DIM), np.nan, np.float32), raw=np.full((n, COMMAND_DIM), np.nan, np.float32),
+            t_device=np.full(n, NO_TIME, np.int64), engaged=np.zeros(n, bool), device_ok=np.ones(n, bool),
+            takeover=np.zeros(n, bool), ret=np.zeros(n, bool), expert_action=np.full((n, a), np.nan, np.float32),
+            expert_valid=np.zeros(n, bool))
+        if self.operator_kind == "expert":
+            op.expert_action, op.expert_valid = self._query_expert(np.arange(n))
+            op.engaged[:] = True
+            op.device_ok = op.expert_valid.copy()
+            return op
+        if self.operator_kind == "synthetic":
+            want = np.flatnonzero(active & ((state_before == REQUESTED) | (state_before == HUMAN)))
+            self._operator_raw[:] = np.nan
+            if want.size:
+                self._operator_raw[want] = self._query_expert(want)[0][want]
+        obs = self.obs
+        for r, dev in enumerate(self.operators):
+            if dev is None:
+                op.device_ok[r] = False
+                continue
+            if self._synthetic[r]:  # the synthetic operator watches the scene
+                requested = bool(state_before[r] == REQUESTED)
+                row = {k: v[r : r + 1] for k, v in obs.items()} if requested or dev.engaged else None
+                dev.observe(row, requested)
+                if not dev.engaged:  # nothing to say until it answers a request
+                    op.device_ok[r] = dev.connected
+                    continue
+            cmd = dev.poll() if dev.connected else None
+            if cmd is None:
+                op.device_ok[r] = False
+                continue
+            op.motion[r], op.raw[r], op.t_device[r] = cmd.motion, cmd.raw, cmd.t_device
+            op.engaged[r] = cmd.engaged
+            op.takeover[r] = TAKEOVER in cmd.buttons
+            op.ret[r] = RETURN in cmd.buttons
+            if ESTOP in cmd.buttons:
+                self.safety.request_estop(f"device:{cmd.device_id}", "device e-stop button")
+        return op
 
     def _query_expert(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expert labels for ``rows`` in raw space, as (action [N, A], valid [N]) indexed by env row."""
