@@ -40,7 +40,7 @@ def fetch_obs(rng, n):
     return obs
 
 
-def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float]:
+def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float, float]:
     cfg = load_run_config(None, "fetch_pick_place", num_envs=n)
     gates = GateEngine(load_gate_config(cfg.gates, "fetch_pick_place"), num_envs=n, step_dt=0.04, action_dim=4)
     machine = HandoverMachine(cfg.handover, num_envs=n, action_dim=4, step_dt=0.04)
@@ -51,13 +51,14 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float]:
     if busy:
         human[: max(1, n // 4)] = True
         machine.state[human] = HUMAN
-    times = []
+    times, cpu = [], []
     for t in range(ticks + 200):
         action = rng.uniform(-0.8, 0.8, (n, 4)).astype(np.float32)
         unc = rng.exponential(0.1, n).astype(np.float32)
         signals = {"progress": -np.abs(rng.normal(0.1, 0.01, n)), "collision_imminent": np.zeros(n),
                    "object_dropped": np.zeros(n), "contact_force": rng.uniform(0, 1, n)}
         step = np.full(n, t % 150, np.int64)
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         armed = (machine.state == AUTO) | (machine.state == WARNING)
         g = gates.update(GateInputs(step=step, t_ns=t0, action=action, uncertainty=unc, obs=obs, signals=signals,
@@ -72,12 +73,14 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float]:
         res = safety.apply(cmd, obs)
         safety.commit(res.applied)
         t1 = time.perf_counter_ns()
+        c1 = time.thread_time_ns()
         if t >= 200:
             times.append(t1 - t0)
+            cpu.append(c1 - c0)
         if not busy:  # keep every env autonomous: measure the steady state, not handovers
             machine.state[:] = AUTO
             gates.rearm(np.arange(n))
-    return pct(times)
+    return (*pct(times), pct(cpu)[0])
 
 
 def whole_tick(n: int, ticks: int, quiet: bool = False):
@@ -260,11 +263,11 @@ def main() -> None:
     ticks = 200 if args.quick else args.ticks
     t_start = now_ns()
     print(f"control layer (gates + handover + safety), FetchPickAndPlace configs, {ticks} ticks")
-    print(f"{'num_envs':>8} {'scenario':>22} {'p50 us':>9} {'p99 us':>9}")
+    print(f"{'num_envs':>8} {'scenario':>22} {'p50 us':>9} {'p99 us':>9} {'CPU p50 us':>10}")
     for n in (1, 64):
         for busy in (False, True):
-            p50, p99 = control_layer(n, ticks, busy)
-            print(f"{n:>8} {'25% in correction' if busy else 'all autonomous':>22} {p50:9.1f} {p99:9.1f}")
+            p50, p99, c50 = control_layer(n, ticks, busy)
+            print(f"{n:>8} {'25% in correction' if busy else 'all autonomous':>22} {p50:9.1f} {p99:9.1f} {c50:10.1f}")
     print(f"\nwhole tick on toy_reach, {ticks // 2} ticks (student 5x256x256 MLP ensemble), microseconds")
     print("bare = student.act + env.step; session = Session.tick with recorder.put into a real store")
     print(f"{'num_envs':>8} {'session gates':>24} {'bare p50':>9} {'bare p99':>9} {'sess p50':>9} {'sess p99':>9} "
