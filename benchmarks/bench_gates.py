@@ -120,7 +120,6 @@ def whole_tick(n: int, ticks: int, quiet: bool = False):
 
 def poll_to_applied(ticks: int):
     from hg_dagger.devices import Keyboard
-
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
