@@ -51,7 +51,7 @@ def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, dict]:
     """Env-steps/s of the auto collector (student + expert + beta mixing + recorder) on the same env."""
     from hg_dagger.learn.auto import Collector
 
-    rec = store.recorder(queue_steps=1 << 16)
+    rec = store.recorder(flush_interval_s=2.0, queue_steps=1 << 16)  # AutoConfig.recorder_flush_s default
     col = Collector(env, expert, rec, mode="dagger_sync", seed=0)
     col.set_policy(student, iteration=0, beta=0.5)
     count = {"t": 0}

@@ -105,6 +105,7 @@ class AutoConfig(BaseModel):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     recorder_queue_steps: int = Field(default=16384, gt=0)
+    recorder_flush_s: float = Field(default=2.0, gt=0, description="writer flush period; longer = fewer, larger writes")
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
 
     def beta_at(self, iteration: int) -> float:
@@ -314,19 +315,20 @@ class Collector:
                 reward = np.asarray(res.reward, dtype=np.float32)
                 t_apply = np.asarray(res.info.get("t_action_apply", np.full(n, NO_TIME_FILL)), dtype=np.int64)
                 success = np.asarray(res.info["success"], dtype=bool)
+                per_row = [(f"obs/{k}", obs[k]) for k in self.obs_keys] + [
+                    ("t_obs", t_obs), ("t_action_apply", t_apply), ("policy_action", out.action),
+                    ("policy_confidence", out.confidence), ("policy_uncertainty", out.uncertainty),
+                    ("expert_action", expert_action), ("expert_valid", expert_valid), ("expert_used", used),
+                    ("applied_action", applied), ("action_source", source), ("control_state", control),
+                    ("reward", reward), ("terminated", np.asarray(res.terminated)),
+                    ("truncated", np.asarray(res.truncated)), ("success", success),
+                ]
+                shared = {"t_policy": t_policy, "inference_ns": out.inference_ns, "valid": True}
                 for i in ids:
-                    r = rows[i]
-                    step = {f"obs/{k}": obs[k][i] for k in self.obs_keys}
-                    step.update(
-                        t_obs=t_obs[i], t_policy=t_policy, t_action_apply=t_apply[i], inference_ns=out.inference_ns,
-                        policy_action=out.action[i], policy_confidence=out.confidence[i],
-                        policy_uncertainty=out.uncertainty[i], expert_action=expert_action[i],
-                        expert_valid=expert_valid[i], expert_used=used[i], applied_action=applied[i],
-                        action_source=source[i], control_state=control[i], reward=reward[i],
-                        terminated=res.terminated[i], truncated=res.truncated[i], success=success[i], valid=True,
-                    )
-                    self.recorder.put(r.episode_id, step)
-                    r.t += 1
+                    step = {name: arr[i] for name, arr in per_row}
+                    step.update(shared)
+                    self.recorder.put(rows[i].episode_id, step)
+                    rows[i].t += 1
                 ended = np.asarray(res.terminated | res.truncated, dtype=bool)
                 lengths = np.array([r.t for r in rows])
                 cut = active & ~ended & (lengths >= self.max_steps)
@@ -482,7 +484,7 @@ class AutoRun:
             for it in range(start, cfg.iterations):
                 beta = cfg.beta_at(it)
                 rss0 = _rss_mb()
-                rec = store.recorder(queue_steps=cfg.recorder_queue_steps)
+                rec = store.recorder(flush_interval_s=cfg.recorder_flush_s, queue_steps=cfg.recorder_queue_steps)
                 collector = Collector(env, expert, rec, mode=cfg.mode, seed=cfg.seed * 1000 + it,
                                       expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps)
                 collector.set_policy(trainer.student, iteration=it, beta=beta)
@@ -624,7 +626,7 @@ def _async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop)
         mapping = load_mapping(cfg.task)
         expert = build_expert(cfg.expert, mapping, relabel=True)
         store = EpisodeStore.open(store_url, mode="a")
-        rec = store.recorder(queue_steps=cfg.recorder_queue_steps)
+        rec = store.recorder(flush_interval_s=cfg.recorder_flush_s, queue_steps=cfg.recorder_queue_steps)
         seen = {"stamp": None}
 
         def load_snapshot(collector) -> None:
