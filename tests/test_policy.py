@@ -145,3 +145,15 @@ def test_cnn_student_uses_the_camera(tmp_path):
     assert not np.allclose(out.action[0], out.action[1])
     s.save(tmp_path / "cnn.pt")
     np.testing.assert_array_equal(Student.load(tmp_path / "cnn.pt", m).act(obs).action, out.action)
+
+
+def test_cnn_student_on_the_fetch_camera_task():
+    m = load_mapping("fetch_pick_place_rgb")
+    s = Student.create(m, kind="cnn", ensemble=2, hidden=(32,))
+    assert s.spec.image_keys == ("rgb",) and s.spec.image_shape == (128, 128, 3)
+    rng = np.random.default_rng(1)
+    obs = {k: (rng.integers(0, 255, (3, *shape), dtype=np.uint8) if dtype == "uint8"
+               else rng.normal(size=(3, *shape)).astype(dtype)) for k, (shape, dtype) in m.obs_spec().items()}
+    out = s.act(obs)
+    assert out.action.shape == (3, 4) and np.all(np.abs(out.action) <= 1)
+    assert Student.create(m, kind="mlp").spec.image_keys == ()  # a state student ignores the camera
