@@ -6,7 +6,7 @@ Scenarios: 31-d state + two 128x128 RGB cameras at 50 Hz, and 31-d state only. F
   base   - the same episodes collected in lists and written to the same zarr layout in one go per episode
 and our/baseline throughput. Then a 10k-episode store: file count, open time, listing and loading times.
 
-    python benchmarks/bench_recorder.py            # default run (about 2 minutes on 2 busy cores)
+    python benchmarks/bench_recorder.py            # default run (about 2 minutes on 2 cores shared with other work)
     python benchmarks/bench_recorder.py --quick    # smaller
     python benchmarks/bench_recorder.py --codecs   # image codec comparison only (size, write, read)
 """
@@ -140,15 +140,15 @@ def run_baseline(path, fields, pool, total, ep_len):
     return time.perf_counter() - t0
 
 
-def scenario(name, cameras, total, ep_len, pace, tmp):
+def scenario(name, cameras, total, max_steps, ep_len, pace, tmp):
     fields = scenario_fields(cameras)
     pool = make_steps(min(total, 2048), cameras)
     mb = step_bytes(fields) / 1e6
-    t_max, st_max, h_max, _ = run_ours(os.path.join(tmp, f"{name}-max"), fields, pool, total, ep_len, pace=None, on_full="block")
+    t_max, st_max, h_max, _ = run_ours(os.path.join(tmp, f"{name}-max"), fields, pool, max_steps, ep_len, pace=None, on_full="block")
     t_pac, st_pac, h_pac, rss = run_ours(os.path.join(tmp, f"{name}-paced"), fields, pool, total, ep_len, pace=pace, on_full="drop")
-    t_base = run_baseline(os.path.join(tmp, f"{name}-base"), fields, pool, total, ep_len)
-    ours, base = total / t_max, total / t_base
-    print(f"\n[{name}] {total} steps, episodes of {ep_len}, {mb * 1e3:.1f} kB/step")
+    t_base = run_baseline(os.path.join(tmp, f"{name}-base"), fields, pool, max_steps, ep_len)
+    ours, base = max_steps / t_max, max_steps / t_base
+    print(f"\n[{name}] max/base {max_steps} steps, paced {total} steps, episodes of {ep_len}, {mb * 1e3:.1f} kB/step")
     print(f"  max    : {ours:8.0f} steps/s = {ours / HZ:6.1f}x real time, {ours * mb:6.1f} MB/s, "
           f"dropped {st_max.dropped_steps}, hand-off p50 {np.percentile(h_max, 50) / 1e3:.1f} us "
           f"p99 {np.percentile(h_max, 99) / 1e3:.1f} us (blocking)")
@@ -225,10 +225,12 @@ def codecs(frames: np.ndarray):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10_000, help="steps per scenario (default 10000)")
+    ap.add_argument("--steps", type=int, default=10_000, help="steps of the paced run (default 10000)")
+    ap.add_argument("--max-steps", type=int, default=4000, help="steps of the unpaced and baseline runs (default 4000)")
     ap.add_argument("--episode", type=int, default=500, help="steps per episode (default 500 = 10 s at 50 Hz)")
     ap.add_argument("--pace", type=float, default=20.0, help="offered rate in the paced run, x real time")
     ap.add_argument("--episodes", type=int, default=10_000, help="episodes in the file-count/open-time store")
+    ap.add_argument("--episode-steps", type=int, default=10, help="steps per episode in the 10k-episode store")
     ap.add_argument("--quick", action="store_true", help="2000 steps, 1000 episodes")
     ap.add_argument("--codecs", action="store_true", help="only compare image codecs")
     ap.add_argument("--frames", help="a .npy of real (N, H, W, 3) uint8 frames for --codecs")
@@ -239,17 +241,18 @@ def main():
         codecs(np.load(args.frames) if args.frames else make_frames(512))
         return
     if args.quick:
-        args.steps, args.episodes = 2000, 1000
+        args.steps, args.max_steps, args.episodes = 2000, 2000, 1000
     tmp = args.dir or tempfile.mkdtemp(prefix="bench_recorder_")
     try:
-        print(f"cpu cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
+        print(f"cpu cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, zarr {zarr.__version__}")
         if args.only in (None, "cameras"):
-            scenario("two cameras", True, args.steps, args.episode, args.pace, tmp)
+            scenario("two cameras", True, args.steps, args.max_steps, args.episode, args.pace, tmp)
         if args.only in (None, "state"):
-            scenario("state only", False, args.steps, args.episode, args.pace, tmp)
+            scenario("state only", False, args.steps, args.max_steps, args.episode, args.pace, tmp)
         if args.only in (None, "episodes"):
-            ten_k(tmp, args.episodes, 20)
-        print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+            ten_k(tmp, args.episodes, args.episode_steps)
+        print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB, "
+              f"load average at the end {os.getloadavg()[0]:.1f}")
     finally:
         if not args.dir:
             shutil.rmtree(tmp, ignore_errors=True)

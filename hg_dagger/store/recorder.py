@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _IDLE_SLEEP_S = 0.002
-_MAX_PENDING_STEPS = 4096  # flush early when this many steps wait in memory (bounds memory at high rates)
+_MAX_PENDING_BYTES = 64 << 20  # flush early when this much step data waits in memory (bounds memory at high rates)
 
 
 @dataclass
@@ -59,6 +59,8 @@ class _Episode:
     start: EpisodeStart
     fields: dict[str, FieldSpec]
     key: tuple
+    step_bytes: int = 0
+    capacity: int = 0  # queue length at which put() drops or blocks, for this episode's step size
     next_step: int = 0  # control side: number of put() calls so far
     dropped: int = 0  # control side
     ended: bool = False  # control side
@@ -81,7 +83,8 @@ _LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
 class Recorder:
     """Streams episodes into an EpisodeStore. Obtain one with EpisodeStore.recorder(); use from one control thread.
 
-    Arrays handed to put() are owned by the recorder afterwards: do not modify them in place.
+    Arrays handed to put() are owned by the recorder afterwards: do not modify them in place. Call close() (or use
+    a with-block): a process that exits without it is treated like a crash (see docs/data-format.md).
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Recorder:
         flush_interval_s: float = 0.5,
         queue_steps: int = 8192,
         on_full: Literal["drop", "block"] = "drop",
+        queue_bytes: int = 256 << 20,
     ):
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
@@ -99,6 +103,7 @@ class Recorder:
         self._store = store
         self.flush_interval_s = float(flush_interval_s)
         self.queue_steps = int(queue_steps)
+        self.queue_bytes = int(queue_bytes)
         self.on_full = on_full
         self.stats = RecorderStats()
         self._q: deque = deque()
@@ -124,7 +129,9 @@ class Recorder:
             if name != spec.name:
                 raise ContractError(f"episode {eid}: fields key '{name}' != FieldSpec.name '{spec.name}'")
         key = tuple(sorted((n, s.model_dump_json()) for n, s in fields.items()))
-        ep = _Episode(eid=eid, start=start, fields=dict(fields), key=key)
+        nbytes = sum(int(np.prod(f.shape)) * f.np_dtype.itemsize for f in fields.values())
+        ep = _Episode(eid=eid, start=start, fields=dict(fields), key=key, step_bytes=nbytes,
+                      capacity=max(1, min(self.queue_steps, self.queue_bytes // max(nbytes, 1))))
         self._episodes[eid] = ep
         self._seen.add(eid)
         self._q.append(("begin", ep))
@@ -137,12 +144,12 @@ class Recorder:
             self._raise_for(eid, ep)
         n = ep.next_step
         ep.next_step = n + 1
-        if len(self._q) >= self.queue_steps:
+        if len(self._q) >= ep.capacity:
             if self.on_full == "drop":
                 ep.dropped += 1
                 self.stats.dropped_steps += 1
                 return False
-            while len(self._q) >= self.queue_steps and self._fatal is None:
+            while len(self._q) >= ep.capacity and self._fatal is None:
                 time.sleep(0.0002)
         self._q.append((ep, n, step))
         self.stats.queued_steps += 1
@@ -233,7 +240,7 @@ class Recorder:
         dirty = False
         records: list[dict] = []
         touched: list[_Episode] = []
-        pending_steps = 0
+        pending_bytes = 0
         try:
             while True:
                 drained = 0
@@ -246,18 +253,18 @@ class Recorder:
                             if not ep.pending:
                                 touched.append(ep)
                             ep.pending.append((n, step))
-                            pending_steps += 1
+                            pending_bytes += ep.step_bytes
                     else:
                         self._control(item, records, touched)
-                    if pending_steps >= _MAX_PENDING_STEPS:
+                    if pending_bytes >= _MAX_PENDING_BYTES:
                         break
                 self.stats.max_queue = max(self.stats.max_queue, drained)
                 dirty = dirty or drained > 0
                 now = time.monotonic()
                 closing = self._closing and not self._q
-                if dirty and (closing or pending_steps >= _MAX_PENDING_STEPS or now - last_flush >= self.flush_interval_s):
+                if dirty and (closing or pending_bytes >= _MAX_PENDING_BYTES or now - last_flush >= self.flush_interval_s):
                     self._flush(records, touched)
-                    records, touched, pending_steps, dirty = [], [], 0, False
+                    records, touched, pending_bytes, dirty = [], [], 0, False
                     last_flush = now
                 if closing:
                     for seg in self._segments.values():
@@ -372,7 +379,7 @@ class Recorder:
         if dropped:
             events.append(Event(
                 kind=EventKind.DROPPED_STEPS, step=max(0, min(ep.dropped_steps, default=0)), t_ns=now_ns(),
-                reason=f"recorder queue full (queue_steps={self.queue_steps}, on_full=drop)", source="recorder",
+                reason=f"recorder queue full ({ep.capacity} steps, on_full=drop)", source="recorder",
                 values={"count": int(dropped), "steps": [int(s) for s in ep.dropped_steps[:1000]]},
             ))
         quality = list(end.quality_flags) + (["dropped_steps"] if dropped and "dropped_steps" not in end.quality_flags else [])

@@ -395,13 +395,15 @@ class EpisodeStore:
 
     # ------------------------------------------------------------------ writing and batches
 
-    def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: str = "drop"):
+    def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: str = "drop",
+                 queue_bytes: int = 256 << 20):
         """A Recorder streaming new episodes into this store (see hg_dagger.store.recorder)."""
         from hg_dagger.store.recorder import Recorder
 
         self._writable()
         self._catalog()  # ids known now are refused by begin_episode without touching the disk again
-        return Recorder(self, flush_interval_s=flush_interval_s, queue_steps=queue_steps, on_full=on_full)
+        return Recorder(self, flush_interval_s=flush_interval_s, queue_steps=queue_steps, on_full=on_full,
+                        queue_bytes=queue_bytes)
 
     def _writable(self) -> None:
         if self.mode != "a":
