@@ -94,6 +94,8 @@ def test_rgb_variant_renders_lean_frames():
     assert not np.array_equal(obs["rgb"][0], obs["rgb"][1])  # each row renders its own state
     res = env.step(np.tile(np.array([[1.0, 0, 0, 0]], np.float32), (2, 1)))
     assert not np.array_equal(res.obs["rgb"], obs["rgb"])
+    for i, row in enumerate(env.envs):  # the rendered target marker sits at each row's goal
+        np.testing.assert_allclose(row.data.site("target0").xpos, obs["desired_goal"][i], atol=1e-5)
     env.close()
 
 

@@ -62,7 +62,10 @@ class FetchVecEnv(MujocoRowsEnv):
         self._lifted = np.zeros(self.num_envs, bool)
 
     def _reset_row(self, i: int, seed: int | None) -> Any:
-        obs, _ = self.envs[i].reset(seed=seed)
+        env = self.envs[i]
+        obs, _ = env.reset(seed=seed)
+        if self.camera is not None:
+            env._render_callback()  # moves the target marker to this episode's goal (Fetch does it only in render())
         return obs
 
     def _step_row(self, i: int, action: np.ndarray):
