@@ -90,10 +90,12 @@ class RunConfig(_Strict):
     realtime: bool = Field(default=False, description="pace ticks at the task's control rate (live devices)")
 
     @model_validator(mode="after")
-    def _pause(self) -> RunConfig:
+    def _one_env(self) -> RunConfig:
         if self.handover.wait == "pause" and self.num_envs != 1:
             raise ValueError("handover.wait 'pause' stops the simulator, which a batch of envs cannot do per env: "
                              "use num_envs 1, or wait 'hold' / 'policy'")
+        if self.operator.type == "device" and self.num_envs != 1:
+            raise ValueError("operator.type 'device': a live device drives one env, set num_envs 1")
         return self
 
 
@@ -122,6 +124,8 @@ def load_run_config(path: str | Path | None, task: str | None = None, **override
         data.pop("kind", None)
     if task is not None:
         data["task"] = task
+    if any(v is not None for v in overrides.values()) and path is not None:
+        source = f"{path} with options {', '.join(k for k, v in overrides.items() if v is not None)}"
     for key, value in overrides.items():
         if value is None:
             continue
@@ -671,7 +675,7 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
         from hg_dagger.devices import make_device
 
         if env.num_envs != 1:
-            raise ConfigError("a live device drives one env: set num_envs 1")
+            raise ConfigError(f"a live device drives one env; the env has {env.num_envs}")
         if not op.device:
             raise ConfigError("operator.type 'device' needs operator.device (a name in configs/devices or a path)")
         dev = make_device(op.device)
@@ -694,14 +698,18 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
 
+    env = make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)  # bad task or checkpoint: fail before the store
     try:
-        store = EpisodeStore.open(store_url, mode="a")
-    except Exception:  # noqa: BLE001 - a missing store is created; a corrupt one fails again below
-        if Path(str(store_url)).exists() and any(Path(str(store_url)).iterdir()):
-            raise
-        store = EpisodeStore.create(store_url)
-    env = make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)
-    student = Student.load(student_path, env.mapping) if student_path else Student.create(env.mapping, seed=cfg.seed)
+        student = Student.load(student_path, env.mapping) if student_path else Student.create(env.mapping, seed=cfg.seed)
+        try:
+            store = EpisodeStore.open(store_url, mode="a")
+        except HgDaggerError:  # a missing store is created; a damaged one fails again below
+            if Path(str(store_url)).exists() and any(Path(str(store_url)).iterdir()):
+                raise
+            store = EpisodeStore.create(store_url)
+    except BaseException:
+        env.close()
+        raise
     rec = store.recorder()
     try:
         session = build_session(cfg, rec, student, env=env)
