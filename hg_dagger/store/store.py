@@ -101,9 +101,9 @@ class EpisodeStore:
         url = os.fspath(url)
         if mode not in ("r", "a"):
             raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
-        zstore = layout.open_zarr_store(url, read_only=mode == "r")
+        zstore = layout.open_zarr_store(url, read_only=True)  # a writable LocalStore would create a missing dir
         try:
-            root = zarr.open_group(zstore, mode="r" if mode == "r" else "r+")
+            root = zarr.open_group(zstore, mode="r")
             meta = dict(root.attrs).get(layout.STORE_ATTR)
         except FileNotFoundError as exc:
             raise StoreError(f"{url}: no episode store here") from exc
@@ -117,6 +117,9 @@ class EpisodeStore:
         if int(meta.get("format_version", -1)) != layout.FORMAT_VERSION:
             raise StoreError(f"{url}: store format_version {meta.get('format_version')!r} is not supported "
                              f"(this version reads {layout.FORMAT_VERSION})")
+        if mode == "a":
+            zstore = layout.open_zarr_store(url, read_only=False)
+            root = zarr.open_group(zstore, mode="r+")
         store = cls(url, zstore, root, mode)
         store.refresh()
         for _eid, msg in store._damaged:
