@@ -124,7 +124,12 @@ class EpisodeRecord:
     def end(self) -> EpisodeEnd | None:
         if self._end is None and self.end_text is not None:
             try:
-                self._end = EpisodeEnd.model_validate(json.loads(self.end_text)["end"])
+                head = _HEADER.match(self.end_text)
+                body = self.end_text[head.end():] if head else ""
+                if body.startswith('"end":') and body.endswith("}"):
+                    self._end = EpisodeEnd.model_validate_json(body[len('"end":'):-1])
+                else:
+                    self._end = EpisodeEnd.model_validate(json.loads(self.end_text)["end"])
             except Exception as exc:
                 self.segment.problems.append((self.episode_id, f"episode {self.episode_id}: end record invalid: "
                                                                 f"{_one_line(exc)}"))
@@ -139,6 +144,17 @@ class EpisodeRecord:
 
 
 _HEADER = re.compile(r'^\{"type":"(\w+)","ep":(\d+),')
+_START_KEY = '"start":'
+
+
+def _parse_start(text: str, head: re.Match | None, rec: dict | None) -> EpisodeStart:
+    """EpisodeStart of a begin record; our own records go straight through pydantic's JSON parser (fast)."""
+    if rec is not None:
+        return EpisodeStart.model_validate(rec["start"])
+    body = text[head.end():]
+    if not body.startswith(_START_KEY) or not body.endswith("}"):
+        return EpisodeStart.model_validate(json.loads(text)["start"])
+    return EpisodeStart.model_validate_json(body[len(_START_KEY):-1])
 
 
 class SegmentView:
@@ -189,14 +205,14 @@ class SegmentView:
                     kind, ordinal = str(rec["type"]), int(rec["ep"])
                 else:
                     kind, ordinal = head.group(1), int(head.group(2))
-                    rec = json.loads(text) if kind in ("begin", "event") else None
+                    rec = json.loads(text) if kind == "event" else None
             except Exception as exc:
                 self.problems.append((None, f"segment {self.segment_id}: log record {i} is corrupt ({_one_line(exc)})"))
                 continue
             ep = self.records.get(ordinal)
             try:
                 if kind == "begin":
-                    start = EpisodeStart.model_validate(rec["start"])
+                    start = _parse_start(text, head, rec)
                     ep = EpisodeRecord(start.episode_id, self, ordinal, start)
                     self.records[ordinal] = ep
                     new.append(ep)
