@@ -74,3 +74,29 @@ def test_unknown_metaworld_task_is_named(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(EnvError, match="reach-v9"):
         make_env(path)
+
+
+def test_lift_then_release_signals_one_drop():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from metaworld.policies import ENV_POLICY_MAP
+    env = make_env("mw_pick_place", num_envs=1, seed=3)
+    obs, _ = env.reset(seed=3)
+    rest = obs["observation"][0, 6]  # puck height on the table
+    policy = ENV_POLICY_MAP["pick-place-v3"]()
+    forces, dropped = [], []
+    for _ in range(150):  # Meta-World's own policy grasps and lifts the puck
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            act = np.stack([policy.get_action(f.astype(np.float64)) for f in env.mapping.flatten_obs(obs)])
+        res = env.step(env.mapping.expert_to_raw(act))
+        obs = res.obs
+        forces.append(float(res.info["signals"]["contact_force"][0]))
+        dropped.append(bool(res.info["signals"]["object_dropped"][0]))
+        if obs["observation"][0, 6] > rest + 0.06:
+            break
+    assert obs["observation"][0, 6] > rest + 0.06 and max(forces) > 0 and not any(dropped)
+    open_gripper = np.array([[0, 0, 0, -1.0]], np.float32)
+    for _ in range(40):
+        dropped.append(bool(env.step(open_gripper).info["signals"]["object_dropped"][0]))
+    assert sum(dropped) == 1
