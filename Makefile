@@ -31,6 +31,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install -q -e ".[dev]"
+	# EmbodiChain's CPU-importable parts (learning.rl, data_pipeline) for the LearningVecEnv tests.
+	# --no-deps: its simulator dexsim_engine is served only by DexForce's own index.
+	$(PIP) install -q --no-deps embodichain==0.3.2
 	touch $@
 
 install: system-deps $(VENV)/.installed
