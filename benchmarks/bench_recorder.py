@@ -54,10 +54,11 @@ def scenario_fields(cameras: bool):
     return step_fields(obs=obs, action_dim=ACTION_DIM)
 
 
-def make_steps(n: int, cameras: bool) -> list[dict]:
+def make_steps(n: int, cameras: bool, frames: np.ndarray | None = None) -> list[dict]:
     """A pool of distinct step dicts reused round-robin (generation cost stays out of the measurement)."""
     rng = np.random.default_rng(1)
-    frames = make_frames(64) if cameras else None
+    if cameras and frames is None:
+        frames = make_frames(64)
     pool = []
     for i in range(n):
         s = {
@@ -68,8 +69,8 @@ def make_steps(n: int, cameras: bool) -> list[dict]:
             "obs/state": rng.standard_normal(31).astype(np.float32),
         }
         if cameras:
-            s["obs/cam_left"] = frames[i % 64]
-            s["obs/cam_right"] = frames[(i + 32) % 64]
+            s["obs/cam_left"] = frames[i % len(frames)]
+            s["obs/cam_right"] = frames[(i + len(frames) // 2) % len(frames)]
         pool.append(s)
     return pool
 
@@ -140,9 +141,9 @@ def run_baseline(path, fields, pool, total, ep_len):
     return time.perf_counter() - t0
 
 
-def scenario(name, cameras, total, max_steps, ep_len, pace, tmp):
+def scenario(name, cameras, total, max_steps, ep_len, pace, tmp, frames=None):
     fields = scenario_fields(cameras)
-    pool = make_steps(min(total, 2048), cameras)
+    pool = make_steps(min(total, 2048), cameras, frames)
     mb = step_bytes(fields) / 1e6
     t_max, st_max, h_max, _ = run_ours(os.path.join(tmp, f"{name}-max"), fields, pool, max_steps, ep_len, pace=None, on_full="block")
     t_pac, st_pac, h_pac, rss = run_ours(os.path.join(tmp, f"{name}-paced"), fields, pool, total, ep_len, pace=pace, on_full="drop")
@@ -233,7 +234,7 @@ def main():
     ap.add_argument("--episode-steps", type=int, default=10, help="steps per episode in the 10k-episode store")
     ap.add_argument("--quick", action="store_true", help="2000 steps, 1000 episodes")
     ap.add_argument("--codecs", action="store_true", help="only compare image codecs")
-    ap.add_argument("--frames", help="a .npy of real (N, H, W, 3) uint8 frames for --codecs")
+    ap.add_argument("--frames", help="a .npy of real (N, 128, 128, 3) uint8 frames (camera scenario and --codecs)")
     ap.add_argument("--only", choices=["cameras", "state", "episodes"], help="run one part only")
     ap.add_argument("--dir", help="where to write (default: a temporary directory, removed afterwards)")
     args = ap.parse_args()
@@ -246,7 +247,9 @@ def main():
     try:
         print(f"cpu cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, zarr {zarr.__version__}")
         if args.only in (None, "cameras"):
-            scenario("two cameras", True, args.steps, args.max_steps, args.episode, args.pace, tmp)
+            frames = np.load(args.frames) if args.frames else None
+            label = "two cameras" + (f" ({os.path.basename(args.frames)})" if args.frames else "")
+            scenario(label, True, args.steps, args.max_steps, args.episode, args.pace, tmp, frames)
         if args.only in (None, "state"):
             scenario("state only", False, args.steps, args.max_steps, args.episode, args.pace, tmp)
         if args.only in (None, "episodes"):
