@@ -28,15 +28,15 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 
 
-def bare_loop(env, expert, mapping, ticks: int) -> float:
-    """Env-steps/s of stepping driven by the expert alone (no student, no recording)."""
+def bare_loop(env, expert, mapping, ticks: int) -> tuple[float, float]:
+    """Env-steps per wall second and per process CPU second of stepping driven by the expert alone."""
     from hg_dagger.experts import query_expert
 
     n = env.num_envs
     ids = np.arange(n)
     obs, info = env.reset(seed=1)
     expert.reset(list(ids), obs, info)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(ticks):
         q = query_expert(expert, obs, ids, mapping)
         res = env.step(mapping.clip_raw(q.with_fallback(np.zeros((n, mapping.action_dim), np.float32))))
@@ -44,11 +44,12 @@ def bare_loop(env, expert, mapping, ticks: int) -> float:
         if len(done):
             expert.reset(done.tolist(), {k: v[done] for k, v in res.obs.items()}, res.info)
         obs = res.obs
-    return ticks * n / (time.perf_counter() - t0)
+    return ticks * n / (time.perf_counter() - t0), ticks * n / (time.process_time() - c0)
 
 
-def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, dict]:
-    """Env-steps/s of the auto collector (student + expert + beta mixing + recorder) on the same env."""
+def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, float, dict]:
+    """Env-steps per wall second and per process CPU second (incl. the writer thread and the final drain)
+    of the auto collector (student + expert + beta mixing + recorder) on the same env."""
     from hg_dagger.learn.auto import Collector
 
     rec = store.recorder(flush_interval_s=2.0, queue_steps=1 << 16)  # AutoConfig.recorder_flush_s default
@@ -59,13 +60,15 @@ def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, dict]:
     def on_tick(t, waiting):
         count["t"] = t
 
+    c0 = time.process_time()
     stats = col.run(episodes=None, reset_seed=1, stop=lambda: count["t"] >= ticks, on_tick=on_tick)
     t_close = time.perf_counter()
     rec.close()
     drain_s = time.perf_counter() - t_close
+    cpu_s = time.process_time() - c0
     summary = stats.summary()
     summary.update(drain_s=drain_s, dropped=rec.stats.dropped_steps)
-    return stats.steps / stats.seconds, summary
+    return stats.steps / stats.seconds, stats.steps / cpu_s, summary
 
 
 def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
@@ -77,19 +80,24 @@ def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
     mapping = load_mapping(task)
     expert = make_expert(task, "planner", mapping=mapping)
     student = Student.create(mapping, kind="mlp", ensemble=5, hidden=(256, 256))
-    bare, auto, details = [], [], []
+    bare, auto, bare_cpu, auto_cpu, details = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp, make_env(mapping, num_envs=num_envs, seed=0) as env:
         bare_loop(env, expert, mapping, 5)  # warm-up
         for r in range(repeats):
-            bare.append(bare_loop(env, expert, mapping, ticks))
+            wall, cpu = bare_loop(env, expert, mapping, ticks)
+            bare.append(wall)
+            bare_cpu.append(cpu)
             store = EpisodeStore.create(Path(tmp) / f"s{r}")
-            rate, info = auto_loop(env, expert, student, store, ticks)
-            auto.append(rate)
+            wall, cpu, info = auto_loop(env, expert, student, store, ticks)
+            auto.append(wall)
+            auto_cpu.append(cpu)
             details.append(info)
     ratio = statistics.median(a / b for a, b in zip(auto, bare, strict=True))
+    ratio_cpu = statistics.median(a / b for a, b in zip(auto_cpu, bare_cpu, strict=True))
     return {
         "task": task, "num_envs": num_envs, "ticks": ticks, "repeats": repeats,
         "bare_steps_per_s": bare, "auto_steps_per_s": auto, "ratio_median": ratio,
+        "bare_steps_per_cpu_s": bare_cpu, "auto_steps_per_cpu_s": auto_cpu, "ratio_cpu_median": ratio_cpu,
         "expert_latency_ms_mean": statistics.mean(d["expert_latency_ms_mean"] for d in details),
         "student_inference_ms_mean": statistics.mean(d["student_inference_ms_mean"] for d in details),
         "recorder_drain_s": max(d["drain_s"] for d in details),
@@ -154,7 +162,8 @@ def main(argv=None) -> int:
             result.setdefault("overhead", []).append(o)
             print(f"overhead {task} x{args.num_envs}: bare {statistics.median(o['bare_steps_per_s']):.0f} env-steps/s, "
                   f"auto {statistics.median(o['auto_steps_per_s']):.0f} env-steps/s, ratio {o['ratio_median']:.2f} "
-                  f"(target >= 0.85); expert {o['expert_latency_ms_mean']:.2f} ms/query, student "
+                  f"(target >= 0.85); per CPU-second: bare {statistics.median(o['bare_steps_per_cpu_s']):.0f}, auto "
+                  f"{statistics.median(o['auto_steps_per_cpu_s']):.0f}, ratio {o['ratio_cpu_median']:.2f}; expert {o['expert_latency_ms_mean']:.2f} ms/query, student "
                   f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}", flush=True)
     if not args.skip_learning:
         print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
