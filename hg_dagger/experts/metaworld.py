@@ -24,14 +24,16 @@ MW_ENV_NAMES = {
 }
 
 # Two state-conditioned fixes on top of the bundled policies, for the grasping tasks only:
-# - hold: they keep chasing the goal after reaching it and can wander off again (push-v3 lifts the
-#   puck once its hand overshoots). Inside this radius (m, object to goal; well inside Meta-World's
-#   success radius) the expert holds still, keeping the scripted grab effort.
+# - hold: they keep chasing the goal with the hand after reaching it and can wander off again
+#   (push-v3 lifts the puck once hand and puck drift apart). Inside this radius (m, object to goal;
+#   inside Meta-World's success radius) the expert instead moves the hand so that the *object*
+#   converges on the goal, keeping the scripted grab effort.
 # - open (pick-place-v3): it starts closing the fingers 10 cm above the object, so a gripper that a
 #   learner left half-closed lands on top of the object and stays there. Above an aligned object
 #   resting on the table the fingers are kept open until the hand is down. (push-v3 keeps its own
 #   effort: it drags the puck low with the hand high, which this rule would mistake for a descent.)
-HOLD_RADIUS = {"push-v3": 0.03, "pick-place-v3": 0.04}
+HOLD_RADIUS = {"push-v3": 0.045, "pick-place-v3": 0.04}
+HOLD_GAIN = 10.0  # action per metre of object-to-goal error (Meta-World: 1.0 = 1 cm per step)
 OPEN_ABOVE = ("pick-place-v3",)
 HAND, OBJECT = slice(0, 3), slice(4, 7)
 ALIGNED_XY = 0.02
@@ -92,8 +94,9 @@ class MetaWorldExpert:
             action[above, 3] = -1.0
             phase[above] = "open"
         if self.hold_radius is not None:
-            hold = np.linalg.norm(obj - flat[:, -3:], axis=1) < self.hold_radius
-            action[hold, :3] = 0.0
+            to_goal = flat[:, -3:] - obj
+            hold = np.linalg.norm(to_goal, axis=1) < self.hold_radius
+            action[hold, :3] = np.clip(HOLD_GAIN * to_goal[hold], -1.0, 1.0)
             phase[hold] = "hold"
         return ExpertQuery(
             action=np.clip(action, -1.0, 1.0), valid=np.ones(len(flat), dtype=bool), metadata={"phase": phase}
