@@ -311,7 +311,7 @@ class Recorder:
         for seg in segs:
             bl = blocks.get(seg, [])
             if bl:
-                columns = {name: np.concatenate([b[2][name] for b in bl]) for name in seg.fields}
+                columns = {name: _concat([b[2][name] for b in bl]) for name in seg.fields}
                 episode = np.concatenate([np.full(len(b[1]), b[0], np.uint32) for b in bl])
                 step = np.concatenate([b[1] for b in bl]).astype(np.uint32)
             else:
@@ -405,6 +405,10 @@ class Recorder:
             {"seg": seg, "type": "end", "ep": ep.ordinal, "end": final.model_dump(mode="json")},
             {"seg": seg, "type": "labels", "ep": ep.ordinal, "layer": layer.to_json()},
         ]
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _stack(vals: list, spec: FieldSpec) -> np.ndarray | None:

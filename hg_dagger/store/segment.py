@@ -305,7 +305,13 @@ def read_rows(arr: zarr.Array, rows: np.ndarray) -> np.ndarray:
 
 
 def _all_fill(col: np.ndarray, fill) -> bool:
-    if col.dtype.kind == "f" and fill != fill:  # NaN fill
+    nan_fill = col.dtype.kind == "f" and fill != fill
+    if col.size == 0:
+        return True
+    first = col.flat[0]
+    if not (first != first if nan_fill else first == fill):  # the common case (real data) without a full scan
+        return False
+    if nan_fill:
         return bool(np.isnan(col).all())
     return bool((col == fill).all())
 
