@@ -232,3 +232,4 @@ def test_unknown_kinds_and_tasks_are_named():
         make_expert("cartpole")
     with pytest.raises(ConfigError, match="needs demos"):
         make_expert("toy_reach", kind="demo")
+    assert make_expert("fetch_pick_place_rgb").task == "pick_place"  # the camera variant, same planner
