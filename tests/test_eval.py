@@ -108,5 +108,16 @@ def test_offline_error_uses_only_held_out_episodes(tmp_path):
                    holdout_fraction=0.4, config=EvalConfig(episodes=2, num_envs=2, max_steps=10), progress=False)
     off = res["offline"]
     expected = sum(int((store.labels(e).mask == LabelMask.TRAINABLE.code).sum()) for e in held)
-    assert off["episodes"] == len(held) and off["labels"] == expected
+    assert off["episodes"] == len(held) and off["labels"] == expected and off["skipped_trained"] == 0
     assert 0 <= off["mae"] < 1 and off["segments"] >= len(held)
+
+
+def test_offline_never_scores_episodes_the_checkpoint_trained_on(tmp_path):
+    expert_store(tmp_path / "s", episodes=6)
+    r = train_from_store(str(tmp_path / "s"), "toy_reach", tmp_path / "t",
+                         student_cfg=StudentConfig(ensemble=2, hidden=(16,)),
+                         train_cfg=TrainConfig(steps=10, batch_size=32), progress=False)
+    # asking for a 50% hold-out after training on everything: nothing is left to score honestly
+    res = evaluate(r["checkpoint"], "toy_reach", tmp_path / "e", store_url=str(tmp_path / "s"),
+                   holdout_fraction=0.5, config=EvalConfig(episodes=2, num_envs=2, max_steps=10), progress=False)
+    assert res["offline"]["episodes"] == 0 and res["offline"]["skipped_trained"] > 0

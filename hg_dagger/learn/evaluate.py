@@ -139,13 +139,19 @@ def _assign_buckets(episodes: list[dict[str, Any]]) -> None:
         e["bucket"] = "unknown" if np.isnan(p) else ("far" if p < lo else "mid" if p < hi else "near")
 
 
-def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=None) -> dict[str, Any]:
-    """Action-prediction error of the student on trainable labels of held-out episodes."""
+def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=None,
+            trained_on: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Action-prediction error of the student on trainable labels of held-out episodes.
+
+    Episodes in ``trained_on`` (the checkpoint's replay) are never scored, whatever their split.
+    """
     from hg_dagger.learn.aggregate import load_labels
     from hg_dagger.learn.train import training_episodes
 
     infos = episodes if episodes is not None else training_episodes(
         store, mapping, holdout_fraction=holdout_fraction, held=True)
+    skipped = sum(i.episode_id in trained_on for i in infos)
+    infos = [i for i in infos if i.episode_id not in trained_on]
     keys = list(mapping.obs_spec())
     errs, conf, n_windows = [], [], 0
     for info in infos:
@@ -158,14 +164,14 @@ def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=
         conf.append(out.confidence)
         n_windows += len(np.unique(ep.segment))
     if not errs:
-        return {"episodes": 0, "labels": 0, "segments": 0, "mae": None, "mse": None}
+        return {"episodes": 0, "labels": 0, "segments": 0, "mae": None, "mse": None, "skipped_trained": skipped}
     e = np.concatenate(errs)
     return {
         "episodes": len(errs), "labels": int(len(e)), "segments": n_windows,
         "mae": float(e.mean()), "mse": float((e**2).mean()),
         "mae_per_dim": e.mean(0).round(6).tolist(),
         "confidence_mean": float(np.concatenate(conf).mean()),
-        "label_mask_used": LabelMask.TRAINABLE.value,
+        "label_mask_used": LabelMask.TRAINABLE.value, "skipped_trained": skipped,
     }
 
 
@@ -232,10 +238,13 @@ def evaluate(
     with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:
         result["closed_loop"] = closed_loop(student, env, cfg, progress=progress)
     if store_url:
+        from hg_dagger.policy import read_checkpoint
         from hg_dagger.store import EpisodeStore
 
+        train = read_checkpoint(checkpoint)["extra"].get("train") or {}
+        trained_on = {e for e, _ in train.get("replay", {}).get("episodes", [])}
         result["offline"] = offline(student, EpisodeStore.open(store_url, mode="r"), mapping,
-                                    holdout_fraction=holdout_fraction)
+                                    holdout_fraction=holdout_fraction, trained_on=trained_on)
     paths = write_report(result, out_dir, title=f"{task} - {student.version}")
     result["files"] = {k: str(v) for k, v in paths.items()}
     return result
