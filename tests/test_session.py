@@ -350,3 +350,18 @@ def test_takeover_button_then_return_while_still_holding_does_not_grab_again(tmp
     assert [(w.handover_start, w.handover_end, w.gate_reason) for w in lab.windows] == [(0, 4, "operator"),
                                                                                        (8, 10, "operator")]
     np.testing.assert_allclose(d["applied_action"][1], [0.0, -1.0])
+
+
+def test_shipped_run_configs_load_and_name_gate_configs_that_exist():
+    from pathlib import Path
+
+    from hg_dagger import config
+    from hg_dagger.control.session import RunConfig, load_gate_config
+
+    files = sorted(Path(config.CONFIG_DIR, "run").glob("*.yaml"))
+    assert files
+    for f in files:
+        cfg = config.check(f)
+        assert isinstance(cfg, RunConfig)
+        gates = load_gate_config(cfg.gates, cfg.task)
+        assert gates.task in ("", cfg.task)
