@@ -65,7 +65,12 @@ def _run_and_kill(path: Path, seed: int, wait_for: str | None, delay: float) -> 
                 break
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
-    out, err = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    # read through the text wrapper: lines it buffered past the one we waited for must not be lost
+    # (communicate() reads the raw pipe and would skip them)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL, err[-2000:]
     return lines + out.split("\n")[:-1]  # the last piece is empty or a line torn by the kill
 
