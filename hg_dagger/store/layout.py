@@ -29,6 +29,7 @@ SEGMENTS = "segments"
 LABELS = "labels"  # labels/<episode_id>/v<N>.json: label layers written after recording (N >= 2)
 
 CAPACITY_STEP = 8192  # arrays grow in multiples of this many rows; trimmed to the committed rows on close
+LOG_CAPACITY_STEP = 1024  # the log grows in multiples of this many records (no metadata write per flush)
 ROWS_PER_CHUNK = 1024  # state, action, time and flag fields
 ROWS_PER_SHARD = 8192
 IMAGE_CHUNK_BYTES = 1 << 20  # aim for ~1 MiB of raw pixels per image chunk

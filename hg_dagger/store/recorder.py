@@ -407,14 +407,21 @@ class Recorder:
         ]
 
 
-def _concat(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+def _concat(parts: list) -> np.ndarray | list:
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], list):  # camera frames stay a list of the arrays put() received
+        return [frame for p in parts for frame in p]
+    return np.concatenate(parts)
 
 
-def _stack(vals: list, spec: FieldSpec) -> np.ndarray | None:
-    """(n, *shape) array of spec's dtype, or None if any value has the wrong shape or an incompatible dtype."""
+def _stack(vals: list, spec: FieldSpec) -> np.ndarray | list | None:
+    """(n, *shape) array of spec's dtype, or None if any value has the wrong shape or an incompatible dtype.
+    Image fields give a list of n frames instead: the writer copies each frame once, straight into its chunk."""
+    if spec.image:
+        return _frames(vals, spec)
     try:
-        col = np.asarray(vals) if not spec.image else np.stack(vals)
+        col = np.asarray(vals)
     except (ValueError, TypeError):
         return None
     if col.shape[1:] != tuple(spec.shape) or col.dtype == object:
@@ -424,6 +431,22 @@ def _stack(vals: list, spec: FieldSpec) -> np.ndarray | None:
             return None
         col = col.astype(spec.np_dtype)
     return col
+
+
+def _frames(vals: list, spec: FieldSpec) -> list | None:
+    shape, dtype = tuple(spec.shape), spec.np_dtype
+    out = []
+    for v in vals:
+        if not (isinstance(v, np.ndarray) and v.shape == shape and v.dtype == dtype):
+            try:
+                a = np.asarray(v)
+            except (ValueError, TypeError):
+                return None
+            if a.shape != shape or a.dtype == object or not np.can_cast(a.dtype, dtype, casting="same_kind"):
+                return None
+            v = a.astype(dtype, copy=False)
+        out.append(v)
+    return out
 
 
 def _describe(v: Any) -> str:

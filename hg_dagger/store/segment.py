@@ -21,6 +21,7 @@ import zarr
 from hg_dagger.contract.schema import EpisodeEnd, EpisodeStart, Event, FieldSpec
 from hg_dagger.errors import StoreError
 from hg_dagger.store import layout
+from hg_dagger.store.shards import FrameShardWriter
 
 
 def new_segment_id() -> str:
@@ -58,6 +59,10 @@ class SegmentWriter:
         self.arrays = dict(zip(fields, made[:len(fields)], strict=True))
         self._fills = {name: layout.array_fill(spec) for name, spec in fields.items()}
         self.rows_episode, self.rows_step, self.log = made[len(fields):]
+        self.log_capacity = 0
+        # camera arrays: whole shard objects written directly (same bytes as zarr's; see shards.py)
+        self._frame_writers = {name: FrameShardWriter(arr) for name, arr in self.arrays.items()
+                               if fields[name].image and FrameShardWriter.supports(arr)}
 
     def _all_arrays(self) -> list[zarr.Array]:
         return [*self.arrays.values(), self.rows_episode, self.rows_step]
@@ -65,36 +70,52 @@ class SegmentWriter:
     def _write_meta(self) -> None:
         self.group.attrs.put({layout.SEGMENT_ATTR: self._meta})
 
-    def flush(self, columns: dict[str, np.ndarray], episode: np.ndarray, step: np.ndarray, records: list[dict]):
-        """Append k rows (columns hold every field, shape (k, ...)) and log records, then commit both."""
-        k = len(episode)
+    def flush(self, columns: dict[str, np.ndarray | list], episode: np.ndarray, step: np.ndarray, records: list[dict]):
+        """Append k rows (columns hold every field, shape (k, ...), image fields may be lists of k frames) and
+        log records, then commit both: every write of the flush completes before the segment attributes move."""
+        k, n = len(episode), len(records)
+        end = self.rows + k
+        resizes = []
+        if end > self.capacity:
+            self.capacity = -(-end // layout.CAPACITY_STEP) * layout.CAPACITY_STEP
+            resizes += [a.async_array.resize((self.capacity, *a.shape[1:])) for a in self._all_arrays()]
+        if self.log_len + n > self.log_capacity:
+            self.log_capacity = -(-(self.log_len + n) // layout.LOG_CAPACITY_STEP) * layout.LOG_CAPACITY_STEP
+            resizes.append(self.log.async_array.resize((self.log_capacity,)))
+        if resizes:
+            layout.gather(resizes)
+        writes = []
         if k:
-            end = self.rows + k
-            if end > self.capacity:
-                self.capacity = -(-end // layout.CAPACITY_STEP) * layout.CAPACITY_STEP
-                layout.gather([a.async_array.resize((self.capacity, *a.shape[1:])) for a in self._all_arrays()])
             sel = (slice(self.rows, end),)
-            # rows past self.rows were never written and read as the fill value: all-fill columns need no write
-            layout.gather([
-                *(arr.async_array.setitem(sel, columns[name]) for name, arr in self.arrays.items()
-                  if not _all_fill(columns[name], self._fills[name])),
-                self.rows_episode.async_array.setitem(sel, episode),
-                self.rows_step.async_array.setitem(sel, step),
-            ])
-        if records:
-            n = len(records)
-            self.log.resize((self.log_len + n,))
-            self.log[self.log_len:self.log_len + n] = np.array([layout.dumps(r) for r in records], dtype=object)
-        if k or records:
+            for name, arr in self.arrays.items():
+                col, writer = columns[name], self._frame_writers.get(name)
+                if writer is not None:
+                    writes += writer.append(col)
+                    continue
+                if isinstance(col, list):
+                    col = np.stack(col)
+                # rows past self.rows were never written and read as the fill value: all-fill columns need no write
+                if not _all_fill(col, self._fills[name]):
+                    writes.append(arr.async_array.setitem(sel, col))
+            writes += [self.rows_episode.async_array.setitem(sel, episode), self.rows_step.async_array.setitem(sel, step)]
+        if n:
+            text = np.array([layout.dumps(r) for r in records], dtype=object)
+            writes.append(self.log.async_array.setitem((slice(self.log_len, self.log_len + n),), text))
+        if writes:
+            layout.gather(writes)
+        if k or n:
             self.rows += k
-            self.log_len += len(records)
+            self.log_len += n
             self._meta.update(committed_rows=self.rows, committed_log=self.log_len)
             self._write_meta()
 
     def close(self) -> None:
         """Trim the arrays to the committed rows (readers with plain zarr then see exact shapes) and seal."""
-        layout.gather([a.async_array.resize((self.rows, *a.shape[1:])) for a in self._all_arrays() if a.shape[0] != self.rows])
-        self.capacity = self.rows
+        resizes = [a.async_array.resize((self.rows, *a.shape[1:])) for a in self._all_arrays() if a.shape[0] != self.rows]
+        if self.log.shape[0] != self.log_len:
+            resizes.append(self.log.async_array.resize((self.log_len,)))
+        layout.gather(resizes)
+        self.capacity, self.log_capacity = self.rows, self.log_len
         self._meta["closed"] = True
         self._write_meta()
 

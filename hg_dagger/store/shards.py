@@ -1,0 +1,124 @@
+"""Appending camera frames to a sharded zarr array by writing its shard objects directly.
+
+Why: going through zarr's setitem, every flush re-reads the open shard, decodes and re-encodes its partial
+chunk, and pays Python overhead per chunk in zarr's event loop; for camera streams that cost more than the
+compression itself. This writer keeps the open shard's encoded chunks and its partial chunk in memory and
+writes each shard object whole: the same bytes zarr itself writes for this array (same chunk codec, the zarr v3
+sharding format with the index at the end), so plain zarr reads the array as usual.
+
+Each flush rewrites only the open shard (one atomic object write, like any zarr chunk write); chunks of rows
+already committed are re-used byte for byte, never re-encoded. It is used only for arrays whose codecs it
+recognises (`FrameShardWriter.supports`); anything else goes through zarr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Sequence
+
+import google_crc32c
+import numcodecs
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs.sharding import ShardingCodecIndexLocation
+from zarr.core.buffer import default_buffer_prototype
+
+_EMPTY = np.iinfo(np.uint64).max  # index entry of a chunk that is not stored
+
+
+class FrameShardWriter:
+    """Appends rows to one sharded array whose chunks span whole rows (axis 0 only), codecs bytes + zstd."""
+
+    def __init__(self, arr: zarr.Array):
+        if not self.supports(arr):
+            raise ValueError(f"{arr.path}: codecs not supported by FrameShardWriter")
+        (sharding,) = arr.metadata.codecs
+        zstd = sharding.codecs[1]
+        self._arr = arr
+        self._codec = numcodecs.Zstd(level=zstd.level, checksum=zstd.checksum)
+        self.chunk_rows = sharding.chunk_shape[0]
+        self.shard_rows = arr.metadata.chunk_grid.chunk_shape[0]
+        self.chunks_per_shard = self.shard_rows // self.chunk_rows
+        self.row_shape = tuple(arr.shape[1:])
+        self.dtype = arr.dtype
+        self.fill = arr.fill_value
+        self.rows = 0  # rows appended so far
+        self._encoded: list[bytes] = []  # encoded full chunks of the open shard
+        self._free: list[np.ndarray] = []  # chunk buffers to reuse (fresh large arrays cost page faults)
+        self._tail = self._new_chunk()  # rows of the open chunk (the first rows % chunk_rows are set)
+
+    @staticmethod
+    def supports(arr: zarr.Array) -> bool:
+        """True for the layout this writer reproduces exactly: one ShardingCodec over whole-row chunks with
+        [bytes, zstd] inside and the default [bytes(little), crc32c] index at the end, default chunk keys."""
+        meta = arr.metadata
+        if getattr(meta, "zarr_format", None) != 3 or len(meta.codecs) != 1:
+            return False
+        sh = meta.codecs[0]
+        if not isinstance(sh, ShardingCodec) or sh.index_location != ShardingCodecIndexLocation.end:
+            return False
+        shard = tuple(meta.chunk_grid.chunk_shape)
+        chunk = tuple(sh.chunk_shape)
+        rows_only = chunk[1:] == tuple(arr.shape[1:]) == shard[1:] and shard[0] % chunk[0] == 0
+        index_ok = (len(sh.index_codecs) == 2 and isinstance(sh.index_codecs[0], BytesCodec)
+                    and sh.index_codecs[0].endian is not None and sh.index_codecs[0].endian.value == "little"
+                    and isinstance(sh.index_codecs[1], Crc32cCodec))
+        inner_ok = (len(sh.codecs) == 2 and isinstance(sh.codecs[0], BytesCodec)
+                    and isinstance(sh.codecs[1], ZstdCodec) and arr.dtype.itemsize == 1)
+        keys_ok = meta.chunk_key_encoding.to_dict() == {"name": "default", "configuration": {"separator": "/"}}
+        return rows_only and index_ok and inner_ok and keys_ok
+
+    def _new_chunk(self) -> np.ndarray:
+        return self._free.pop() if self._free else np.empty((self.chunk_rows, *self.row_shape), self.dtype)
+
+    def append(self, frames: Sequence[np.ndarray] | np.ndarray) -> list:
+        """Take rows [self.rows, self.rows + len(frames)); return coroutines that write the shards they touch.
+
+        Await all of them (e.g. with asyncio.gather) before the next append and before committing the rows."""
+        jobs = []
+        raw: list[np.ndarray] = []  # full chunks of the open shard, not yet encoded
+        for frame in frames:
+            n = self.rows % self.chunk_rows
+            self._tail[n] = frame
+            self.rows += 1
+            if n + 1 == self.chunk_rows:
+                raw.append(self._tail)
+                self._tail = self._new_chunk()
+                if len(self._encoded) + len(raw) == self.chunks_per_shard:
+                    jobs.append(self._write((self.rows - 1) // self.shard_rows, self._encoded, raw, None))
+                    self._encoded, raw = [], []
+        n = self.rows % self.chunk_rows
+        if raw or n:
+            partial = None
+            if n:
+                partial = self._new_chunk()
+                partial[:n] = self._tail[:n]
+                partial[n:] = self.fill
+            jobs.append(self._write(self.rows // self.shard_rows, self._encoded, raw, partial))
+        return jobs
+
+    async def _write(self, shard: int, encoded: list[bytes], raw: list[np.ndarray], partial: np.ndarray | None):
+        def encode() -> bytes:
+            encoded.extend(bytes(self._codec.encode(c)) for c in raw)  # kept for the next flush of this shard
+            tail = [bytes(self._codec.encode(partial))] if partial is not None else []
+            spare = [*raw, *([partial] if partial is not None else [])]
+            self._free.extend(spare[:max(0, self.chunks_per_shard - len(self._free))])  # bounded pool
+            return shard_object([*encoded, *tail], self.chunks_per_shard)
+
+        data = await asyncio.to_thread(encode)
+        key = self._arr.metadata.encode_chunk_key((shard, *(0 for _ in self.row_shape)))
+        await (self._arr.async_array.store_path / key).set(default_buffer_prototype().buffer.from_bytes(data))
+
+
+def shard_object(chunks: list[bytes], chunks_per_shard: int) -> bytes:
+    """A zarr v3 shard: the encoded chunks back to back, then the index of (offset, nbytes) little-endian
+    uint64 pairs (all ones for a missing chunk) followed by the index's crc32c."""
+    index = np.full((chunks_per_shard, 2), _EMPTY, dtype="<u8")
+    offset = 0
+    for i, c in enumerate(chunks):
+        index[i] = (offset, len(c))
+        offset += len(c)
+    index_bytes = index.tobytes()
+    return b"".join([*chunks, index_bytes, struct.pack("<I", google_crc32c.value(index_bytes))])
