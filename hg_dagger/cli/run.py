@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from hg_dagger.errors import ConfigError
+
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="human-gated run: the student acts, gates ask the operator, corrections are recorded")
@@ -20,6 +22,10 @@ def register(sub) -> None:
     p.add_argument("--wait", choices=("pause", "hold", "policy"), help="behaviour while waiting for the operator")
     p.add_argument("--calibrate-steps", type=int, help="autonomous steps to calibrate the confidence gate first")
     p.add_argument("--device", help="device config for --operator device (e.g. gamepad, spacemouse)")
+    p.add_argument("--robot", metavar="HOST:PORT",
+                   help="drive the robot behind `hg-dagger bridge serve TASK` at HOST:PORT instead of a local simulator")
+    p.add_argument("--token-file", help="bridge token file for --robot (default: the run config's robot.token_file, "
+                   "else the environment variable HG_DAGGER_BRIDGE_TOKEN)")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
@@ -28,11 +34,22 @@ def register(sub) -> None:
 def _run(args) -> int:
     from hg_dagger.control.session import load_run_config, run_gated
 
-    cfg = load_run_config(args.config, args.task, **{
+    overrides = {
         "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,
         "seed": args.seed, "handover.wait": args.wait, "calibrate_steps": args.calibrate_steps,
         "operator.device": args.device,
-    })
+    }
+    if args.robot is not None:
+        if args.num_envs is not None:
+            raise ConfigError("--num-envs does not apply with --robot: the robot's batch size is set by "
+                              "`hg-dagger bridge serve --num-envs`")
+        overrides["robot.host"], overrides["robot.port"] = _endpoint(args.robot)
+    if args.token_file is not None:
+        if args.robot is None and load_run_config(args.config, args.task, **overrides).robot is None:
+            raise ConfigError("--token-file is for a robot run: give --robot HOST:PORT (or a robot section in the "
+                              "run config)")
+        overrides["robot.token_file"] = args.token_file
+    cfg = load_run_config(args.config, args.task, **overrides)
     summary = run_gated(cfg, args.store, student_path=args.student, progress=not args.quiet)
     d = summary.as_dict()
     d.pop("episode_ids")
@@ -43,3 +60,12 @@ def _run(args) -> int:
               f"{d['windows']} correction windows, {d['human_steps']} operator steps, "
               f"{d['safety_clamps']} safety clamps" + (f"; stopped by {d['stopped_by']}" if d["stopped_by"] else ""))
     return 0
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [ADDR]:PORT) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--robot {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7650")
+    return host, int(port)

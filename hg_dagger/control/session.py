@@ -71,6 +71,37 @@ class OperatorConfig(_Strict):
     device: str | None = None
 
 
+class RobotConfig(_Strict):
+    """Run on a robot behind ``hg-dagger bridge serve`` instead of a local simulator.
+
+    The token stays out of the config: it comes from ``token_file`` or the environment variable
+    HG_DAGGER_BRIDGE_TOKEN. The heartbeat timeout is the robot's (``serve --heartbeat-timeout``);
+    the client heartbeats at a quarter of it."""
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="robot bridge address (loopback by default)")
+    port: int = Field(default=7650, ge=1, le=65535)
+    token_file: str | None = Field(default=None, description="file holding the shared token; default: the "
+                                   "environment variable HG_DAGGER_BRIDGE_TOKEN")
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=5, ge=0, description="reconnect attempts before the run fails")
+    clock_pings: int = Field(default=8, ge=1, description="ping/pong exchanges per clock sync")
+    clock_resync_s: float = Field(default=5.0, gt=0)
+    resume_on_reconnect: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secret(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "token" in data:
+            raise ValueError("keep the bridge token out of the config: give robot.token_file, or set the "
+                             "environment variable HG_DAGGER_BRIDGE_TOKEN")
+        return data
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
 class RunConfig(_Strict):
     """configs/run/<name>.yaml (kind: run): one human-gated collection run."""
 
@@ -88,6 +119,8 @@ class RunConfig(_Strict):
     latency_budget_ms: float | None = Field(default=None, gt=0, description="obs-to-apply latency above which a step "
                                             "is flagged latency_exceeded (excluded from labels)")
     realtime: bool = Field(default=False, description="pace ticks at the task's control rate (live devices)")
+    robot: RobotConfig | None = Field(default=None, description="drive a robot over the bridge instead of a "
+                                      "local simulator")
 
     @model_validator(mode="after")
     def _one_env(self) -> RunConfig:
@@ -132,7 +165,11 @@ def load_run_config(path: str | Path | None, task: str | None = None, **override
         target = data
         *parents, leaf = key.split(".")
         for p in parents:
-            target = target.setdefault(p, {})
+            if target.get(p) is None:
+                target[p] = {}
+            if not isinstance(target[p], dict):
+                raise ConfigError(f"{source}: key {p!r} must be a mapping to take option {key}")
+            target = target[p]
         target[leaf] = value
     return config_io.validate(RunConfig, data, source=source)
 
@@ -179,7 +216,7 @@ class Session:
                  safety: SafetyMonitor, operators: list | None = None, expert=None,
                  operator_kind: str = "synthetic", person_available: bool = True, operator_name: str = "",
                  latency_budget_ms: float | None = None, scene: str = "", seed: int = 0, realtime: bool = False,
-                 gate_config_extra: dict[str, Any] | None = None):
+                 gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None):
         self.env, self.student, self.rec = env, student, recorder
         self.mapping = env.mapping
         self.n = env.num_envs
@@ -199,6 +236,7 @@ class Session:
         self.seed = seed
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
+        self.episode_extra = episode_extra or {}
         self.fields = step_fields(self.mapping.obs_spec(), self.mapping.action_dim)
         a = self.mapping.action_dim
         self._operator_raw = np.full((self.n, a), np.nan, np.float32)  # synthetic operator's planner label per row
@@ -207,6 +245,7 @@ class Session:
         self.obs: dict[str, np.ndarray] | None = None
         self.signals: dict[str, np.ndarray] = {}
         self.t_obs = np.full(self.n, NO_TIME, np.int64)
+        self.t_obs_align_ms: np.ndarray | None = None  # clock-mapping error of t_obs (robot bridge)
         self.eids: list[str | None] = [None] * self.n
         self.ep_step = np.zeros(self.n, np.int64)
         self.ep_seed: list[int | None] = [None] * self.n
@@ -306,6 +345,8 @@ class Session:
         self.obs = {k: np.array(v, copy=True) for k, v in obs.items()}
         t = info.get("t_obs")
         self.t_obs = np.asarray(t, np.int64).copy() if t is not None else np.full(self.n, now_ns(), np.int64)
+        align = info.get("alignment_error_ms")
+        self.t_obs_align_ms = None if align is None else np.asarray(align, np.float32).copy()
         sig = info.get("signals") or {}
         self.signals = {k: np.asarray(v, np.float64).copy() for k, v in sig.items()}
         for v in self.signals.values():  # signals of an episode that just ended say nothing about the new one
@@ -332,7 +373,7 @@ class Session:
             policy_version=self.student.version, mode=CollectionMode.HUMAN_GATED, operator=self.operator_name,
             control_hz=m.control_hz, action_alignment=m.action_alignment, mapping=m.as_metadata(),
             mapping_hash=m.hash, gate_config=gate_config,
-            initial_state={"seed": seed} if seed is not None else {}, env_index=r,
+            initial_state={"seed": seed} if seed is not None else {}, env_index=r, extra=dict(self.episode_extra),
         )
         self.eids[r] = self.rec.begin_episode(start, self.fields)
         self.ep_step[r] = 0
@@ -462,8 +503,9 @@ class Session:
             "reward": np.asarray(result.reward, np.float32), "terminated": term, "truncated": trunc, "success": success,
             **{f"obs/{k}": v for k, v in obs.items()},
         }
-        if align is not None:
-            cols["alignment_error_ms"] = np.asarray(align, np.float32)
+        if align is not None:  # a row's stamps come from two replies (t_obs, t_action_apply): keep the worse bound
+            align = np.asarray(align, np.float32)
+            cols["alignment_error_ms"] = align if self.t_obs_align_ms is None else np.maximum(align, self.t_obs_align_ms)
         if transport is not None:
             cols["transport_ns"] = np.asarray(transport, np.int64)
         if self.operator_kind == "expert":
@@ -515,6 +557,9 @@ class Session:
             rows[begin] = True
             t_now = np.full(n, now_ns(), np.int64)
             info_next = {**info, "t_obs": np.where(rows, reset_info.get("t_obs", t_now), info.get("t_obs", t_now))}
+            if "alignment_error_ms" in reset_info:
+                info_next["alignment_error_ms"] = np.where(rows, reset_info["alignment_error_ms"],
+                                                           info.get("alignment_error_ms", reset_info["alignment_error_ms"]))
             restarted |= rows
         self._take_obs(obs_next, info_next, restarted)
         self.safety.reset(np.flatnonzero(restarted))
@@ -650,11 +695,47 @@ class Session:
 # --------------------------------------------------------------------------------------------
 
 
+def make_run_env(cfg: RunConfig):
+    """The run's env: the task's local simulator, or, when ``cfg.robot`` is set, the robot behind
+    ``hg-dagger bridge serve`` (BridgeEnv refuses a robot serving another task or mapping)."""
+    if cfg.robot is None:
+        from hg_dagger.envs import make_env
+
+        return make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)
+    from hg_dagger.envs.bridge import BridgeEnv, load_token
+
+    rc = cfg.robot
+    env = BridgeEnv(cfg.task, host=rc.host, port=rc.port, token=load_token(rc.token_file),
+                    connect_timeout_s=rc.connect_timeout_s, request_timeout_s=rc.request_timeout_s,
+                    max_retries=rc.max_retries, clock_pings=rc.clock_pings, clock_resync_s=rc.clock_resync_s,
+                    resume_on_reconnect=rc.resume_on_reconnect)
+    if env.num_envs != cfg.num_envs:
+        log.info("robot bridge %s serves %d env(s); the run follows it (run config num_envs %d is for simulation)",
+                 rc.endpoint, env.num_envs, cfg.num_envs)
+    return env
+
+
+def _follow_robot(cfg: RunConfig, env) -> RunConfig:
+    """On a robot the batch size is the robot's (``bridge serve --num-envs``): re-check the run config with it."""
+    if cfg.robot is None or env.num_envs == cfg.num_envs:
+        return cfg
+    data = {**cfg.model_dump(exclude_unset=True), "num_envs": env.num_envs}
+    return config_io.validate(RunConfig, data, source=f"run config with the robot's num_envs {env.num_envs}")
+
+
+def _robot_metadata(env) -> dict[str, Any]:
+    """Which robot recorded the episode (stored in EpisodeStart.extra); empty for a local simulator."""
+    from hg_dagger.envs.bridge.client import BridgeEnv
+
+    if not isinstance(env, BridgeEnv):
+        return {}
+    return {"robot_bridge": {"endpoint": f"{env.host}:{env.port}", "instance": env.status().get("instance", "")}}
+
+
 def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, operators: list | None = None) -> Session:
     """Wire env, gates, handover, safety and the operator named by ``cfg`` around ``student``."""
-    from hg_dagger.envs import make_env
-
-    env = env if env is not None else make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)
+    env = env if env is not None else make_run_env(cfg)
+    cfg = _follow_robot(cfg, env)
     m = env.mapping
     gate_cfg = load_gate_config(cfg.gates, cfg.task)
     if gate_cfg.task and gate_cfg.task != cfg.task:
@@ -685,7 +766,8 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
                       expert=expert, operator_kind=kind, person_available=person, operator_name=op.name or kind,
                       latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene, seed=cfg.seed,
                       realtime=cfg.realtime,
-                      gate_config_extra={"operator_config": op.model_dump(mode="json")})
+                      gate_config_extra={"operator_config": op.model_dump(mode="json")},
+                      episode_extra=_robot_metadata(env))
     if kind == "synthetic" and operators is None:
         session.add_synthetic_operators(op)
     return session
@@ -694,12 +776,11 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
 def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True) -> RunSummary:
     """A whole human-gated collection run: open (or create) the store, load the student (a fresh,
     untrained one when no checkpoint is given), calibrate if asked, record ``cfg.episodes`` episodes."""
-    from hg_dagger.envs import make_env
-    from hg_dagger.policy import Student
-    from hg_dagger.store import EpisodeStore
-
-    env = make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)  # bad task or checkpoint: fail before the store
+    env = make_run_env(cfg)  # bad task, robot or checkpoint: fail before the store (and before loading torch)
     try:
+        from hg_dagger.policy import Student
+        from hg_dagger.store import EpisodeStore
+
         student = Student.load(student_path, env.mapping) if student_path else Student.create(env.mapping, seed=cfg.seed)
         try:
             store = EpisodeStore.open(store_url, mode="a")
