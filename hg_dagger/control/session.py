@@ -778,6 +778,7 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
     untrained one when no checkpoint is given), calibrate if asked, record ``cfg.episodes`` episodes."""
     env = make_run_env(cfg)  # bad task, robot or checkpoint: fail before the store (and before loading torch)
     try:
+        cfg = _follow_robot(cfg, env)
         from hg_dagger.policy import Student
         from hg_dagger.store import EpisodeStore
 
