@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hg-dagger",
         description="Human-gated DAgger: run a student policy, hand over to a person or an expert when a gate "
-        "trips, record correction windows, review them and turn them into versioned training data.",
+        "trips, record correction windows bound to their episodes, and train the next student on them.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
