@@ -14,8 +14,10 @@ recognises (`FrameShardWriter.supports`); anything else goes through zarr.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import google_crc32c
 import numcodecs
@@ -45,7 +47,7 @@ class FrameShardWriter:
         self.dtype = arr.dtype
         self.fill = arr.fill_value
         self.rows = 0  # rows appended so far
-        self._encoded: list[bytes] = []  # encoded full chunks of the open shard
+        self._encoded: list[bytes | Future] = []  # full chunks of the open shard: encoded, or being encoded
         self._free: list[np.ndarray] = []  # chunk buffers to reuse (fresh large arrays cost page faults)
         self._tail = self._new_chunk()  # rows of the open chunk (the first rows % chunk_rows are set)
 
@@ -73,43 +75,60 @@ class FrameShardWriter:
     def _new_chunk(self) -> np.ndarray:
         return self._free.pop() if self._free else np.empty((self.chunk_rows, *self.row_shape), self.dtype)
 
+    def _encode(self, chunk: np.ndarray) -> bytes:
+        """Runs in the encoder pool (zstd releases the GIL); the chunk buffer is reused afterwards."""
+        data = bytes(self._codec.encode(chunk))
+        if len(self._free) < self.chunks_per_shard:  # a bounded pool of buffers
+            self._free.append(chunk)
+        return data
+
     def append(self, frames: Sequence[np.ndarray] | np.ndarray) -> list:
         """Take rows [self.rows, self.rows + len(frames)); return coroutines that write the shards they touch.
 
-        Await all of them (e.g. with asyncio.gather) before the next append and before committing the rows."""
+        Await all of them (e.g. with asyncio.gather) before the next append and before committing the rows.
+        A chunk starts encoding as soon as it is full, in parallel with copying the next frames."""
         jobs = []
-        raw: list[np.ndarray] = []  # full chunks of the open shard, not yet encoded
+        pool = _encoder_pool()
         for frame in frames:
             n = self.rows % self.chunk_rows
             self._tail[n] = frame
             self.rows += 1
             if n + 1 == self.chunk_rows:
-                raw.append(self._tail)
+                self._encoded.append(pool.submit(self._encode, self._tail))
                 self._tail = self._new_chunk()
-                if len(self._encoded) + len(raw) == self.chunks_per_shard:
-                    jobs.append(self._write((self.rows - 1) // self.shard_rows, self._encoded, raw, None))
-                    self._encoded, raw = [], []
+                if len(self._encoded) == self.chunks_per_shard:
+                    jobs.append(self._write((self.rows - 1) // self.shard_rows, self._encoded, None))
+                    self._encoded = []
         n = self.rows % self.chunk_rows
-        if raw or n:
+        fresh = any(isinstance(c, Future) for c in self._encoded)
+        if fresh or n:
             partial = None
             if n:
-                partial = self._new_chunk()
-                partial[:n] = self._tail[:n]
-                partial[n:] = self.fill
-            jobs.append(self._write(self.rows // self.shard_rows, self._encoded, raw, partial))
+                chunk = self._new_chunk()
+                chunk[:n] = self._tail[:n]
+                chunk[n:] = self.fill
+                partial = pool.submit(self._encode, chunk)
+            jobs.append(self._write(self.rows // self.shard_rows, self._encoded, partial))
         return jobs
 
-    async def _write(self, shard: int, encoded: list[bytes], raw: list[np.ndarray], partial: np.ndarray | None):
-        def encode() -> bytes:
-            encoded.extend(bytes(self._codec.encode(c)) for c in raw)  # kept for the next flush of this shard
-            tail = [bytes(self._codec.encode(partial))] if partial is not None else []
-            spare = [*raw, *([partial] if partial is not None else [])]
-            self._free.extend(spare[:max(0, self.chunks_per_shard - len(self._free))])  # bounded pool
-            return shard_object([*encoded, *tail], self.chunks_per_shard)
-
-        data = await asyncio.to_thread(encode)
+    async def _write(self, shard: int, chunks: list[bytes | Future], partial: Future | None):
+        for i, c in enumerate(chunks):  # the open shard's list keeps the bytes for its next rewrite
+            if isinstance(c, Future):
+                chunks[i] = await asyncio.wrap_future(c)
+        tail = [await asyncio.wrap_future(partial)] if partial is not None else []
+        data = shard_object([*chunks, *tail], self.chunks_per_shard)
         key = self._arr.metadata.encode_chunk_key((shard, *(0 for _ in self.row_shape)))
         await (self._arr.async_array.store_path / key).set(default_buffer_prototype().buffer.from_bytes(data))
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _encoder_pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="hg-dagger-encode")
+    return _POOL
 
 
 def shard_object(chunks: list[bytes], chunks_per_shard: int) -> bytes:
