@@ -1,6 +1,6 @@
 """DAgger benchmarks: (1) overhead of `auto` against bare expert-driven stepping, (2) DAgger vs BC learning curves.
 
-    python benchmarks/bench_dagger.py --quick          # minutes: short overhead run + 3 small iterations
+    python benchmarks/bench_dagger.py --quick          # short overhead run + 6 small DAgger iterations, 12 BC
     python benchmarks/bench_dagger.py                  # the full comparison (tens of minutes on 2 cores)
 
 (1) Same env, same num_envs, same process, alternating repeats: env-steps/s of the auto collector (student
@@ -105,38 +105,71 @@ def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
     }
 
 
-def learning(task: str, quick: bool, out: Path, iterations: int | None = None) -> dict:
+GOAL_SUCCESS = 0.9  # the issue's goal: >= 90% student success ...
+GOAL_LABEL_RATIO = 0.5  # ... with at most half the expert labels BC needs for the same success
+
+
+def _arm(base: dict, mode: str, iterations: int, out: Path) -> dict:
+    """One learning curve (run in its own process when the arms run in parallel)."""
+    import torch
+
     from hg_dagger.learn.auto import AutoConfig, AutoRun
 
+    torch.set_num_threads(1)
+    cfg = AutoConfig.model_validate({**base, "mode": mode, "iterations": iterations})
+    t0 = time.perf_counter()
+    rows = AutoRun(cfg, out / mode).run(progress=False)
+    return {
+        "labels": [r["replay"]["labels"] for r in rows],
+        "success": [r["eval_success_rate"] for r in rows],
+        "beta": [r["beta"] for r in rows],
+        "collect_success": [r["collect_success_rate"] for r in rows],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def first_reaching(curve: dict, success: float) -> int | None:
+    """Labels at the first point of a curve with at least ``success`` (None: never)."""
+    return next((lab for lab, s in zip(curve["labels"], curve["success"], strict=True) if s >= success), None)
+
+
+def learning(task: str, quick: bool, out: Path, iterations: int | None = None, bc_iterations: int | None = None,
+             eval_episodes: int = 30, parallel: bool = True, lr_schedule: str = "cosine") -> dict:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    iterations = iterations or (6 if quick else 8)
+    bc_iterations = bc_iterations or 2 * iterations  # BC must run to twice DAgger's labels to test the goal
     base = {
-        "task": task, "num_envs": 6 if quick else 8, "seed": 0,
-        "iterations": iterations or (3 if quick else 6), "episodes_per_iteration": 6 if quick else 16,
+        "task": task, "num_envs": 6 if quick else 8, "seed": 0, "episodes_per_iteration": 6 if quick else 16,
         "max_episode_steps": 80,
         "beta": {"kind": "exponential", "beta0": 1.0, "decay": 0.5},
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
-        "train": {"steps": 800 if quick else 2000, "batch_size": 256, "lr": 1e-3},
-        "eval": {"episodes": 12 if quick else 30, "num_envs": 6 if quick else 10, "max_steps": 80, "seed": 100000},
+        "train": {"steps": 800 if quick else 2000, "batch_size": 256, "lr": 1e-3, "lr_schedule": lr_schedule},
+        "eval": {"episodes": eval_episodes, "num_envs": 10, "max_steps": 80, "seed": 100000},
     }
-    curves = {}
-    for mode in ("dagger_sync", "expert_demo"):
-        cfg = AutoConfig.model_validate({**base, "mode": mode})
-        t0 = time.perf_counter()
-        rows = AutoRun(cfg, out / mode).run(progress=False)
-        curves[mode] = {
-            "labels": [r["replay"]["labels"] for r in rows],
-            "success": [r["eval_success_rate"] for r in rows],
-            "beta": [r["beta"] for r in rows],
-            "collect_success": [r["collect_success_rate"] for r in rows],
-            "seconds": time.perf_counter() - t0,
-        }
+    arms = {"dagger_sync": iterations, "expert_demo": bc_iterations}
+    if parallel:
+        with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
+            futures = {mode: pool.submit(_arm, base, mode, n, out) for mode, n in arms.items()}
+            curves = {mode: f.result() for mode, f in futures.items()}
+    else:
+        curves = {mode: _arm(base, mode, n, out) for mode, n in arms.items()}
+    for mode, c in curves.items():
         print(f"  {mode}: " + ", ".join(f"{lab} labels -> {s:.0%}" for lab, s in
-                                        zip(curves[mode]["labels"], curves[mode]["success"], strict=True)), flush=True)
+                                        zip(c["labels"], c["success"], strict=True)), flush=True)
     dag, bc = curves["dagger_sync"], curves["expert_demo"]
     best = max(dag["success"])
-    need_dag = next(lab for lab, s in zip(dag["labels"], dag["success"], strict=True) if s >= best)
-    need_bc = next((lab for lab, s in zip(bc["labels"], bc["success"], strict=True) if s >= best), None)
-    return {"config": base, "curves": curves, "dagger_best_success": best, "dagger_labels_for_best": need_dag,
-            "bc_labels_for_same_success": need_bc}
+    dag_goal, bc_goal = first_reaching(dag, GOAL_SUCCESS), first_reaching(bc, GOAL_SUCCESS)
+    # met: DAgger reaches the goal success and BC, given twice those labels, does not reach it earlier
+    met = dag_goal is not None and (
+        (bc_goal is not None and dag_goal <= GOAL_LABEL_RATIO * bc_goal)
+        or (bc_goal is None and bc["labels"][-1] >= dag_goal / GOAL_LABEL_RATIO))
+    return {"config": base, "iterations": arms, "curves": curves, "dagger_best_success": best,
+            "dagger_labels_for_best": first_reaching(dag, best), "bc_labels_for_same_success": first_reaching(bc, best),
+            "dagger_labels_for_goal": dag_goal, "bc_labels_for_goal": bc_goal, "goal_met": met,
+            "dagger_after_goal": [s for lab, s in zip(dag["labels"], dag["success"], strict=True)
+                                  if dag_goal is not None and lab >= dag_goal]}
 
 
 def main(argv=None) -> int:
@@ -145,7 +178,11 @@ def main(argv=None) -> int:
     p.add_argument("--task", default="fetch_pick_place")
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--out", default=None, help="folder for runs and results.json (default: a temp folder)")
-    p.add_argument("--iterations", type=int, help="DAgger/BC iterations of the learning comparison")
+    p.add_argument("--iterations", type=int, help="DAgger iterations of the learning comparison (quick: 6, else 8)")
+    p.add_argument("--bc-iterations", type=int, help="BC iterations (default: twice --iterations)")
+    p.add_argument("--eval-episodes", type=int, default=30, help="student-only evaluation episodes per point")
+    p.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"], help="per-round lr schedule")
+    p.add_argument("--serial", action="store_true", help="run the DAgger and BC arms one after the other")
     p.add_argument("--skip-learning", action="store_true")
     p.add_argument("--skip-overhead", action="store_true")
     args = p.parse_args(argv)
@@ -167,10 +204,15 @@ def main(argv=None) -> int:
                   f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}", flush=True)
     if not args.skip_learning:
         print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
-        result["learning"] = learning(args.task, args.quick, out, args.iterations)
+        result["learning"] = learning(args.task, args.quick, out, args.iterations, args.bc_iterations,
+                                      args.eval_episodes, not args.serial, args.lr_schedule)
         lr = result["learning"]
         print(f"DAgger best {lr['dagger_best_success']:.0%} at {lr['dagger_labels_for_best']} labels; BC reached it at "
               f"{lr['bc_labels_for_same_success'] or 'no point of its curve'} labels")
+        print(f"goal {GOAL_SUCCESS:.0%}: DAgger at {lr['dagger_labels_for_goal'] or 'no point'} labels (then "
+              f"{', '.join(f'{s:.0%}' for s in lr['dagger_after_goal'])}), BC at {lr['bc_labels_for_goal'] or 'no point'} "
+              f"labels of {lr['curves']['expert_demo']['labels'][-1]}; goal (<= {GOAL_LABEL_RATIO:g}x BC's labels) "
+              f"{'MET' if lr['goal_met'] else 'NOT met'}")
     (out / "results.json").write_text(json.dumps(result, indent=2))
     print(f"results: {out / 'results.json'}")
     return 0

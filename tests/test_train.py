@@ -160,6 +160,61 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
     assert means[3.0] == pytest.approx(0.25, abs=0.1)
 
 
+def _toy_replay(n: int = 200):
+    from hg_dagger.contract import LabelTarget
+    from hg_dagger.learn.aggregate import Replay, extract_labels
+
+    rng = np.random.default_rng(0)
+    data = {f"obs/{k}": rng.normal(0, 0.1, (n, 2)) for k in ("qpos", "ee_pos", "target")}
+    target = np.tanh(data["obs/target"] - data["obs/ee_pos"]).astype(np.float32)
+    data.update(expert_action=target, applied_action=target,
+                action_source=np.full(n, ActionSource.EXPERT.code, np.uint8),
+                label_mask=np.full(n, LabelMask.TRAINABLE.code, np.uint8),
+                label_target=np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8))
+    replay = Replay(ReplayConfig())
+    replay.add([extract_labels(data, episode_id="e", obs_keys=["qpos", "ee_pos", "target"])])
+    return replay
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_every_round_runs_the_lr_schedule_from_the_top(schedule):
+    mapping = load_mapping("toy_reach")
+    cfg = TrainConfig(steps=30, batch_size=16, lr=2e-3, lr_min=1e-5, lr_schedule=schedule)
+    trainer = Trainer(Student.create(mapping, ensemble=2, hidden=(16,)), cfg, _toy_replay())
+    for _ in range(2):
+        lrs = []
+        trainer.fit(progress=False, on_batch=lambda rows: lrs.append(trainer.optimizer.lr))
+        assert len(lrs) == 30 and lrs[0] == pytest.approx(2e-3)
+        if schedule == "cosine":
+            assert lrs[-1] == pytest.approx(1e-5) and all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+            assert lrs[15] == pytest.approx((2e-3 + 1e-5) / 2, rel=0.1)
+        else:
+            assert set(lrs) == {2e-3}
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_rounds_warm_start_or_restart_from_fresh_weights(warm):
+    mapping = load_mapping("toy_reach")
+    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
+    trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=warm), _toy_replay())
+    trainer.fit(progress=False)
+    after_first = {k: v.clone() for k, v in student.net.head.state_dict().items()}
+    fresh = Student(mapping, student.spec, seed=student.seed + 1).net.head.state_dict()  # round 1's re-init seed
+    at_start = {}
+
+    def grab(rows):
+        if not at_start:
+            at_start.update({k: v.clone() for k, v in student.net.head.state_dict().items()})
+
+    trainer.fit(progress=False, on_batch=grab)
+    expected = after_first if warm else fresh
+    other = fresh if warm else after_first
+    assert all(np.array_equal(at_start[k].numpy(), expected[k].numpy()) for k in expected)
+    assert not all(np.array_equal(at_start[k].numpy(), other[k].numpy()) for k in other)
+    if not warm:
+        assert trainer.optimizer.t == 20  # the optimizer restarted with the weights
+
+
 def test_train_cli_and_its_errors(tmp_path, capsys):
     from hg_dagger.cli import main
 

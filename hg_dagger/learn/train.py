@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -43,11 +44,22 @@ class TrainConfig(BaseModel):
     steps: int = Field(default=2000, gt=0, description="gradient steps per training round")
     batch_size: int = Field(default=256, gt=0)
     lr: float = Field(default=1e-3, gt=0)
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="cosine", description="per round: constant lr, or cosine decay from lr to lr_min over the round's steps")
+    lr_min: float = Field(default=1e-5, ge=0)
+    warm_start: bool = Field(default=True, description="each round continues from the last weights; False: re-init")
     weight_decay: float = Field(default=1e-5, ge=0)
     bootstrap: bool = True  # per-member Poisson(1) weights: ensemble diversity from one batch
     log_every: int = Field(default=50, gt=0)
     seed: int = 0
     threads: int = Field(default=1, ge=1, description="torch CPU threads while training")
+
+
+def lr_at(cfg: TrainConfig, step: int, steps: int) -> float:
+    """Learning rate of a round's step: a round that ends at a small lr ends on a settled policy."""
+    if cfg.lr_schedule == "constant" or steps <= 1:
+        return cfg.lr
+    return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1.0 + math.cos(math.pi * step / (steps - 1)))
 
 
 class AdamW:
@@ -146,6 +158,9 @@ class Trainer:
 
     def _fit(self, steps, log_path, progress, info, on_batch) -> dict[str, Any]:
         cfg, student = self.config, self.student
+        if not cfg.warm_start and student.round > 0:
+            student.reset_weights(student.seed + student.round)
+            self.optimizer = AdamW(student.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         data = self._tensors()
         student.set_normalization(data["state"].numpy(), data["target"].numpy())
         net = student.net
@@ -158,7 +173,8 @@ class Trainer:
         losses: list[float] = []
         try:
             bar = tqdm(range(steps), desc=f"train round {student.round + 1}", disable=not progress, leave=False)
-            for _ in bar:
+            for i in bar:
+                self.optimizer.lr = lr_at(cfg, i, steps)
                 rows = self.replay.sample(cfg.batch_size, self._rng)
                 if on_batch is not None:
                     on_batch(rows)

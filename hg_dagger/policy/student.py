@@ -231,6 +231,14 @@ class Student:
         self.lineage.append(Lineage(self.round, parent, self.version, dict(info)).__dict__)
         return self.version
 
+    def reset_weights(self, seed: int) -> None:
+        """Fresh initial weights (same architecture and parameter objects) drawn with ``seed``."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = StudentNet(self.spec)
+        self.net.load_state_dict(fresh.state_dict())
+        self.weights_changed()
+
     # ------------------------------------------------------------------ inputs
 
     def encode(self, obs: dict[str, np.ndarray]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
