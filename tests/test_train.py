@@ -183,7 +183,7 @@ def test_every_round_runs_the_lr_schedule_from_the_top(schedule):
     trainer = Trainer(Student.create(mapping, ensemble=2, hidden=(16,)), cfg, _toy_replay())
     for _ in range(2):
         lrs = []
-        trainer.fit(progress=False, on_batch=lambda rows: lrs.append(trainer.optimizer.lr))
+        trainer.fit(progress=False, on_batch=lambda rows, lrs=lrs: lrs.append(trainer.optimizer.lr))
         assert len(lrs) == 30 and lrs[0] == pytest.approx(2e-3)
         if schedule == "cosine":
             assert lrs[-1] == pytest.approx(1e-5) and all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
