@@ -1,7 +1,7 @@
 """Recorder benchmark: streaming steps into an EpisodeStore versus writing each episode in one go afterwards.
 
 Scenarios: 31-d state + two 128x128 RGB cameras at 50 Hz, and 31-d state only. For each it prints
-  max    - producer unpaced, on_full="block": sustained steps/s (put to close), x real time, MB/s
+  max    - producer unpaced, on_full="block": sustained steps/s (put to close), x real time, MB/s, CPU ms/step
   paced  - producer at --pace x real time, on_full="drop": dropped steps, hand-off p50/p99 (us), RSS over time
   base   - the same episodes collected in lists and written to the same zarr layout in one go per episode
 and our/baseline throughput. Then a 10k-episode store: file count, open time, listing and loading times.
@@ -87,6 +87,12 @@ def end(n: int) -> EpisodeEnd:
     return EpisodeEnd(end_reason=EndReason.SUCCESS, task_success=True, num_steps=n)
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process, all threads: less sensitive to other jobs on the machine than wall time."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
@@ -145,18 +151,23 @@ def scenario(name, cameras, total, max_steps, ep_len, pace, tmp, frames=None):
     fields = scenario_fields(cameras)
     pool = make_steps(min(total, 2048), cameras, frames)
     mb = step_bytes(fields) / 1e6
+    c0 = cpu_s()
     t_max, st_max, h_max, _ = run_ours(os.path.join(tmp, f"{name}-max"), fields, pool, max_steps, ep_len, pace=None, on_full="block")
+    c_max = cpu_s() - c0
     t_pac, st_pac, h_pac, rss = run_ours(os.path.join(tmp, f"{name}-paced"), fields, pool, total, ep_len, pace=pace, on_full="drop")
+    c0 = cpu_s()
     t_base = run_baseline(os.path.join(tmp, f"{name}-base"), fields, pool, max_steps, ep_len)
+    c_base = cpu_s() - c0
     ours, base = max_steps / t_max, max_steps / t_base
     print(f"\n[{name}] max/base {max_steps} steps, paced {total} steps, episodes of {ep_len}, {mb * 1e3:.1f} kB/step")
     print(f"  max    : {ours:8.0f} steps/s = {ours / HZ:6.1f}x real time, {ours * mb:6.1f} MB/s, "
           f"dropped {st_max.dropped_steps}, hand-off p50 {np.percentile(h_max, 50) / 1e3:.1f} us "
-          f"p99 {np.percentile(h_max, 99) / 1e3:.1f} us (blocking)")
+          f"p99 {np.percentile(h_max, 99) / 1e3:.1f} us (blocking), {c_max / max_steps * 1e3:.2f} CPU ms/step")
     print(f"  paced  : {pace:.0f}x real time ({pace * HZ:.0f} steps/s offered, {total / t_pac:.0f} sustained): "
           f"dropped {st_pac.dropped_steps}, hand-off p50 {np.percentile(h_pac, 50) / 1e3:.1f} us "
           f"p99 {np.percentile(h_pac, 99) / 1e3:.1f} us, RSS MB at 20/40/60/80/100%: {' '.join(f'{r:.0f}' for r in rss)}")
-    print(f"  base   : {base:8.0f} steps/s = {base / HZ:6.1f}x real time, {base * mb:6.1f} MB/s (one write per episode, after the fact)")
+    print(f"  base   : {base:8.0f} steps/s = {base / HZ:6.1f}x real time, {base * mb:6.1f} MB/s, "
+          f"{c_base / max_steps * 1e3:.2f} CPU ms/step (one write per episode, after the fact)")
     print(f"  ratio  : ours/baseline = {ours / base:.2f}")
     return ours / base
 
@@ -167,13 +178,14 @@ def ten_k(tmp, n_eps, ep_len):
     pool = make_steps(ep_len, False)
     store = EpisodeStore.create(path)
     t0 = time.perf_counter()
-    with store.recorder(flush_interval_s=0.5) as rec:
+    with store.recorder(flush_interval_s=0.5, on_full="block") as rec:  # every step stored: files and reads count all
         for _ in range(n_eps):
             eid = rec.begin_episode(start(), fields)
             for s in pool:
                 rec.put(eid, s)
             rec.end_episode(eid, end(ep_len))
     t_rec = time.perf_counter() - t0
+    assert rec.stats.dropped_steps == 0
     files = sum(len(f) for _, _, f in os.walk(path))
     size = sum(os.path.getsize(os.path.join(d, x)) for d, _, f in os.walk(path) for x in f) / 1e6
     t0 = time.perf_counter()
