@@ -131,6 +131,14 @@ def _encoder_pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _forget_pool_in_child() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of the parent's threads: it starts its own pool on first use
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def shard_object(chunks: list[bytes], chunks_per_shard: int) -> bytes:
     """A zarr v3 shard: the encoded chunks back to back, then the index of (offset, nbytes) little-endian
     uint64 pairs (all ones for a missing chunk) followed by the index's crc32c."""
