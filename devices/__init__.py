@@ -6,7 +6,14 @@
 Hardware modules (pygame, hidapi) load only when their device type is built.
 """
 
-from hg_dagger.devices.base import DEVICE_TYPES, Device, DeviceError, device_class, make_device, register_device
+from hg_dagger.devices.base import (
+    DEVICE_TYPES,
+    Device,
+    DeviceError,
+    device_class,
+    make_device,
+    register_device,
+)
 from hg_dagger.devices.calibration import AxisCalibration, Calibration, default_calibration_dir
 from hg_dagger.devices.configs import (
     DeviceConfig,
@@ -16,8 +23,8 @@ from hg_dagger.devices.configs import (
     SyntheticConfig,
     load_device_config,
 )
-from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline, ProcessingConfig
 from hg_dagger.devices.keyboard import Keyboard
+from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline, ProcessingConfig
 from hg_dagger.devices.synthetic import SyntheticOperator
 
 __all__ = [

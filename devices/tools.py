@@ -14,10 +14,10 @@ from hg_dagger.devices.configs import DeviceConfig, load_device_config
 
 def connected_devices() -> list[str]:
     """One line per gamepad SDL sees and per 3Dconnexion device hidapi sees (with the map that would be used)."""
+    import pygame
+
     from hg_dagger.devices.gamepad import init_pygame_input, select_map
     from hg_dagger.devices.spacemouse import KNOWN_PRODUCTS, find_spacemice
-
-    import pygame
 
     lines = []
     init_pygame_input()

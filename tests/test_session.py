@@ -8,7 +8,6 @@ import threading
 
 import numpy as np
 import pytest
-from hg_dagger.devices import Keyboard
 
 from hg_dagger.contract.enums import (
     ActionSource,
@@ -22,6 +21,7 @@ from hg_dagger.contract.enums import (
 )
 from hg_dagger.control.gates import ConfidenceGate, GateConfig, OperatorGate
 from hg_dagger.control.session import build_session, load_run_config
+from hg_dagger.devices import Keyboard
 from hg_dagger.envs import make_env
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.policy import Student

@@ -1,7 +1,7 @@
 """The correction-data contract: schema, enums, label rules and the clock. Imports nothing of ours."""
 
-from hg_dagger.contract.command import COMMAND_DIM, HumanCommand
 from hg_dagger.contract.clock import NO_TIME, ClockMapping, now_ns
+from hg_dagger.contract.command import COMMAND_DIM, HumanCommand
 from hg_dagger.contract.enums import (
     ActionAlignment,
     ActionSource,
