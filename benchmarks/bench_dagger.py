@@ -135,18 +135,18 @@ def first_reaching(curve: dict, success: float) -> int | None:
 
 def learning(task: str, quick: bool, out: Path, iterations: int | None = None, bc_iterations: int | None = None,
              eval_episodes: int = 30, parallel: bool = True, lr_schedule: str = "cosine",
-             train_steps: int | None = None) -> dict:
+             train_steps: int | None = None, seed: int = 0) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     iterations = iterations or (6 if quick else 8)
     bc_iterations = bc_iterations or 2 * iterations  # BC must run to twice DAgger's labels to test the goal
     base = {
-        "task": task, "num_envs": 6 if quick else 8, "seed": 0, "episodes_per_iteration": 6 if quick else 16,
+        "task": task, "num_envs": 6 if quick else 8, "seed": seed, "episodes_per_iteration": 6 if quick else 16,
         "max_episode_steps": 80,
         "beta": {"kind": "exponential", "beta0": 1.0, "decay": 0.5},
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
-        "train": {"steps": train_steps or (800 if quick else 2000), "batch_size": 256, "lr": 1e-3, "lr_schedule": lr_schedule},
+        "train": {"steps": train_steps or (1600 if quick else 2000), "batch_size": 256, "lr": 1e-3, "lr_schedule": lr_schedule},
         "eval": {"episodes": eval_episodes, "num_envs": 10, "max_steps": 80, "seed": 100000},
     }
     arms = {"dagger_sync": iterations, "expert_demo": bc_iterations}
@@ -183,7 +183,8 @@ def main(argv=None) -> int:
     p.add_argument("--bc-iterations", type=int, help="BC iterations (default: twice --iterations)")
     p.add_argument("--eval-episodes", type=int, default=30, help="student-only evaluation episodes per point")
     p.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"], help="per-round lr schedule")
-    p.add_argument("--train-steps", type=int, help="gradient steps per round (quick: 800, else 2000)")
+    p.add_argument("--train-steps", type=int, help="gradient steps per round (quick: 1600, else 2000)")
+    p.add_argument("--seed", type=int, default=0, help="run seed (collection coins, resets, init); eval seeds stay")
     p.add_argument("--serial", action="store_true", help="run the DAgger and BC arms one after the other")
     p.add_argument("--skip-learning", action="store_true")
     p.add_argument("--skip-overhead", action="store_true")
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     if not args.skip_learning:
         print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
         result["learning"] = learning(args.task, args.quick, out, args.iterations, args.bc_iterations,
-                                      args.eval_episodes, not args.serial, args.lr_schedule, args.train_steps)
+                                      args.eval_episodes, not args.serial, args.lr_schedule, args.train_steps, args.seed)
         lr = result["learning"]
         print(f"DAgger best {lr['dagger_best_success']:.0%} at {lr['dagger_labels_for_best']} labels; BC reached it at "
               f"{lr['bc_labels_for_same_success'] or 'no point of its curve'} labels")
