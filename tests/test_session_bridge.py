@@ -3,14 +3,10 @@ robot side reaches the session as an e-stop from the bridge, and the session's o
 
 from __future__ import annotations
 
-import os
-import select
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
+from bridge_helpers import TOKEN, Robot
 
 from hg_dagger.contract.enums import EndReason, EventKind
 from hg_dagger.control.gates import ConfidenceGate, GateConfig
@@ -19,27 +15,12 @@ from hg_dagger.envs.bridge import BridgeEnv, RobotState
 from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
 
-TOKEN = "session-bridge-test-token"
-
 
 @pytest.fixture
 def robot(tmp_path):
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    log = open(tmp_path / "robot.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hg_dagger", "bridge", "serve", "toy_reach", "--port", "0", "--token-file", str(token),
-         "--num-envs", "1", "--seed", "0", "--heartbeat-timeout", "5"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ))
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else ""
-    assert line.startswith("listening on "), line + (tmp_path / "robot.log").read_text()
-    port = int(line.strip().rsplit(":", 1)[1])
-    yield proc, port, tmp_path / "robot.log"
-    proc.terminate()
-    proc.wait(10)
-    proc.stdout.close()
-    log.close()
+    r = Robot(tmp_path, heartbeat=5.0)
+    yield r.proc, r.port, r
+    r.stop()
 
 
 def _session(tmp_path, port):
@@ -57,23 +38,14 @@ def _check_store(tmp_path):
     return store
 
 
-def _wait(path, text, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in path.read_text():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_robot_side_estop_stops_the_session(tmp_path, robot):
-    proc, port, log = robot
+    proc, port, server = robot
     env, rec, s = _session(tmp_path, port)
     s.start(3)
     for _ in range(10):
         s.tick()
     proc.send_signal(signal.SIGUSR1)
-    assert _wait(log, "E-STOP")
+    assert server.wait_log("E-STOP", timeout=10.0)
     for _ in range(3):
         if s.running:
             s.tick()
@@ -87,7 +59,7 @@ def test_robot_side_estop_stops_the_session(tmp_path, robot):
 
 
 def test_session_estop_latches_the_robot(tmp_path, robot):
-    _, port, log = robot
+    _, port, server = robot
     env, rec, s = _session(tmp_path, port)
     s.start(2)
     for _ in range(5):
@@ -95,7 +67,7 @@ def test_session_estop_latches_the_robot(tmp_path, robot):
     s.estop("app", "stop button")
     s.tick()
     assert env.status()["state"] == RobotState.ESTOP
-    assert _wait(log, "E-STOP")
+    assert server.wait_log("E-STOP", timeout=10.0)
     rec.close()
     env.close()
     (info,) = _check_store(tmp_path).episodes()

@@ -7,7 +7,6 @@ with one readable error."""
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import yaml
+from bridge_helpers import TOKEN, Robot
 
 from hg_dagger.cli import main
 from hg_dagger.contract.clock import NO_TIME, now_ns
@@ -23,29 +23,14 @@ from hg_dagger.envs.mapping import load_mapping
 from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
 
-TOKEN = "session-robot-test-token"
-
 
 @pytest.fixture
 def robot(tmp_path):
     """A robot-side bridge server for toy_reach; yields (port, token file, robot log)."""
-    token = tmp_path / "robot.token"
-    token.write_text(TOKEN + "\n")
-    log_path = tmp_path / "robot.log"
-    log = open(log_path, "w")
     # heartbeat timeout well above any scheduling hiccup on a busy machine: this test is not about safe stops
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hg_dagger", "bridge", "serve", "toy_reach", "--port", "0", "--token-file", str(token),
-         "--heartbeat-timeout", "5"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ))
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else ""
-    assert line.startswith("listening on 127.0.0.1:"), line + log_path.read_text()
-    yield int(line.strip().rsplit(":", 1)[1]), token, log_path
-    proc.terminate()
-    proc.wait(10)
-    proc.stdout.close()
-    log.close()
+    r = Robot(tmp_path, heartbeat=5.0)
+    yield r.port, r.token_file, r.log_path
+    r.stop()
 
 
 def _run_args(port, token, store, *extra):
