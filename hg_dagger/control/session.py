@@ -648,10 +648,7 @@ class Session:
         from hg_dagger.experts import query_expert
 
         q = query_expert(self.expert, {k: v[rows] for k, v in self.obs.items()}, rows, self.mapping)
-        action = np.full((self.n, self.mapping.action_dim), np.nan, np.float32)
-        valid = np.zeros(self.n, bool)
-        action[rows], valid[rows] = q.action, q.valid
-        return action, valid
+        return q.scatter(rows, self.n)
 
     def _release_operator(self, r: int) -> None:
         """A synthetic operator lets go when control leaves it (a person simply releases the device)."""

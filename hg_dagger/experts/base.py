@@ -45,6 +45,14 @@ class ExpertQuery:
     def invalid_reason(self) -> dict[int, str]:
         return self.metadata.get("invalid_reason", {})
 
+    def scatter(self, env_ids: Sequence[int], num_envs: int) -> tuple[np.ndarray, np.ndarray]:
+        """This answer for rows ``env_ids`` spread over the whole batch: (action [num_envs, A] with NaN
+        where not asked, valid [num_envs] False where not asked)."""
+        action = np.full((num_envs, self.action.shape[1]), np.nan, dtype=np.float32)
+        valid = np.zeros(num_envs, dtype=bool)
+        action[env_ids], valid[env_ids] = self.action, self.valid
+        return action, valid
+
     def with_fallback(self, fallback: np.ndarray) -> np.ndarray:
         """The action batch with every invalid row replaced by the caller's safe action for that row."""
         fallback = np.asarray(fallback, dtype=np.float32)

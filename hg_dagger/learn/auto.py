@@ -244,6 +244,8 @@ class Collector:
         A free row begins a new episode while the quota (or ``may_begin()``) allows; otherwise it idles
         (stepped by the student, not recorded, not queried) and is reset before its next episode.
         """
+        from hg_dagger.experts import query_expert  # lazily: student-only paths never import experts
+
         env, m = self.env, self.mapping
         n = env.num_envs
         stats = self.stats = CollectStats()
@@ -289,10 +291,8 @@ class Collector:
                 ids = np.flatnonzero(active)
                 out = self.student.act(obs)
                 t_policy = now_ns()
-                q = _query(self.expert, {k: v[ids] for k, v in obs.items()}, ids, m, self.timeout_s)
-                expert_action = np.full((n, m.action_dim), np.nan, dtype=np.float32)
-                expert_valid = np.zeros(n, dtype=bool)
-                expert_action[ids], expert_valid[ids] = q.action, q.valid
+                q = query_expert(self.expert, {k: v[ids] for k, v in obs.items()}, ids, m, timeout_s=self.timeout_s)
+                expert_action, expert_valid = q.scatter(ids, n)
                 coin = self.rng.random(n) < self.beta
                 used = coin & expert_valid
                 chosen = np.where(used[:, None], expert_action, out.action)
@@ -359,12 +359,6 @@ class Collector:
 
 
 NO_TIME_FILL = -1
-
-
-def _query(expert, obs, ids, mapping, timeout_s):
-    from hg_dagger.experts import query_expert
-
-    return query_expert(expert, obs, ids, mapping, timeout_s=timeout_s)
 
 
 # ---------------------------------------------------------------------- the loop
