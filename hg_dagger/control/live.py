@@ -1,0 +1,269 @@
+"""What a live front end (the desktop app, a test, a benchmark) reads and sends while a session runs.
+
+The control thread publishes an immutable ``Snapshot`` after every tick into a ``LatestSlot``; a view
+reads the newest one at its own rate and never waits on the control thread. A view acts only by
+putting ``Command`` values into a ``CommandQueue`` that the control thread drains at the top of its
+next tick. Snapshots carry measured values (times, actions, gate state, counters, one camera frame),
+never live objects, so nothing a view does can reach into the session.
+
+Nothing here imports Qt.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class Command:
+    """Base of everything a view can ask of the control thread."""
+
+
+@dataclass(frozen=True)
+class StartEpisodes(Command):
+    episodes: int = 1
+
+
+@dataclass(frozen=True)
+class Pause(Command):
+    paused: bool = True
+
+
+@dataclass(frozen=True)
+class ResetEpisode(Command):
+    """End the current episode as an env reset and begin a fresh one."""
+
+    reason: str = "operator reset"
+
+
+@dataclass(frozen=True)
+class AbortEpisode(Command):
+    reason: str = "operator abort"
+
+
+@dataclass(frozen=True)
+class MarkOutcome(Command):
+    """End the current episode now with the operator's verdict."""
+
+    success: bool
+
+
+@dataclass(frozen=True)
+class DiscardEpisode(Command):
+    """End the current episode and mark it discarded (kept on disk, never trained on)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class EStop(Command):
+    source: str = "app"
+    reason: str = "operator e-stop"
+
+
+@dataclass(frozen=True)
+class ClearEStop(Command):
+    """The explicit reset a latched e-stop needs; records who cleared it."""
+
+    by: str = "operator"
+
+
+@dataclass(frozen=True)
+class TakeOver(Command):
+    """The operator asks for control (the same as the device's takeover button)."""
+
+
+@dataclass(frozen=True)
+class HandBack(Command):
+    """The operator returns control to the policy (the same as the device's return button)."""
+
+
+@dataclass(frozen=True)
+class KeyEvent(Command):
+    """A key of the in-window keyboard device, by name (see configs/devices/keyboard.yaml)."""
+
+    key: str
+    down: bool
+
+
+@dataclass(frozen=True)
+class ReleaseKeys(Command):
+    """The window lost focus: let go of every held key."""
+
+
+@dataclass(frozen=True)
+class SetMode(Command):
+    """human_gated | expert | student_only | teleop (takes effect at the next episode)."""
+
+    mode: str
+
+
+@dataclass(frozen=True)
+class SetDevice(Command):
+    """Switch the operator device: a name in configs/devices or a path ("keyboard" = the window)."""
+
+    device: str
+
+
+@dataclass(frozen=True)
+class SwapStudent(Command):
+    """Load a new student checkpoint; it acts from the next episode on."""
+
+    checkpoint: str
+
+
+@dataclass(frozen=True)
+class Quit(Command):
+    """End open episodes as operator aborts, close the recorder and the env, stop the thread."""
+
+
+class CommandQueue:
+    """Thread-safe FIFO: any thread puts, the control thread drains once per tick."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Command] = queue.SimpleQueue()
+
+    def put(self, cmd: Command) -> None:
+        if not isinstance(cmd, Command):
+            raise TypeError(f"not a live Command: {cmd!r}")
+        self._q.put(cmd)
+
+    def drain(self) -> list[Command]:
+        out = []
+        while True:
+            try:
+                out.append(self._q.get_nowait())
+            except queue.Empty:
+                return out
+
+
+# ---------------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class LoopHealth:
+    """How well the control loop keeps its rate (figures over a sliding window of recent ticks)."""
+
+    target_hz: float = 0.0
+    achieved_hz: float = 0.0
+    jitter_p99_ms: float = 0.0  # |actual tick start - scheduled start|
+    missed_ticks: int = 0  # scheduled ticks skipped because a tick overran
+    latency_p50_ms: float = float("nan")  # t_obs -> t_action_apply
+    latency_p99_ms: float = float("nan")
+    tick_ms_p99: float = 0.0  # time spent inside one tick
+    recorder_queue: int = 0
+    recorder_dropped: int = 0
+    ticks: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    device_id: str = ""
+    kind: str = ""  # keyboard | gamepad | spacemouse | synthetic | expert | none
+    connected: bool = False
+    engaged: bool = False
+    raw: np.ndarray | None = None  # float32 [7] the last raw command
+    buttons: tuple[str, ...] = ()
+    deadzone: float = 0.0
+
+
+@dataclass(frozen=True)
+class Counters:
+    episodes: int = 0
+    successes: int = 0
+    windows: int = 0
+    human_steps: int = 0
+    gate_triggers: int = 0
+    context_switches: int = 0
+    estops: int = 0
+    steps: int = 0
+    discarded: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The watched env row (row 0) after one tick, plus loop-wide state. Arrays are copies."""
+
+    seq: int = 0
+    t_ns: int = 0
+    task: str = ""
+    mode: str = "human_gated"
+    phase: str = "idle"  # idle | running | paused | estopped | training | stopped | error
+    message: str = ""  # the last thing the operator should read (error, hint)
+    # control and gates
+    control_state: str = "autonomous"  # ControlState value
+    gate_level: int = 0  # 0 ok, 1 warn, 2 trigger
+    gate_reason: str = ""
+    t_request_ns: int | None = None  # when the pending/open handover was requested
+    confidence: float = float("nan")
+    uncertainty: float = float("nan")
+    thresholds: dict[str, float | None] = field(default_factory=dict)  # confidence gate: warn / trigger
+    progress: float = float("nan")
+    # actions in the raw action space (NaN where there is none)
+    policy_action: np.ndarray | None = None
+    human_action: np.ndarray | None = None
+    applied_action: np.ndarray | None = None
+    action_source: str = "policy"
+    action_names: tuple[str, ...] = ()
+    # times of the last applied step (monotonic ns)
+    t_obs: int | None = None
+    t_policy: int | None = None
+    t_action_apply: int | None = None
+    t_handover: int | None = None
+    # episode
+    episode_id: str | None = None
+    episode_step: int = 0
+    policy_version: str = ""
+    estop: tuple[str, str] | None = None  # (source, reason) while latched
+    counters: Counters = field(default_factory=Counters)
+    health: LoopHealth = field(default_factory=LoopHealth)
+    device: DeviceState = field(default_factory=DeviceState)
+    frame: np.ndarray | None = None  # uint8 [H, W, 3] view image (not what the policy sees)
+    store: str = ""
+    operator: str = ""
+    rounds: tuple[dict[str, Any], ...] = ()  # one dict per finished round (success, intervention rate, labels)
+
+
+class LatestSlot:
+    """A latest-value slot: ``publish`` replaces, ``read`` returns the newest (never blocks the writer)."""
+
+    def __init__(self, initial: Snapshot | None = None) -> None:
+        self._value = initial if initial is not None else Snapshot()
+        self._cond = threading.Condition()
+
+    def publish(self, snap: Snapshot) -> None:
+        self._value = snap  # one reference assignment: readers see the old or the new snapshot, whole
+        if self._cond.acquire(blocking=False):  # wake waiters only when nobody holds the lock
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
+
+    def read(self) -> Snapshot:
+        return self._value
+
+    def wait_for(self, predicate, timeout: float) -> Snapshot | None:
+        """Block (not for GUI threads) until a published snapshot satisfies ``predicate``; tests and scripts."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                snap = self._value
+                if predicate(snap):
+                    return snap
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.05))
+
+
+def as_array(x: Any) -> np.ndarray:
+    return np.array(x, dtype=np.float32, copy=True)
