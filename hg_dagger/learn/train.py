@@ -300,8 +300,11 @@ def train_from_store(
     replay_cfg: ReplayConfig | None = None,
     resume: str | Path | None = None,
     progress: bool = True,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """`hg-dagger train`: all trainable labels of a task in a store -> a student checkpoint."""
+    """`hg-dagger train`: all trainable labels of a task in a store -> a student checkpoint.
+
+    ``on_step(done, total)`` is called after every gradient step (progress for a front end)."""
     from hg_dagger.envs import load_mapping
     from hg_dagger.store import EpisodeStore
 
@@ -322,7 +325,11 @@ def train_from_store(
     keys = list(mapping.obs_spec())
     trainer.replay.add(load_labels(store, info, keys) for info in
                        tqdm(episodes, desc="load labels", disable=not progress, leave=False))
-    result = trainer.fit(log_path=out / "loss.jsonl", progress=progress, info={"store": str(store_url)})
+    total = trainer.config.steps
+    counter = iter(range(1, total + 1))
+    on_batch = None if on_step is None else (lambda _rows: on_step(next(counter), total))
+    result = trainer.fit(log_path=out / "loss.jsonl", progress=progress, info={"store": str(store_url)},
+                         on_batch=on_batch)
     ckpt = trainer.save(out / "student.pt")
     result.update(checkpoint=str(ckpt), replay=trainer.replay.summary())
     (out / "train.json").write_text(json.dumps(result, indent=2))

@@ -1,0 +1,160 @@
+"""Training between rounds of a live session, in a process of its own.
+
+The app must keep its control loop (and a robot) responsive while a student trains, so training
+runs in a spawned process that hands back only a checkpoint path; progress and the outcome come
+back as plain messages. No model object crosses the process boundary.
+
+    job = BackgroundJob(train_round, store=..., task=..., out_dir=..., resume=current_ckpt)
+    job.poll()   # -> list of Progress; job.done / job.result / job.error
+
+``bootstrap_student`` makes the first, deliberately weak student of a task from a few planner
+demonstrations, so a first session has a policy whose mistakes the gates can catch.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[str, float], None]  # (stage text, fraction 0..1 of that stage)
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str
+    fraction: float
+
+
+class BackgroundJob:
+    """Runs ``fn(report=..., **kwargs)`` in a spawned process; ``fn`` returns a JSON-able result."""
+
+    def __init__(self, fn: Callable[..., Any], **kwargs: Any):
+        ctx = mp.get_context("spawn")
+        self._q = ctx.Queue()
+        self._proc = ctx.Process(target=_child, args=(fn, kwargs, self._q), daemon=True, name=f"hg-dagger-{fn.__name__}")
+        self._proc.start()
+        self.done = False
+        self.result: Any = None
+        self.error = ""
+        self.last = Progress("starting", 0.0)
+
+    def poll(self) -> list[Progress]:
+        """Messages that arrived since the last call (never blocks)."""
+        out = []
+        while True:
+            try:
+                kind, payload = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "progress":
+                self.last = Progress(*payload)
+                out.append(self.last)
+            elif kind == "result":
+                self.result, self.done = payload, True
+            elif kind == "error":
+                self.error, self.done = payload, True
+        if not self.done and not self._proc.is_alive() and self._q.empty():
+            self._proc.join(1)
+            self.done = True
+            self.error = self.error or f"training process ended with exit code {self._proc.exitcode}"
+        return out
+
+    def wait(self, timeout: float) -> bool:
+        """Block until done (scripts, tests); True when finished."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.done and time.monotonic() < deadline:
+            self.poll()
+            time.sleep(0.05)
+        return self.done
+
+    def cancel(self) -> None:
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        self.done = True
+        self.error = self.error or "cancelled"
+
+
+def _child(fn, kwargs, q) -> None:
+    def report(stage: str, fraction: float) -> None:
+        q.put(("progress", (stage, float(fraction))))
+
+    try:
+        q.put(("result", fn(report=report, **kwargs)))
+    except Exception as exc:  # noqa: BLE001 - sent to the parent as text
+        from hg_dagger.errors import HgDaggerError
+
+        msg = str(exc) if isinstance(exc, HgDaggerError) else f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        q.put(("error", msg))
+
+
+def _stepper(report: Report, stage: str) -> Callable[[int, int], None]:
+    """An on_step callback that reports about every 2% of the steps."""
+
+    def on_step(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 50) == 0:
+            report(stage, done / total)
+
+    return on_step
+
+
+def train_round(*, store: str, task: str, out_dir: str, resume: str | None = None, steps: int = 1500,
+                seed: int = 0, report: Report) -> dict[str, Any]:
+    """The next student from every trainable label of ``task`` in ``store`` (warm-started from ``resume``)."""
+    import torch
+
+    from hg_dagger.learn.train import TrainConfig, train_from_store
+
+    torch.set_num_threads(1)
+    report("loading labels", 0.0)
+    cfg = TrainConfig(steps=steps, seed=seed)
+    result = train_from_store(store, task, out_dir, train_cfg=cfg, resume=resume, progress=False,
+                              on_step=_stepper(report, "training"))
+    return {"checkpoint": result["checkpoint"], "version": result["version"], "labels": result["labels"],
+            "loss_last": result["loss_last"], "seconds": result["seconds"]}
+
+
+def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, steps: int = 600, seed: int = 0,
+                      report: Report) -> dict[str, Any]:
+    """A first student: ``demos`` planner demonstrations recorded into ``store`` (expert_demo, BC-only),
+    then behaviour cloning for ``steps`` gradient steps. Few of both on purpose: the student should
+    reach the object but make mistakes the gates catch."""
+    import torch
+
+    from hg_dagger.envs import load_mapping, make_env
+    from hg_dagger.learn.auto import Collector, ExpertSpec, build_expert
+    from hg_dagger.policy import Student
+    from hg_dagger.store import EpisodeStore
+
+    torch.set_num_threads(1)
+    mapping = load_mapping(task)
+    st = EpisodeStore.create(store, exist_ok=True)
+    expert = build_expert(ExpertSpec(), mapping, relabel=False)
+    done = 0
+
+    def on_episode(_eid: str, _info: dict) -> None:
+        nonlocal done
+        done += 1
+        report("planner demonstrations", done / demos)
+
+    report("planner demonstrations", 0.0)
+    with make_env(mapping, num_envs=min(4, demos), seed=seed) as env:
+        rec = st.recorder()
+        try:
+            collector = Collector(env, expert, rec, mode="expert_demo", seed=seed)
+            collector.set_policy(Student.create(mapping, seed=seed), iteration=0, beta=1.0)
+            collector.run(episodes=demos, reset_seed=seed, on_episode=on_episode)
+        finally:
+            rec.close()
+    result = train_round(store=store, task=task, out_dir=out_dir, steps=steps, seed=seed, report=report)
+    return {**result, "demos": demos}
+
