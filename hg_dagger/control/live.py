@@ -114,9 +114,11 @@ class SetDevice(Command):
 
 @dataclass(frozen=True)
 class SwapStudent(Command):
-    """Load a new student checkpoint; it acts from the next episode on."""
+    """Load a new student checkpoint; it acts from the next episode on. ``calibration``: the new
+    student's uncertainty on recent autonomous states, for the confidence gate's quantile rule."""
 
     checkpoint: str
+    calibration: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,42 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
     cfg = TrainConfig(steps=steps, seed=seed)
     result = train_from_store(store, task, out_dir, train_cfg=cfg, resume=resume, progress=False,
                               on_step=_stepper(report, "training"))
+    report("calibrating the confidence gate", 0.0)
+    unc = autonomous_uncertainty(store, result["checkpoint"], task)
     return {"checkpoint": result["checkpoint"], "version": result["version"], "labels": result["labels"],
-            "loss_last": result["loss_last"], "seconds": result["seconds"]}
+            "loss_last": result["loss_last"], "seconds": result["seconds"], "calibration": unc}
+
+
+def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps: int = 5000) -> list[float]:
+    """The student's uncertainty on the newest states where a policy acted on its own (human-gated
+    episodes, action_source policy): the samples the confidence gate's quantile rule needs."""
+    import numpy as np
+
+    from hg_dagger.contract import ActionSource, CollectionMode
+    from hg_dagger.envs import load_mapping
+    from hg_dagger.learn.aggregate import flatten_td
+    from hg_dagger.policy import Student
+    from hg_dagger.store import EpisodeStore
+
+    mapping = load_mapping(task)
+    student = Student.load(checkpoint, mapping)
+    st = EpisodeStore.open(store, mode="r")
+    keys = list(mapping.obs_spec())
+    out: list[np.ndarray] = []
+    n = 0
+    infos = [i for i in st.episodes() if i.complete and i.start.mode == CollectionMode.HUMAN_GATED
+             and i.start.task.task_id == task]
+    for info in reversed(infos):
+        flat = flatten_td(st.load(info.episode_id, fields=[f"obs/{k}" for k in keys] + ["action_source"]))
+        rows = flat["action_source"] == ActionSource.POLICY.code
+        if not rows.any():
+            continue
+        u = student.act({k: flat[f"obs/{k}"][rows] for k in keys}).uncertainty
+        out.append(np.asarray(u, np.float32))
+        n += int(rows.sum())
+        if n >= max_steps:
+            break
+    return [float(x) for x in np.concatenate(out)[:max_steps]] if out else []
 
 
 def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, steps: int = 600, seed: int = 0,
