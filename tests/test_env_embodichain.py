@@ -214,3 +214,33 @@ def test_embodichains_sync_collector_drives_our_env():
         expected = (q0 + raw * MAX_SPEED * mapping.dt + np.pi) % (2 * np.pi) - np.pi
         keep = ~done[:, t].numpy()
         np.testing.assert_allclose(q1[keep], expected[keep], atol=1e-4)
+
+
+class CameraFakeEnv(FakeEmbodiedEnv):
+    """The stand-in with a 48x64 camera sensor whose picture follows the first joint."""
+
+    def _obs(self) -> TensorDict:
+        td = super()._obs()
+        shade = ((self.qpos[:, 0] + 1.0) * 100).clamp(0, 255).to(torch.uint8)
+        color = torch.zeros(self.num_envs, 48, 64, 3, dtype=torch.uint8)
+        color[:, :, 32:, :] = shade[:, None, None, None]
+        td["sensor"] = TensorDict({"cam": {"color": color}}, batch_size=[self.num_envs])
+        return td
+
+
+def test_view_is_the_camera_sensor_when_the_task_reads_one_else_none(tmp_path):
+    from hg_dagger.envs.common import fit_image
+
+    state_only = make_env(_mapping(tmp_path), num_envs=2, seed=0, make_fn=_fake())
+    assert state_only.render_view(0, 64) is None
+    observation = [*MAPPING["observation"], {"name": "sensor/cam/color", "shape": [48, 64, 3], "dtype": "uint8"}]
+    env = make_env(_mapping(tmp_path, observation=observation), num_envs=2, seed=0,
+                   make_fn=lambda mapping, n, seed: CameraFakeEnv(n, seed))
+    obs, _ = env.reset(seed=0)
+    view = env.render_view(1, 96)
+    assert view.shape == (96, 96, 3) and view.dtype == np.uint8
+    np.testing.assert_array_equal(view, fit_image(obs["sensor/cam/color"][1], 96))
+    res = env.step(np.full((2, DOF), 0.9, np.float32))
+    moved = env.render_view(1, 96)
+    assert not np.array_equal(moved, view)
+    np.testing.assert_array_equal(moved, fit_image(res.obs["sensor/cam/color"][1], 96))

@@ -40,6 +40,9 @@ class StepResult:
     #   "t_obs": int64 [N]           when obs was sampled (monotonic ns, our clock)
     #   "t_action_apply": int64 [N]  when the action was applied (monotonic ns, our clock)
     # optional: "alignment_error_ms": float32 [N], "transport_ns": int64 [N], "signals": dict
+    # robot faults (step and reset info; absent means all False):
+    #   "estop": bool [N]            the robot is e-stopped or refuses motion for that row
+    #   "sensor_loss": bool [N]      that row's observation is stale (its timestamp did not advance) or missing
 
 
 class VecEnv(ABC):
@@ -73,6 +76,15 @@ class VecEnv(ABC):
     def step(self, action: np.ndarray) -> StepResult:
         """Apply one raw action per row. Call ``check_action`` first."""
 
+    def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
+        """The scene of ``row`` as a person would watch it: uint8 [size, size, 3] RGB, upright.
+
+        Not what the policy sees (state-only tasks get a picture too); None when the backend has no
+        view. Call it from the thread that steps the env: GL renderers are created lazily in the
+        calling thread and released by ``close()``."""
+        check_view_args(row, size, self.num_envs, where=self.task_id)
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release simulator/network resources."""
 
@@ -101,6 +113,22 @@ def check_action(action: Any, num_envs: int, action_dim: int, *, where: str) -> 
         rows = sorted({int(r) for r in np.argwhere(~np.isfinite(action))[:, 0]})
         raise EnvError(f"{where}: action has NaN/inf in env rows {rows}; refused before reaching the env")
     return action.astype(np.float32, copy=False)
+
+
+def check_view_args(row: Any, size: Any, num_envs: int, *, where: str) -> None:
+    """Refuse a view request for a row that does not exist or a size that is not a positive int."""
+    if isinstance(row, bool) or not isinstance(row, int | np.integer) or not 0 <= int(row) < num_envs:
+        raise EnvError(f"{where}: render_view row {row!r} out of range 0..{num_envs - 1}")
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or not 16 <= int(size) <= 4096:
+        raise EnvError(f"{where}: render_view size {size!r} must be an int in 16..4096")
+
+
+def fault_flags(info: dict, key: str, num_envs: int) -> np.ndarray:
+    """info[key] ("estop" or "sensor_loss") as bool [num_envs]; a backend that does not report it means False."""
+    value = info.get(key)
+    if value is None:
+        return np.zeros(num_envs, bool)
+    return np.broadcast_to(np.asarray(value, dtype=bool), (num_envs,)).copy()
 
 
 def as_tensordict(obs: Obs):

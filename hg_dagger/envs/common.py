@@ -1,4 +1,5 @@
-"""Small helpers every backend shares: which rows a reset touches and which seed each row gets."""
+"""Small helpers every backend shares: which rows a reset touches, which seed each row gets, and
+fitting a camera frame into the operator's square view."""
 
 from __future__ import annotations
 
@@ -33,3 +34,19 @@ def row_seeds(seed: int | Sequence[int] | None, rows: np.ndarray, *, where: str)
     if len(seeds) != len(rows):
         raise EnvError(f"{where}: {len(seeds)} seeds for {len(rows)} reset rows")
     return seeds
+
+
+def image_keys(mapping) -> list[str]:
+    """Observation keys of the mapping that hold an RGB image (uint8 [H, W, 3])."""
+    return [k.name for k in mapping.observation if k.dtype == "uint8" and len(k.shape) == 3 and k.shape[2] == 3]
+
+
+def fit_image(img: np.ndarray, size: int) -> np.ndarray:
+    """An RGB frame [H, W, 3] -> uint8 [size, size, 3]: centre-cropped to a square, then
+    nearest-neighbour resampled (numpy only; a live view needs no filtering)."""
+    img = np.asarray(img)
+    h, w = img.shape[:2]
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    idx = (np.arange(size) * side) // size
+    return np.ascontiguousarray(img[top + idx[:, None], left + idx[None, :], :3], dtype=np.uint8)

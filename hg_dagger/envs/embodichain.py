@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
-from hg_dagger.envs.base import Obs, StepResult, VecEnv
-from hg_dagger.envs.common import row_seeds, rows_of
+from hg_dagger.envs.base import Obs, StepResult, VecEnv, check_view_args
+from hg_dagger.envs.common import fit_image, image_keys, row_seeds, rows_of
 from hg_dagger.envs.mapping import TaskMapping
 from hg_dagger.errors import EnvError
 
@@ -83,6 +83,8 @@ class EmbodiChainEnv(VecEnv):
         self.env._replay_no_auto_reset = True  # we reset finished rows ourselves (keeps final_obs)
         self.device = torch.device(getattr(self.env, "device", "cpu"))
         self._keys = [(k.name, np.dtype(k.dtype)) for k in mapping.observation]
+        self._view_key = next(iter(image_keys(mapping)), None)  # a camera sensor the mapping already reads
+        self._last_obs: Obs | None = None
         where = mapping.source
         if int(self.env.num_envs) != self.num_envs:
             raise EnvError(f"{where}: EmbodiedEnv has {self.env.num_envs} rows, asked for {self.num_envs}")
@@ -119,7 +121,15 @@ class EmbodiChainEnv(VecEnv):
         # EmbodiChain seeds the whole simulator at once: one seed per reset call (the first row's).
         options = None if env_ids is None else {"reset_ids": self._torch.as_tensor(rows, device=self.device)}
         td, _ = self.env.reset(seed=seeds[0] if seeds else None, options=options)
-        return self._to_numpy(td), {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
+        self._last_obs = self._to_numpy(td)
+        return self._last_obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
+
+    def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
+        """The camera sensor's latest frame of ``row`` fitted to [size, size, 3]; None without an image key."""
+        check_view_args(row, size, self.num_envs, where=self.task_id)
+        if self._view_key is None or self._last_obs is None:
+            return None
+        return fit_image(self._last_obs[self._view_key][int(row)], int(size))
 
     def step(self, action: np.ndarray) -> StepResult:
         a = self._mapping.clip_raw(self.check_action(action))
@@ -143,6 +153,7 @@ class EmbodiChainEnv(VecEnv):
             "t_obs": t_obs,
             "t_action_apply": np.full(self.num_envs, t_apply, dtype=np.int64),
         }
+        self._last_obs = obs
         return StepResult(obs, self._np(reward, np.float32), terminated, truncated, info_out)
 
     def close(self) -> None:

@@ -26,6 +26,9 @@ NEAR_TABLE = 0.018  # the grip site stops ~15 mm above the table when the finger
 
 
 class FetchVecEnv(MujocoRowsEnv):
+    # the table from the front-left, far enough back to show the whole workspace and goals in the air
+    view_camera = {"lookat": [1.3, 0.75, 0.62], "distance": 1.6, "azimuth": 150.0, "elevation": -22.0}
+
     def _make_row(self) -> Any:
         import contextlib
         import io
@@ -49,6 +52,7 @@ class FetchVecEnv(MujocoRowsEnv):
         import mujoco
 
         self._has_object = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, OBJECT) >= 0
+        self._target_site = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, "target0")
         self._fingers = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, g) for g in FINGERS], np.int32)
         self._object = np.array([mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, OBJECT)], np.int32)
         robot = [b for b in range(m.nbody) if m.body(b).name.startswith("robot0:")]
@@ -67,6 +71,12 @@ class FetchVecEnv(MujocoRowsEnv):
         if self.camera is not None:
             env._render_callback()  # moves the target marker to this episode's goal (Fetch does it only in render())
         return obs
+
+    def _before_view(self, row: int) -> None:
+        # Fetch moves its target marker only in render(), with an mj_forward that would change the next
+        # step; the view writes the marker's derived position instead (mj_step recomputes it anyway)
+        env = self.envs[row]
+        env.data.site_xpos[self._target_site] = env.goal
 
     def _step_row(self, i: int, action: np.ndarray):
         obs, reward, _, _, info = self.envs[i].step(action)

@@ -25,6 +25,9 @@ LIFTED = 0.02
 
 
 class MetaWorldVecEnv(MujocoRowsEnv):
+    # a free camera in front of the table, facing the robot: hand, object and goal in one upright frame
+    view_camera = {"lookat": [0.0, 0.65, 0.18], "distance": 1.15, "azimuth": -60.0, "elevation": -25.0}
+
     def _make_row(self) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
 import weakref
 from abc import abstractmethod
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
-from hg_dagger.envs.base import Obs, StepResult, VecEnv
+from hg_dagger.envs.base import Obs, StepResult, VecEnv, check_view_args
 from hg_dagger.envs.common import row_seeds, rows_of
 from hg_dagger.envs.mapping import TaskMapping
 from hg_dagger.errors import EnvError
@@ -126,6 +127,10 @@ class MujocoRowsEnv(VecEnv):
     """Base of the MuJoCo backends. Subclasses build one unwrapped env per row and translate it."""
 
     image_key = "rgb"
+    # the operator's view camera (backend_options.view_camera overrides it): a free camera dict or a
+    # named camera, and its flip; subclasses set one that shows the gripper, object and goal
+    view_camera: str | dict[str, Any] = {"lookat": [0.0, 0.0, 0.0], "distance": 2.0, "azimuth": 135.0, "elevation": -30.0}
+    view_flip = "none"
 
     def __init__(self, mapping: TaskMapping, num_envs: int = 1, seed: int | None = None):
         self.task_id = mapping.task_id
@@ -137,6 +142,8 @@ class MujocoRowsEnv(VecEnv):
         self._keys = [(k.name, (self.num_envs, *k.shape), np.dtype(k.dtype)) for k in mapping.observation]
         self.envs: list[Any] = []
         self.camera: LeanCamera | None = None
+        self._views: dict[tuple[int, int], LeanCamera] = {}  # (thread id, size) -> renderer
+        self._views_lock = threading.Lock()
         try:
             self.envs = [self._make_row() for _ in range(self.num_envs)]
             self._check_sim(self.envs[0])
@@ -187,6 +194,27 @@ class MujocoRowsEnv(VecEnv):
             raise EnvError(f"{self._mapping.source}: backend_options.camera is required for the '{self.image_key}' key")
         shape = next(k.shape for k in self._mapping.observation if k.name == self.image_key)
         return LeanCamera(env.model, width=shape[1], height=shape[0], camera=cam, flip=self.options.get("camera_flip", "none"))
+
+    def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
+        """The operator's view of ``row`` (uint8 [size, size, 3], upright), rendered in this thread."""
+        check_view_args(row, size, self.num_envs, where=self.task_id)
+        if not self.envs:
+            return None  # closed
+        key = (threading.get_ident(), int(size))
+        cam = self._views.get(key)
+        if cam is None:
+            camera = self.options.get("view_camera", self.view_camera)
+            flip = self.options.get("view_camera_flip", self.view_flip if "view_camera" not in self.options else "none")
+            cam = LeanCamera(self.envs[0].model, width=int(size), height=int(size), camera=camera, flip=flip)
+            with self._views_lock:
+                self._views[key] = cam
+        out = np.empty((int(size), int(size), 3), np.uint8)
+        self._before_view(int(row))
+        cam.render(self.envs[int(row)].data, out)
+        return out
+
+    def _before_view(self, row: int) -> None:  # noqa: B027 - optional hook
+        """Bring scene-only markers (e.g. a goal site) up to date before a view is rendered."""
 
     # ------------------------------------------------------------------ checks
     def _check_sim(self, env) -> None:
@@ -278,6 +306,10 @@ class MujocoRowsEnv(VecEnv):
         return StepResult(obs, reward, terminated, truncated, info)
 
     def close(self) -> None:
+        with self._views_lock:
+            views, self._views = list(self._views.values()), {}
+        for view in views:
+            view.close()
         if self.camera is not None:
             self.camera.close()
             self.camera = None

@@ -12,9 +12,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
-from hg_dagger.envs.base import Obs, StepResult, VecEnv
+from hg_dagger.envs.base import Obs, StepResult, VecEnv, check_view_args
 from hg_dagger.envs.common import row_seeds, rows_of
 from hg_dagger.envs.mapping import TaskMapping
+
+# operator view colours (RGB)
+BACKGROUND = (245, 245, 240)
+REACH_FILL = (222, 230, 240)
+REACH_EDGE = (150, 165, 190)
+GOAL = (220, 40, 40)
+LINK_COLOURS = ((40, 90, 200), (70, 140, 235))
+JOINT = (50, 50, 60)
+HAND = (250, 150, 30)
 
 LINKS = (0.5, 0.5)
 MAX_SPEED = 2.0  # rad/s at action 1.0
@@ -60,6 +69,14 @@ def toy_ik_action(
     return np.clip(_wrap(q_goal - q) / (max_speed * step_dt), -1.0, 1.0).astype(np.float32)
 
 
+def _segment_dist2(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Squared distance of every grid point (x [1, W], y [H, 1]) to the segment a-b."""
+    d = b - a
+    length2 = float(d @ d) or 1e-12
+    t = np.clip(((x - a[0]) * d[0] + (y - a[1]) * d[1]) / length2, 0.0, 1.0)
+    return (x - a[0] - t * d[0]) ** 2 + (y - a[1] - t * d[1]) ** 2
+
+
 class ToyReachEnv(VecEnv):
     """num_envs independent 2-link arms; each row has its own random stream (seeded per row)."""
 
@@ -79,10 +96,41 @@ class ToyReachEnv(VecEnv):
         self._target = np.zeros((n, 2))
         self._t = np.zeros(n, dtype=np.int64)
         self._horizon = mapping.horizon
+        self._grids: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
 
     @property
     def mapping(self) -> TaskMapping:
         return self._mapping
+
+    def render_view(self, row: int = 0, size: int = 256) -> np.ndarray:
+        """A top-down picture of row ``row`` drawn with numpy: reach region, goal, both links, hand.
+
+        World +y is up in the image, +x to the right; the frame spans 1.15 x the arm's reach."""
+        check_view_args(row, size, self.num_envs, where=self.task_id)
+        size = int(size)
+        if size not in self._grids:
+            extent = 1.15 * sum(self.links)
+            centres = ((np.arange(size, dtype=np.float32) + 0.5) / size * 2 - 1) * extent
+            self._grids[size] = (centres[None, :], -centres[:, None], 2 * extent / size)
+        x, y, px = self._grids[size]
+        img = np.empty((size, size, 3), np.uint8)
+        img[...] = BACKGROUND
+        reach = sum(self.links)
+        r2 = x * x + y * y
+        img[r2 <= reach * reach] = REACH_FILL
+        img[np.abs(np.sqrt(r2) - reach) <= 1.0 * px] = REACH_EDGE
+        q = self._q[int(row)]
+        elbow = np.array([self.links[0] * np.cos(q[0]), self.links[0] * np.sin(q[0])])
+        hand = forward(q[None], self.links)[0]
+        width = max(0.025 * reach, 1.5 * px)
+        for (a, b), colour in zip(((np.zeros(2), elbow), (elbow, hand)), LINK_COLOURS, strict=True):
+            img[_segment_dist2(x, y, a, b) <= width * width] = colour
+        goal = self._target[int(row)]
+        radius = max(self.success_radius, 4 * px)
+        img[(x - goal[0]) ** 2 + (y - goal[1]) ** 2 <= radius * radius] = GOAL
+        for centre, colour, rad in ((np.zeros(2), JOINT, 1.6 * width), (elbow, JOINT, 1.2 * width), (hand, HAND, 1.2 * width)):
+            img[(x - centre[0]) ** 2 + (y - centre[1]) ** 2 <= rad * rad] = colour
+        return img
 
     def _sample(self, rows: np.ndarray, seeds: list[int | None]) -> None:
         reach = sum(self.links)
