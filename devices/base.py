@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from hg_dagger.contract.command import HumanCommand
 from hg_dagger.devices.configs import DeviceConfig, load_device_config, parse_device_config
 from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline
 from hg_dagger.errors import HgDaggerError
+
+if TYPE_CHECKING:
+    from hg_dagger.devices.calibration import Calibrator
 
 
 class DeviceError(HgDaggerError):
@@ -87,9 +91,28 @@ class Device(ABC):
     def connect(self) -> None:
         """Open the device; raises DeviceError with a hint when none is found."""
 
-    def calibrate(self, **kwargs) -> Any:  # noqa: B027 - devices without analog drift need none
-        """Measure and save the calibration (no-op for devices that need none)."""
+    def calibrator(self, **options) -> Calibrator | None:
+        """This device's calibration as phases (see devices/wizard.py); None for devices that need none."""
         return None
+
+    def calibrate(self, *, prompt: Callable[[str], None] = print, **options) -> Any:
+        """Measure and save the calibration now, blocking (None for devices that need none)."""
+        from hg_dagger.devices.wizard import CalibrationWizard
+
+        return CalibrationWizard(self, **options).run(prompt=prompt)
+
+    @property
+    def deadzone(self) -> np.ndarray:
+        """Per command slot (x .. gripper), in the units of ``normalized``: what a live axes view draws as the dead band."""
+        return np.array(self.config.processing.deadzone, np.float64)
+
+    def normalized(self, raw: np.ndarray) -> np.ndarray:
+        """``HumanCommand.raw`` after calibration (center, range, sign): [7] in [-1, 1], where the deadzone applies.
+
+        ``raw`` is in device units (SpaceMouse counts, uninverted sticks) and ``motion`` is zero while
+        not engaged, so a live axes view draws this against ``deadzone``.
+        """
+        return self.pipeline.normalizer(raw)
 
     @abstractmethod
     def poll(self) -> HumanCommand | None:

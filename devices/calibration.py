@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -91,3 +93,31 @@ def fit_axes(center_samples: np.ndarray, seen_min: np.ndarray, seen_max: np.ndar
             max=hi if hi - c >= MIN_SPAN else max(1.0, hi),
         )
     return out
+
+
+class CalibrationPhase(NamedTuple):
+    """One step of a device's calibration: what the person is asked to do, and for how long."""
+
+    name: str  # "center" (hands off), "range" (full travel)
+    instructions: str
+    seconds: float
+
+
+class Calibrator(ABC):
+    """A device's calibration split into phases, so a CLI loop or an app's wizard can drive it.
+
+    ``sample`` reads the device itself (the caller must be the only one polling it); ``feed`` takes a
+    sample read elsewhere (a HumanCommand from the thread that polls, or the physical axis values).
+    ``finish`` fits, saves the device's calibration file and applies it to the device.
+    """
+
+    phases: tuple[CalibrationPhase, ...]
+
+    @abstractmethod
+    def sample(self, phase: str) -> None: ...
+
+    @abstractmethod
+    def feed(self, phase: str, values) -> None: ...
+
+    @abstractmethod
+    def finish(self) -> tuple[Calibration, Path]: ...

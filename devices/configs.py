@@ -110,27 +110,51 @@ class SpaceMouseConfig(DeviceConfig):
 # ---- keyboard ----------------------------------------------------------------------------------
 
 
+# The app handles Esc itself (emergency stop); it may only ever mean the e-stop button here.
+ESTOP_KEY = "escape"
+
+
 class KeyboardConfig(DeviceConfig):
-    """Key names are lower case ('w', 'space', 'escape', 'up', 'shift')."""
+    """Key names are lower case, as the app reports them ('w', 'space', 'escape', 'enter', 'up', 'shift')."""
 
     type: Literal["keyboard"] = "keyboard"
     axes: dict[AxisName, tuple[str, str]] = {  # (positive key, negative key)
         "x": ("w", "s"),
         "y": ("a", "d"),
         "z": ("r", "f"),
-        "roll": ("l", "j"),
-        "pitch": ("i", "k"),
-        "yaw": ("u", "o"),
+        "roll": ("right", "left"),
+        "pitch": ("down", "up"),
+        "yaw": ("q", "e"),
     }
-    buttons: dict[ButtonName, str] = {TAKEOVER: "t", RETURN: "b", ESTOP: "escape", GRIPPER: "g"}
+    # one key or a list of keys per button
+    buttons: dict[ButtonName, tuple[str, ...]] = {
+        TAKEOVER: ("t",), RETURN: ("enter", "b"), ESTOP: (ESTOP_KEY,), GRIPPER: ("g",),
+    }
     hold_key: str | None = "space"
     gripper_toggle: bool = True
+
+    @field_validator("buttons", mode="before")
+    @classmethod
+    def _one_or_more(cls, v):
+        if isinstance(v, dict):
+            return {b: (keys,) if isinstance(keys, str) else keys for b, keys in v.items()}
+        return v
 
     @model_validator(mode="after")
     def _lower(self) -> KeyboardConfig:
         self.axes = {a: (p.lower(), n.lower()) for a, (p, n) in self.axes.items()}
-        self.buttons = {b: k.lower() for b, k in self.buttons.items()}
+        self.buttons = {b: tuple(k.lower() for k in keys) for b, keys in self.buttons.items()}
         self.hold_key = self.hold_key.lower() if self.hold_key else None
+        uses = [(f"axes.{a}", k) for a, pair in self.axes.items() for k in pair]
+        uses += [(f"buttons.{b}", k) for b, keys in self.buttons.items() for k in keys]
+        uses += [("hold_key", self.hold_key)] if self.hold_key else []
+        seen: dict[str, str] = {}
+        for where, key in uses:
+            if key == ESTOP_KEY and where != f"buttons.{ESTOP}":
+                raise ValueError(f"{where}: {ESTOP_KEY!r} is reserved for the emergency stop")
+            if key in seen:
+                raise ValueError(f"{where}: key {key!r} is already used by {seen[key]}")
+            seen[key] = where
         return self
 
 

@@ -4,21 +4,35 @@ poll() drains the joystick events from pygame's event queue (JOYAXISMOTION, JOYB
 JOYHATMOTION, JOYDEVICEADDED/REMOVED), updates the stick/button state, and runs the command
 pipeline. JOYDEVICEREMOVED for our joystick marks the device lost: poll() returns None from then on.
 One gamepad per process: poll() consumes every joystick event in the queue.
+
+This module is the one place the devices import pygame: it hides pygame's import banner and starts
+SDL with its dummy video driver (no window, and no probing of X11/Wayland, which prints
+"XDG_RUNTIME_DIR is invalid or not set" where there is no desktop session). Other modules take
+``pygame`` from here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
+import threading
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import COMMAND_AXES, HumanCommand
 from hg_dagger.devices.base import Device, DeviceError
-from hg_dagger.devices.calibration import AxisCalibration, Calibration, default_calibration_dir, fit_axes
+from hg_dagger.devices.calibration import (
+    AxisCalibration,
+    Calibration,
+    CalibrationPhase,
+    Calibrator,
+    default_calibration_dir,
+    fit_axes,
+)
 from hg_dagger.devices.configs import GamepadConfig, GamepadMap
 from hg_dagger.devices.processing import AxisNormalizer
 
@@ -37,21 +51,38 @@ JOY_EVENTS = (
 )
 
 
+# Guards SDL's event queue between a Gamepad connecting (control thread) and a DeviceScanner
+# refreshing SDL's device list (GUI thread); poll() itself never takes it.
+SDL_LOCK = threading.RLock()
+_connected_pads: weakref.WeakSet[Gamepad] = weakref.WeakSet()
+
+
 def init_pygame_input() -> None:
     """Start SDL's event and joystick subsystems without opening a window.
 
-    pygame's event queue needs the video subsystem; without a display the dummy driver serves.
-    Joystick events are delivered even when no SDL window has focus.
+    pygame's event queue needs the video subsystem. Nothing here draws, so SDL always gets its dummy
+    video driver: a real one would probe X11/Wayland (noise on stderr where there is no desktop
+    session) and gain nothing. The process environment is left as it was. Joystick events are
+    delivered even when no SDL window has focus. Audio is never initialised.
     """
     os.environ.setdefault("SDL_JOYSTICK_ALLOW_BACKGROUND_EVENTS", "1")
     if not pygame.display.get_init():
+        chosen = os.environ.get("SDL_VIDEODRIVER")
+        os.environ["SDL_VIDEODRIVER"] = "dummy"
         try:
             pygame.display.init()
-        except pygame.error:
-            os.environ["SDL_VIDEODRIVER"] = "dummy"
-            pygame.display.init()
+        finally:
+            if chosen is None:
+                del os.environ["SDL_VIDEODRIVER"]
+            else:
+                os.environ["SDL_VIDEODRIVER"] = chosen
     if not pygame.joystick.get_init():
         pygame.joystick.init()
+
+
+def gamepad_polled() -> bool:
+    """True while a connected Gamepad of this process drains pygame's joystick events in its poll()."""
+    return any(pad.connected for pad in list(_connected_pads))
 
 
 def select_map(maps: dict[str, GamepadMap], default: str, *, guid: str, name: str) -> str:
@@ -110,7 +141,17 @@ class Gamepad(Device):
 
     # -- lifecycle ------------------------------------------------------------------------------
     def connect(self) -> None:
+        with SDL_LOCK:
+            self._connect()
+            _connected_pads.add(self)
+        log.info("gamepad %r connected (guid %s, map %s)", self._name, self._guid, self.map_name)
+
+    def _connect(self) -> None:
         init_pygame_input()
+        # Joystick events queued before this connect (a press minutes ago) must not act now;
+        # the state is read fresh below.
+        pygame.event.pump()
+        pygame.event.get(eventtype=JOY_EVENTS)
         count = pygame.joystick.get_count()
         if count == 0:
             raise DeviceError(
@@ -138,7 +179,6 @@ class Gamepad(Device):
         self._apply_calibration()
         self.pipeline.reset()
         self._connected = True
-        log.info("gamepad %r connected (guid %s, map %s)", self._name, self._guid, self.map_name)
 
     def _choose_index(self, count: int) -> int:
         if self.config.guid is not None:
@@ -168,6 +208,7 @@ class Gamepad(Device):
     def close(self) -> None:
         self._connected = False
         self._joy = None
+        _connected_pads.discard(self)
 
     # -- calibration ----------------------------------------------------------------------------
     def _apply_calibration(self) -> None:
@@ -193,47 +234,28 @@ class Gamepad(Device):
                 neg[slot], pos[slot] = ac.center - ac.min, ac.max - ac.center
         self.set_normalizer(AxisNormalizer(center, neg, pos, sign))
 
-    def calibrate(
-        self, *, center_s: float = 2.0, range_s: float = 6.0, prompt: Callable[[str], None] = print
-    ) -> Calibration:
+    def calibrator(self, *, center_s: float = 2.0, range_s: float = 6.0) -> GamepadCalibrator:
         """Two phases: hands off (centers), then every stick and trigger through its full travel (ranges).
 
-        Saves ``gamepad_<guid>.json`` in the calibration dir and uses it at once.
+        ``calibrate()`` runs them blocking; finishing saves ``gamepad_<guid>.json`` in the calibration dir
+        and uses it at once.
         """
         if not self._connected:
-            raise DeviceError("calibrate() needs a connected gamepad: call connect() first")
-        prompt("Calibrating: leave all sticks and triggers untouched.")
-        center, lo1, hi1 = self._collect(center_s)
-        prompt("Now move every stick around its full circle and press each trigger fully, several times.")
-        _, lo2, hi2 = self._collect(range_s)
-        if not self._connected:
-            raise DeviceError(f"gamepad {self._name!r} was unplugged during calibration; nothing saved")
-        axes = fit_axes(center, np.minimum(lo1, lo2), np.maximum(hi1, hi2))
-        self.calibration = Calibration(device_type="gamepad", device_key=self._guid, name=self._name, axes=axes)
-        path = self.calibration.save(self.config.calibration_dir or default_calibration_dir())
-        self._apply_calibration()
-        prompt(f"Calibration saved to {path}")
-        return self.calibration
-
-    def _collect(self, seconds: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Axis state samples every 10 ms for ``seconds``, and the extremes of every axis value seen."""
-        lo = np.array(self._axes, np.float64)
-        hi = lo.copy()
-        samples = []
-        deadline = time.monotonic() + seconds
-        while True:
-            for event in pygame.event.get(eventtype=JOY_EVENTS):
-                self._handle(event)
-                if event.type == pygame.JOYAXISMOTION and event.instance_id == self._instance_id:
-                    lo[event.axis] = min(lo[event.axis], event.value)
-                    hi[event.axis] = max(hi[event.axis], event.value)
-            samples.append(list(self._axes))
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        return np.array(samples), lo, hi
+            raise DeviceError("calibration needs a connected gamepad: call connect() first")
+        return GamepadCalibrator(self, center_s=center_s, range_s=range_s)
 
     # -- polling --------------------------------------------------------------------------------
+    def _drain(self, on_axis: Callable[[int, float], None] | None = None) -> None:
+        """Apply every queued joystick event; ``on_axis(axis, value)`` sees each axis value of ours."""
+        for event in pygame.event.get(eventtype=JOY_EVENTS):
+            self._handle(event)
+            if on_axis is not None and event.type == pygame.JOYAXISMOTION and event.instance_id == self._instance_id:
+                on_axis(event.axis, event.value)
+
+    def axis_values(self) -> np.ndarray:
+        """Every physical axis as last read (calibration is stored per physical axis)."""
+        return np.array(self._axes, np.float64)
+
     def _handle(self, event) -> None:
         t = event.type
         if t == pygame.JOYDEVICEADDED:
@@ -252,8 +274,7 @@ class Gamepad(Device):
             self._hats[event.hat] = tuple(event.value)
         elif t == pygame.JOYDEVICEREMOVED:
             log.warning("gamepad %r (%s) removed", self._name, self._guid)
-            self._connected = False
-            self._joy = None
+            self.close()
 
     def _build_plan(self) -> None:
         """Where each command slot is read from, resolved once per connect (poll runs every tick)."""
@@ -296,3 +317,53 @@ class Gamepad(Device):
         self._pressed = set()
         buttons = frozenset(name for name, b in self._named_buttons if b in down)
         return self._command(self.raw(), hold=self._hold_button in down, buttons=buttons, t_ns=now_ns())
+
+
+class GamepadCalibrator(Calibrator):
+    """Centers from the hands-off samples; ranges from the extremes seen over both phases (every event counts)."""
+
+    def __init__(self, pad: Gamepad, *, center_s: float, range_s: float):
+        self.pad = pad
+        self.phases = (
+            CalibrationPhase("center", "Calibrating: leave all sticks and triggers untouched.", center_s),
+            CalibrationPhase(
+                "range", "Now move every stick around its full circle and press each trigger fully, several times.",
+                range_s,
+            ),
+        )
+        start = pad.axis_values()
+        self.lo, self.hi = start.copy(), start.copy()
+        self.center_samples: list[np.ndarray] = []
+
+    def _extreme(self, axis: int, value: float) -> None:
+        if axis < len(self.lo):
+            self.lo[axis] = min(self.lo[axis], value)
+            self.hi[axis] = max(self.hi[axis], value)
+
+    def sample(self, phase: str) -> None:
+        self.pad._drain(self._extreme)
+        if not self.pad.connected:
+            raise DeviceError(f"gamepad {self.pad.name!r} was unplugged during calibration; nothing saved")
+        self.feed(phase, self.pad.axis_values())
+
+    def feed(self, phase: str, values) -> None:
+        if isinstance(values, HumanCommand):  # polled elsewhere: the pad's state is what that poll read
+            values = self.pad.axis_values()
+        values = np.asarray(values, np.float64)
+        if values.shape != self.lo.shape:
+            raise DeviceError(f"calibration sample has {values.size} axes, the gamepad has {self.lo.size}")
+        np.minimum(self.lo, values, out=self.lo)
+        np.maximum(self.hi, values, out=self.hi)
+        if phase == "center":
+            self.center_samples.append(values)
+
+    def finish(self) -> tuple[Calibration, Path]:
+        pad = self.pad
+        if not pad.connected:
+            raise DeviceError(f"gamepad {pad.name!r} was unplugged during calibration; nothing saved")
+        samples = self.center_samples or [pad.axis_values()]
+        axes = fit_axes(np.array(samples), self.lo, self.hi)
+        pad.calibration = Calibration(device_type="gamepad", device_key=pad.guid, name=pad.name, axes=axes)
+        path = pad.calibration.save(pad.config.calibration_dir or default_calibration_dir())
+        pad._apply_calibration()
+        return pad.calibration, path

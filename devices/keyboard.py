@@ -1,6 +1,7 @@
 """Keyboard as an operator device, without any GUI toolkit: the app feeds key presses and releases by name.
 
 Each command axis has a (positive key, negative key) pair; raw value = pressed(positive) - pressed(negative).
+``key_layout()`` lists the keys and what they do, for the app's help.
 press()/release() may come from the GUI thread while poll() runs in the control thread.
 """
 
@@ -11,7 +12,7 @@ import threading
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
-from hg_dagger.contract.command import COMMAND_AXES, GRIPPER, HumanCommand
+from hg_dagger.contract.command import COMMAND_AXES, ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
 from hg_dagger.devices.base import Device
 from hg_dagger.devices.configs import KeyboardConfig
 
@@ -70,17 +71,59 @@ class Keyboard(Device):
             pressed = self._pressed
             self._pressed = set()
         cfg = self.config
-        buttons = frozenset(name for name, key in cfg.buttons.items() if key in down)
+        buttons = frozenset(name for name, keys in cfg.buttons.items() if any(k in down for k in keys))
         raw = np.zeros(7, np.float32)
         for slot, pos, neg in self._slots:
             raw[slot] = float(pos in down) - float(neg in down)
         if "gripper" not in cfg.axes:
-            gripper_key = cfg.buttons.get(GRIPPER)
+            gripper_keys = cfg.buttons.get(GRIPPER, ())
             if cfg.gripper_toggle:
-                if gripper_key in pressed:
+                if any(k in pressed for k in gripper_keys):
                     self._gripper_closed = not self._gripper_closed
             else:
-                self._gripper_closed = gripper_key in down
+                self._gripper_closed = any(k in down for k in gripper_keys)
             raw[6] = 1.0 if self._gripper_closed else -1.0
         hold = cfg.hold_key is not None and cfg.hold_key in down
         return self._command(raw, hold=hold, buttons=buttons, t_ns=now_ns())
+
+
+_AXIS_MEANING = {
+    "x": ("move forward (+x)", "move back (-x)"),
+    "y": ("move left (+y)", "move right (-y)"),
+    "z": ("move up (+z)", "move down (-z)"),
+    "roll": ("roll right (+roll)", "roll left (-roll)"),
+    "pitch": ("pitch nose down (+pitch)", "pitch nose up (-pitch)"),
+    "yaw": ("yaw + (turn left)", "yaw - (turn right)"),
+    "gripper": ("close gripper", "open gripper"),
+}
+_BUTTON_MEANING = {
+    TAKEOVER: "take over from the policy",
+    RETURN: "hand control back to the policy",
+    ESTOP: "emergency stop",
+}
+_KEY_LABELS = {"escape": "Esc", "enter": "Enter", "space": "Space", "up": "Up", "down": "Down", "left": "Left",
+               "right": "Right", "shift": "Shift", "tab": "Tab", "backspace": "Backspace"}
+
+
+def key_label(key: str) -> str:
+    """How a key name is shown to people: 'w' -> 'W', 'escape' -> 'Esc'."""
+    return _KEY_LABELS.get(key, key.upper() if len(key) == 1 else key.capitalize())
+
+
+def key_layout(config: KeyboardConfig | None = None) -> list[tuple[str, str]]:
+    """(key, meaning) rows for a help dialog, in the order hold key, axes, buttons."""
+    cfg = config or KeyboardConfig()
+    rows = []
+    if cfg.hold_key:
+        rows.append((key_label(cfg.hold_key), "hold to intervene (motion keys act only while held)"))
+    for axis in COMMAND_AXES:
+        if axis in cfg.axes:
+            for key, meaning in zip(cfg.axes[axis], _AXIS_MEANING[axis], strict=True):
+                rows.append((key_label(key), meaning))
+    for name, keys in cfg.buttons.items():
+        if name == GRIPPER:
+            meaning = "toggle gripper open / closed" if cfg.gripper_toggle else "close gripper while held"
+        else:
+            meaning = _BUTTON_MEANING[name]
+        rows.append((" / ".join(key_label(k) for k in keys), meaning))
+    return rows

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import struct
-import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -22,7 +21,13 @@ import numpy as np
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import GRIPPER, HumanCommand
 from hg_dagger.devices.base import Device, DeviceError
-from hg_dagger.devices.calibration import AxisCalibration, Calibration, default_calibration_dir
+from hg_dagger.devices.calibration import (
+    AxisCalibration,
+    Calibration,
+    CalibrationPhase,
+    Calibrator,
+    default_calibration_dir,
+)
 from hg_dagger.devices.configs import SpaceMouseConfig
 from hg_dagger.devices.processing import AxisNormalizer
 
@@ -197,28 +202,11 @@ class SpaceMouse(Device):
             return False
         return True
 
-    def calibrate(self, *, center_s: float = 1.0, prompt: Callable[[str], None] = print) -> Calibration:
+    def calibrator(self, *, center_s: float = 1.0) -> SpaceMouseCalibrator:
         """Hands off for ``center_s``: the mean of each axis at rest becomes its center offset (saved per device)."""
         if not self._connected:
-            raise DeviceError("calibrate() needs a connected SpaceMouse: call connect() first")
-        prompt("Calibrating: do not touch the SpaceMouse cap.")
-        samples = []
-        deadline = time.monotonic() + center_s
-        while True:
-            if not self._read_pending():
-                raise DeviceError(f"SpaceMouse {self._key} was unplugged during calibration; nothing saved")
-            samples.append(self.parser.counts.copy())
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        center = np.mean(samples, axis=0)
-        fs = self.config.full_scale
-        axes = {i: AxisCalibration(center=float(c), min=-fs, max=fs) for i, c in enumerate(center)}
-        self.calibration = Calibration(device_type="spacemouse", device_key=self._key, axes=axes)
-        path = self.calibration.save(self.config.calibration_dir or default_calibration_dir())
-        self._apply_calibration()
-        prompt(f"Calibration saved to {path}")
-        return self.calibration
+            raise DeviceError("calibration needs a connected SpaceMouse: call connect() first")
+        return SpaceMouseCalibrator(self, center_s=center_s)
 
     def poll(self) -> HumanCommand | None:
         if not self._connected or not self._read_pending():
@@ -238,3 +226,31 @@ class SpaceMouse(Device):
         hb = self.config.hold_button
         hold = hb is not None and bool(down >> hb & 1)
         return self._command(raw, hold=hold, buttons=buttons, t_ns=now_ns())
+
+
+class SpaceMouseCalibrator(Calibrator):
+    """One phase, hands off: centers are the mean counts at rest; the range stays ``full_scale``."""
+
+    def __init__(self, mouse: SpaceMouse, *, center_s: float):
+        self.mouse = mouse
+        self.phases = (CalibrationPhase("center", "Calibrating: do not touch the SpaceMouse cap.", center_s),)
+        self.samples: list[np.ndarray] = []
+
+    def sample(self, phase: str) -> None:
+        if not self.mouse._read_pending():
+            raise DeviceError(f"SpaceMouse {self.mouse._key} was unplugged during calibration; nothing saved")
+        self.samples.append(self.mouse.parser.counts.copy())
+
+    def feed(self, phase: str, values) -> None:
+        raw = values.raw if isinstance(values, HumanCommand) else values  # raw[:6] are the counts as read
+        self.samples.append(np.asarray(raw, np.float64)[:6].copy())
+
+    def finish(self) -> tuple[Calibration, Path]:
+        m = self.mouse
+        center = np.mean(self.samples, axis=0) if self.samples else m.parser.counts.copy()
+        fs = m.config.full_scale
+        axes = {i: AxisCalibration(center=float(c), min=-fs, max=fs) for i, c in enumerate(center)}
+        m.calibration = Calibration(device_type="spacemouse", device_key=m._key, axes=axes)
+        path = m.calibration.save(m.config.calibration_dir or default_calibration_dir())
+        m._apply_calibration()
+        return m.calibration, path

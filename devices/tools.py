@@ -9,36 +9,16 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.devices.base import Device, DeviceError, make_device
-from hg_dagger.devices.configs import DeviceConfig, load_device_config
+from hg_dagger.devices.configs import DeviceConfig
 
 
 def connected_devices() -> list[str]:
     """One line per gamepad SDL sees and per 3Dconnexion device hidapi sees (with the map that would be used)."""
-    import pygame
+    from hg_dagger.devices.discovery import DeviceScanner
 
-    from hg_dagger.devices.gamepad import init_pygame_input, select_map
-    from hg_dagger.devices.spacemouse import KNOWN_PRODUCTS, find_spacemice
-
-    lines = []
-    init_pygame_input()
-    pad_cfg = load_device_config("gamepad")
-    for i in range(pygame.joystick.get_count()):
-        j = pygame.joystick.Joystick(i)
-        chosen = select_map(pad_cfg.maps, pad_cfg.default_map, guid=j.get_guid(), name=j.get_name())
-        lines.append(
-            f"gamepad {i}: {j.get_name()!r} guid {j.get_guid()} - {j.get_numaxes()} axes, "
-            f"{j.get_numbuttons()} buttons, {j.get_numhats()} hats - map {chosen}"
-        )
-    try:
-        mice = find_spacemice((0x046D, 0x256F), ())
-    except OSError as exc:  # hidapi without access to the HID subsystem
-        mice = []
-        lines.append(f"spacemouse: hidapi could not enumerate devices ({exc})")
-    for info in mice:
-        name = KNOWN_PRODUCTS.get((info["vendor_id"], info["product_id"]), "?")
-        path = info["path"].decode(errors="replace")
-        lines.append(f"spacemouse: {name} {info['vendor_id']:04x}:{info['product_id']:04x} at {path}")
-    return lines
+    scanner = DeviceScanner()
+    lines = [d.describe() for d in scanner.scan() if d.kind != "keyboard"]
+    return lines + scanner.problems
 
 
 def calibrate(config: DeviceConfig | str | Path, *, prompt: Callable[[str], None] = print, **options):

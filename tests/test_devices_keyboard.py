@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hg_dagger import config
-from hg_dagger.contract.command import ESTOP, GRIPPER, TAKEOVER, HumanCommand
+from hg_dagger.contract.command import ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
 from hg_dagger.devices import (
     DEVICE_TYPES,
     Device,
@@ -19,6 +21,7 @@ from hg_dagger.devices import (
     load_device_config,
     make_device,
 )
+from hg_dagger.devices.keyboard import key_layout
 from hg_dagger.errors import ConfigError
 
 CONFIGS = Path(config.CONFIG_DIR) / "devices"
@@ -77,10 +80,47 @@ def test_release_all_on_focus_loss():
 
 def test_presses_from_another_thread():
     kb = keyboard(hold={"engage_on": "always"})
-    t = threading.Thread(target=lambda: [kb.press(k) for k in ("w", "r", "u")])
+    t = threading.Thread(target=lambda: [kb.press(k) for k in ("w", "r", "q")])
     t.start()
     t.join()
     assert kb.poll().raw[[0, 2, 5]].tolist() == [1, 1, 1]
+
+
+def test_shipped_layout_rotation_keys_return_keys_and_help_rows():
+    kb = make_device("keyboard")
+    kb.connect()
+    for key in ("space", "right", "down", "q"):
+        kb.press(key)
+    cmd = kb.poll()
+    assert cmd.raw.tolist() == [0, 0, 0, 1, 1, 1, -1]  # arrows roll/pitch, q yaw; gripper open
+    kb.release_all()
+    for key in ("enter", "b"):  # either key hands control back
+        kb.press(key)
+        assert kb.poll().buttons == {RETURN}
+        kb.release(key)
+
+    rows = key_layout(kb.config)
+    keys = [k for k, _ in rows]
+    assert rows[0] == ("Space", "hold to intervene (motion keys act only while held)")
+    assert ("Esc", "emergency stop") in rows and ("Enter / B", "hand control back to the policy") in rows
+    assert ("T", "take over from the policy") in rows and ("G", "toggle gripper open / closed") in rows
+    assert {"W", "S", "A", "D", "R", "F", "Q", "E", "Up", "Down", "Left", "Right"} <= set(keys)
+    assert len(keys) == len(set(keys))  # every key has one meaning
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"axes": {"x": ["escape", "s"]}}, "axes.x: 'escape' is reserved for the emergency stop"),
+        ({"hold_key": "Escape"}, "hold_key: 'escape' is reserved for the emergency stop"),
+        ({"buttons": {"return": ["enter", "w"]}}, "buttons.return: key 'w' is already used by axes.x"),
+    ],
+)
+def test_keyboard_config_refuses_esc_on_motion_and_keys_used_twice(tmp_path, update, message):
+    path = tmp_path / "kb.yaml"
+    path.write_text(yaml.safe_dump({"kind": "device", "type": "keyboard", **update}))
+    with pytest.raises(ConfigError, match=rf"kb.yaml(.|\n)*{re.escape(message)}"):
+        load_device_config(path)
 
 
 def test_closed_keyboard_polls_none():
