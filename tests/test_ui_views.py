@@ -1,0 +1,180 @@
+"""Live view, plots, gate light and handover banner driven by real snapshots through a real LatestSlot."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PyQt6.QtWidgets import QWidget
+
+from hg_dagger.contract.clock import now_ns
+from hg_dagger.control.live import LatestSlot, Snapshot
+from hg_dagger.ui import style
+from hg_dagger.ui.gate import GateLight, HandoverBanner
+from hg_dagger.ui.plots import ActionPlots, GatePlot, History, ProgressPlot
+from hg_dagger.ui.snapshots import SnapshotReader
+from hg_dagger.ui.view import PLACEHOLDER, LiveView
+
+NAMES = ("dx", "dy", "dz", "gripper")
+
+
+def snap(seq: int, **kw) -> Snapshot:
+    base = dict(seq=seq, t_ns=1_000_000_000 + seq * 50_000_000, action_names=NAMES,
+                policy_action=np.full(4, 0.1 * seq, np.float32), applied_action=np.full(4, 0.2, np.float32),
+                human_action=np.full(4, np.nan, np.float32), uncertainty=0.01 * seq, confidence=0.5,
+                progress=0.05 * seq, thresholds={"warn": 0.05, "trigger": 0.1, "gate": "confidence"})
+    base.update(kw)
+    return Snapshot(**base)
+
+
+@pytest.fixture
+def live(qtbot):
+    """A real slot and a reader polling it on its QTimer at 60 Hz."""
+    slot = LatestSlot()
+    reader = SnapshotReader(slot, hz=60)
+    reader.start()
+    yield slot, reader
+    reader.stop()
+
+
+def publish_and_wait(qtbot, slot, reader, s: Snapshot) -> None:
+    slot.publish(s)
+    qtbot.waitUntil(lambda: reader.last is s, timeout=5000)
+
+
+def test_reader_emits_each_new_snapshot_once(qtbot, live):
+    slot, reader = live
+    seen = []
+    reader.snapshot.connect(seen.append)
+    s1 = snap(1)
+    publish_and_wait(qtbot, slot, reader, s1)
+    qtbot.waitUntil(lambda: len(seen) >= 1, timeout=5000)
+    s2 = snap(2)
+    publish_and_wait(qtbot, slot, reader, s2)
+    qtbot.wait(100)  # several more timer ticks with nothing new published
+    assert seen[-2:] == [s1, s2] and seen.count(s2) == 1
+    with pytest.raises(ValueError, match="refresh rate"):
+        SnapshotReader(slot, hz=0)
+
+
+def test_live_view_shows_frame_keeping_aspect_and_placeholder(qtbot, live):
+    slot, reader = live
+    view = LiveView()
+    qtbot.addWidget(view)
+    reader.snapshot.connect(view.show_snapshot)
+    view.resize(600, 600)
+    view.show()
+    assert view.minimumWidth() >= 256 and view.minimumHeight() >= 256
+    publish_and_wait(qtbot, slot, reader, snap(1, frame=None))
+    assert not view.has_frame and view.message == PLACEHOLDER == "no camera for this task"
+    frame = np.zeros((120, 240, 3), np.uint8)
+    frame[:, :, 0] = 255
+    publish_and_wait(qtbot, slot, reader, snap(2, frame=frame))
+    assert view.frame_size == (240, 120)
+    r = view.image_rect()
+    assert r.width() == 600 and r.height() == 300 and r.top() == 150  # 2:1 letterboxed, centred
+    img = view.grab().toImage()
+    assert img.pixelColor(300, 300).red() > 200 and img.pixelColor(300, 20).red() < 60
+    publish_and_wait(qtbot, slot, reader, snap(3, frame=np.zeros((4, 4), np.float32)))
+    assert not view.has_frame and "uint8 [H, W, 3]" in view.message
+    publish_and_wait(qtbot, slot, reader, snap(4))
+    assert view.message == PLACEHOLDER
+
+
+def test_history_ring_adds_a_seq_once_and_keeps_ten_seconds():
+    h = History(1, capacity=8)
+    assert h.add(1, 0, [1.0]) and not h.add(1, 0, [1.0])
+    for i in range(2, 12):
+        h.add(i, int(i * 2e9), [float(i)])
+    assert len(h) == 8
+    x, v = h.window(10.0)
+    assert list(v[:, 0]) == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0] and x[-1] == 0.0 and x[0] == -10.0
+    h.add(1, 0, [5.0])  # a seq going back is a new run
+    assert len(h) == 1
+
+
+def test_gate_plot_thresholds_and_curves(qtbot, live):
+    slot, reader = live
+    plot = GatePlot()
+    qtbot.addWidget(plot)
+    reader.snapshot.connect(plot.show_snapshot)
+    for i in range(1, 6):
+        publish_and_wait(qtbot, slot, reader, snap(i))
+    x, y = plot.uncertainty.getData()
+    assert len(x) == 5 and y[-1] == pytest.approx(0.05)
+    warn, trig = plot.lines["warn"], plot.lines["trigger"]
+    assert warn.isVisible() and warn.value() == pytest.approx(0.05) and "warn" in warn.label.format
+    assert trig.isVisible() and trig.value() == pytest.approx(0.1) and "trigger" in trig.label.format
+    items_before = len(plot.plot.getPlotItem().items)
+    publish_and_wait(qtbot, slot, reader, snap(6, thresholds={"trigger": 0.2, "warn": None}))
+    assert not warn.isVisible() and trig.value() == pytest.approx(0.2)
+    assert len(plot.plot.getPlotItem().items) == items_before  # no new items per frame
+
+
+def test_progress_and_action_plots(qtbot, live):
+    slot, reader = live
+    prog, acts = ProgressPlot(), ActionPlots()
+    for w in (prog, acts):
+        qtbot.addWidget(w)
+        reader.snapshot.connect(w.show_snapshot)
+    human = np.array([0.3, np.nan, np.nan, 1.0], np.float32)
+    for i in range(1, 4):
+        publish_and_wait(qtbot, slot, reader, snap(i, human_action=human if i == 2 else None))
+    assert len(prog.curve.getData()[0]) == 3
+    assert [p.titleLabel.text for p in acts.plots] == list(NAMES)
+    c = acts.curves[0]
+    assert len(c["policy"].getData()[1]) == 3 and c["policy"].getData()[1][-1] == pytest.approx(0.3)
+    hx = c["human"].getData()[1]
+    assert np.isnan(hx[0]) and hx[1] == pytest.approx(0.3) and np.isnan(hx[2])  # a gap where no human command
+    assert c["policy"].opts["pen"].color().name() == style.POLICY
+    assert c["human"].opts["pen"].color().name() == style.HUMAN
+    plots_before = list(acts.plots)
+    publish_and_wait(qtbot, slot, reader, snap(4))
+    assert acts.plots == plots_before  # same plot items, new data
+    publish_and_wait(qtbot, slot, reader, snap(5, action_names=("a", "b"), policy_action=np.zeros(2),
+                                                  applied_action=np.zeros(2), human_action=None))
+    assert [p.titleLabel.text for p in acts.plots] == ["a", "b"] and len(acts.curves[1]["applied"].getData()[0]) == 1
+
+
+def test_gate_light_names_state_and_colour(qtbot, live):
+    slot, reader = live
+    light = GateLight()
+    qtbot.addWidget(light)
+    reader.snapshot.connect(light.show_snapshot)
+    expected = {"autonomous": style.AUTONOMOUS, "warning": style.WARNING, "human": style.HUMAN,
+                "safe_stop": style.SAFETY, "expert": style.EXPERT, "returning": style.POLICY}
+    for i, (state, colour) in enumerate(expected.items(), start=1):
+        publish_and_wait(qtbot, slot, reader, snap(i, control_state=state, gate_reason=f"why {state}"))
+        assert light.state == state and light.colour == colour
+        assert light.headline.text() == style.STATES[state][0] and light.reason.text() == f"why {state}"
+    publish_and_wait(qtbot, slot, reader, snap(20, control_state="safe_stop", estop=("pedal", "foot down")))
+    assert light.reason.text() == "e-stop: foot down"
+
+
+def test_handover_banner_flashes_counts_and_hides(qtbot, live):
+    slot, reader = live
+    parent = QWidget()
+    qtbot.addWidget(parent)
+    banner = HandoverBanner(parent, sound_enabled=False)
+    reader.snapshot.connect(banner.show_snapshot)
+    parent.show()  # the parent shows; the banner decides its own visibility
+    alerts = []
+    banner.alerted.connect(lambda: alerts.append(1))
+    publish_and_wait(qtbot, slot, reader, snap(1, control_state="warning"))
+    assert not banner.isVisible()
+    t_req = now_ns() - 1_400_000_000
+    publish_and_wait(qtbot, slot, reader, snap(2, control_state="handover_requested", t_request_ns=t_req))
+    assert banner.isVisible()
+    m = re.fullmatch(r"Take over! (\d+\.\d) s", banner.label.text())
+    assert m and 1.4 <= float(m.group(1)) < 60
+    colours = set()
+    qtbot.waitUntil(lambda: colours.add(banner.colour) or len(colours) == 2, timeout=5000)
+    publish_and_wait(qtbot, slot, reader, snap(3, control_state="handover_requested", t_request_ns=t_req))
+    assert len(alerts) == 1  # once per request, not per snapshot
+    publish_and_wait(qtbot, slot, reader, snap(4, control_state="human", t_request_ns=t_req))
+    assert not banner.isVisible() and not banner.flash.isActive()
+    publish_and_wait(qtbot, slot, reader, snap(5, control_state="handover_requested", t_request_ns=now_ns()))
+    assert banner.isVisible() and len(alerts) == 2
+    publish_and_wait(qtbot, slot, reader, snap(6, control_state="autonomous"))  # request withdrawn
+    assert not banner.isVisible()

@@ -1,0 +1,52 @@
+"""One place for what colours and state names mean, so every widget says the same thing the same way.
+
+Policy is blue, the human orange, the expert purple, safety red, a warning amber, autonomy green.
+"""
+
+from __future__ import annotations
+
+POLICY = "#2f6fd6"
+HUMAN = "#f08a24"
+EXPERT = "#8e44ad"
+SAFETY = "#d62f2f"
+WARNING = "#e0a800"
+AUTONOMOUS = "#2e9e4f"
+APPLIED = "#3a3a3a"
+NEUTRAL = "#7a7f87"
+OK = AUTONOMOUS
+TEXT_ON_COLOUR = "#ffffff"
+
+# control_state -> (headline, colour)
+STATES: dict[str, tuple[str, str]] = {
+    "autonomous": ("AUTONOMOUS", AUTONOMOUS),
+    "warning": ("WARNING", WARNING),
+    "handover_requested": ("TAKE OVER", HUMAN),
+    "human": ("HUMAN IN CONTROL", HUMAN),
+    "returning": ("RETURNING TO POLICY", POLICY),
+    "safe_stop": ("SAFE STOP", SAFETY),
+    "expert": ("EXPERT IN CONTROL", EXPERT),
+}
+
+# health levels -> colour
+LEVELS = {"ok": OK, "warn": WARNING, "bad": SAFETY}
+
+BASE_FONT_PT = 11
+
+
+def state_style(state: str) -> tuple[str, str]:
+    """Headline and colour of a control state (an unknown state reads as itself, in grey)."""
+    return STATES.get(state, (state.upper().replace("_", " ") or "-", NEUTRAL))
+
+
+def filled(colour: str, *, text: str = TEXT_ON_COLOUR, radius: int = 8, pt: int | None = None) -> str:
+    """A stylesheet body for a solid coloured box with readable text."""
+    size = f"font-size: {pt}pt;" if pt else ""
+    return (f"background-color: {colour}; color: {text}; border-radius: {radius}px; "
+            f"font-weight: bold; padding: 6px; {size}")
+
+
+def level_style(level: str) -> str:
+    """Stylesheet for a value label at a health level: calm when fine, coloured when not."""
+    if level == "ok":
+        return "color: palette(text); font-weight: normal;"
+    return f"color: {LEVELS[level]}; font-weight: bold;"
