@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.clock import NO_TIME, ClockMapping, now_ns
-from hg_dagger.envs.base import Obs, StepResult, VecEnv
+from hg_dagger.envs.base import Obs, StepResult, VecEnv, check_view_args, fault_flags
 from hg_dagger.envs.bridge.protocol import (
     DEFAULT_HOST,
     DEFAULT_MAX_FRAME_BYTES,
@@ -36,6 +36,7 @@ from hg_dagger.envs.bridge.protocol import (
     encode,
     recv_frame,
 )
+from hg_dagger.envs.common import fit_image, image_keys
 from hg_dagger.envs.mapping import TaskMapping, load_mapping
 from hg_dagger.errors import EnvError
 
@@ -54,7 +55,8 @@ class BridgeEnv(VecEnv):
 
     info per step, besides the contract's keys: "t_obs"/"t_action_apply" on OUR clock,
     "alignment_error_ms" (clock-mapping uncertainty), "transport_ns" (round trip minus robot-side
-    handling), "robot_state".
+    handling), "robot_state", and the robot's fault flags "estop" and "sensor_loss" (bool [N]).
+    A step the robot refuses raises BridgeError with ``code`` and ``robot_state`` set.
     """
 
     def __init__(
@@ -122,6 +124,8 @@ class BridgeEnv(VecEnv):
                 f"{self._where}: robot's mapping for {self.task_id} has hash {w['mapping_hash']}, ours "
                 f"({ours}) has {self._mapping.hash}; use the same task config on both sides"
             )
+        self._view_key = next(iter(image_keys(self._mapping)), None)  # the robot camera the task already sends
+        self._last_obs: Obs | None = None
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread = None
         if heartbeat:
@@ -172,6 +176,14 @@ class BridgeEnv(VecEnv):
         if "signals" in reply:
             info["signals"] = reply["signals"]
         return StepResult(obs, np.asarray(reply["reward"], dtype=np.float32), terminated, truncated, info)
+
+    def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
+        """The robot camera's last frame of ``row`` (from the last reply) fitted to [size, size, 3];
+        None when the task has no image observation."""
+        check_view_args(row, size, self.num_envs, where=self.task_id)
+        if self._view_key is None or self._last_obs is None:
+            return None
+        return fit_image(self._last_obs[self._view_key][int(row)], int(size))
 
     def observe(self) -> tuple[Obs, dict]:
         """The robot's current observation; the robot does not move."""
@@ -255,7 +267,12 @@ class BridgeEnv(VecEnv):
             "transport_ns": np.full(n, max(0, (t_recv - t_send) - robot_ns), dtype=np.int64),
             "robot_state": reply.get("state"),
         }
+        # a robot that predates the fault flags still reports its state
+        info["estop"] = (fault_flags(reply, "estop", n) if "estop" in reply
+                         else np.full(n, reply.get("state") == RobotState.ESTOP))
+        info["sensor_loss"] = fault_flags(reply, "sensor_loss", n)
         self._welcome["state"] = info["robot_state"] or self.robot_state
+        self._last_obs = reply["obs"]
         return reply["obs"], info
 
     # ------------------------------------------------------------------ transport
@@ -305,7 +322,9 @@ class BridgeEnv(VecEnv):
             code, text = reply.get("code"), reply.get("message", "")
             if code in FATAL_CODES and code not in _NO_RETRY:
                 raise _Dropped(f"robot closed the session: {code}: {text}")
-            raise BridgeError(f"{self._where} refused {msg['type']}: {code}: {text}", code)
+            if reply.get("state"):
+                self._welcome["state"] = reply["state"]
+            raise BridgeError(f"{self._where} refused {msg['type']}: {code}: {text}", code, reply.get("state"))
         return reply, t_send, t_recv
 
     def _send_frame(self, frame: bytes) -> None:

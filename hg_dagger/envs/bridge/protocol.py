@@ -5,6 +5,8 @@ server, the client and docs/bridge-protocol.md all follow it. Any change to a me
 bumps PROTOCOL_VERSION.
 
 Frame: 4-byte big-endian unsigned payload length, then one msgpack map with a "type" string.
+Within a version, replies may gain optional fields (e.g. "estop" and "sensor_loss" on obs replies);
+readers ignore fields they do not know and treat a missing optional field as its documented default.
 numpy arrays travel as msgpack ext type 1: dtype string, shape, raw little-endian bytes.
 """
 
@@ -100,11 +102,15 @@ FATAL_CODES = frozenset(
 
 
 class BridgeError(EnvError):
-    """A robot bridge fault meant for a person (connection lost, refusal, robot holding)."""
+    """A robot bridge fault meant for a person (connection lost, refusal, robot holding).
 
-    def __init__(self, message: str, code: str | None = None):
+    ``robot_state`` is the RobotState the robot reported with a refusal (None when unknown), so a
+    caller can tell an e-stopped robot from one that merely holds."""
+
+    def __init__(self, message: str, code: str | None = None, robot_state: str | None = None):
         super().__init__(message)
         self.code = code
+        self.robot_state = robot_state
 
 
 class ProtocolError(BridgeError):

@@ -5,7 +5,9 @@ the single active session and runs the heartbeat watchdog between frames. Every 
 with its reason and answered with an ``error`` message; nothing that is refused reaches the env.
 
 The robot only moves on ``reset`` and ``step``. In ``hold`` (safe stop) and ``estop`` it refuses
-``step``. A robot driver holds position by commanding ``hold_action`` (motion dims 0, gripper dims
+``step``. Every obs reply carries per-row fault flags: "estop" (the robot is e-stopped; a backend
+that reports "estop" in its step/reset info latches it) and "sensor_loss" (the backend
+said so, or a step returned an observation whose timestamp did not advance). A robot driver holds position by commanding ``hold_action`` (motion dims 0, gripper dims
 keep their last command); a simulator holds exactly by not advancing, which is what this server does.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.clock import NO_TIME, now_ns
-from hg_dagger.envs.base import VecEnv, check_action
+from hg_dagger.envs.base import VecEnv, check_action, fault_flags
 from hg_dagger.envs.bridge.protocol import (
     DEFAULT_HOST,
     DEFAULT_MAX_FRAME_BYTES,
@@ -119,6 +121,8 @@ class BridgeServer:
         self._last_step: tuple[Any, dict] | None = None  # (command id, reply) for an exactly-once retry
         self._obs, info = env.reset(seed=seed)
         self._t_obs = self._times(info, "t_obs", now_ns())
+        n = env.num_envs
+        self._sensor_loss = fault_flags(info, "sensor_loss", n)  # as of the last reset/step
         if self.config.host not in LOOPBACK:
             log.warning("bridge listening on %s: not loopback; anyone who can reach this port may try the token",
                         self.config.host)
@@ -377,7 +381,28 @@ class BridgeServer:
 
     def _obs_reply(self, t_recv: int, **fields) -> dict:
         return {"type": Msg.OBS, "state": self.state, "obs": self._obs, "t_obs": self._t_obs, "t_recv": t_recv,
-                **fields, "t_send": now_ns()}
+                "estop": self._estop_rows(), "sensor_loss": self._sensor_loss, **fields, "t_send": now_ns()}
+
+    def _estop_rows(self) -> np.ndarray:
+        """bool [N]: an e-stopped robot refuses motion in every row."""
+        return np.full(self.env.num_envs, self.state == RobotState.ESTOP)
+
+    def _faults(self, info: dict, t_obs_before: np.ndarray | None) -> None:
+        """Take the backend's fault flags from a reset/step info. A step whose observation timestamp
+        did not advance counts as sensor loss for that row; a reported e-stop latches the robot's."""
+        n = self.env.num_envs
+        loss = fault_flags(info, "sensor_loss", n)
+        if t_obs_before is not None:
+            t_now = np.broadcast_to(np.asarray(self._t_obs, dtype=np.int64), (n,))
+            loss |= t_now <= np.broadcast_to(t_obs_before, (n,))
+        self._sensor_loss = loss
+        if loss.any():
+            log.warning("sensor loss in rows %s: observation stale or missing", np.flatnonzero(loss).tolist())
+        estop = fault_flags(info, "estop", n)
+        if estop.any():
+            rows = np.flatnonzero(estop).tolist()
+            log.warning("E-STOP: the robot reported an e-stop in rows %s", rows)
+            self.state, self.reason = RobotState.ESTOP, f"e-stop: the robot reported an e-stop in rows {rows}"
 
     @staticmethod
     def _times(info: dict, key: str, fallback: int) -> np.ndarray:
@@ -398,6 +423,7 @@ class BridgeServer:
         self.counters.resets += 1
         self._last_step = None
         self.state, self.reason = RobotState.RUNNING, "running"
+        self._faults(info, None)
         return self._obs_reply(t_recv, t_action_apply=np.int64(NO_TIME))
 
     def _step(self, msg: dict) -> dict:
@@ -419,7 +445,9 @@ class BridgeServer:
         self._last_action = action
         self.counters.steps += 1
         info = res.info
+        t_obs_before = np.asarray(self._t_obs, dtype=np.int64)
         self._obs, self._t_obs = res.obs, self._times(info, "t_obs", now_ns())
+        self._faults(info, t_obs_before)
         fields: dict[str, Any] = {
             "t_action_apply": self._times(info, "t_action_apply", t_apply),
             "reward": np.asarray(res.reward, dtype=np.float32),
