@@ -21,6 +21,7 @@ from hg_dagger.contract import (
     label_violations,
     step_fields,
 )
+from hg_dagger.contract.labels import DISCARDED
 
 P, H, S, E = (ActionSource.POLICY.code, ActionSource.HUMAN.code, ActionSource.SAFETY_CONTROLLER.code, ActionSource.EXPERT.code)
 T, C, X = LabelMask.TRAINABLE.code, LabelMask.CONTEXT_ONLY.code, LabelMask.EXCLUDED.code
@@ -174,3 +175,16 @@ def test_clock_mapping_uses_the_fastest_exchange():
     assert abs(m.to_local(0) - 1_000_000) <= 50
     with pytest.raises(ValueError):
         ClockMapping.from_exchanges([])
+
+
+def test_a_discarded_episode_has_no_trainable_step_and_a_looser_mask_is_a_violation():
+    src = np.array([P, H, H, P], np.uint8)
+    kept = _labels(src, [_window(1, 3)])
+    assert list(kept.mask) == [C, T, T, C]
+    n = len(src)
+    common = dict(action_source=src, valid=np.ones(n, bool), step_flags=np.zeros(n, np.uint16),
+                  expert_valid=np.zeros(n, bool), windows=[_window(1, 3)])
+    gone = derive_labels(**common, quality_flags=["estop", DISCARDED])
+    assert (gone.mask == C).all() and (gone.target == LabelTarget.NONE.code).all()
+    out = label_violations(episode_id="ep7", label_mask=kept.mask, quality_flags=[DISCARDED], **common)
+    assert len(out) == 2 and all("discarded" in m and "ep7" in m for m in out)

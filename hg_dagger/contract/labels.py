@@ -7,6 +7,9 @@ Inside a human window, steps whose applied action came from the person are train
 (target: applied_action); inside an expert window, steps with a valid expert label are
 trainable (target: expert_action). Steps flagged with sensor loss, excessive latency, device
 loss or incomplete input, and invalid steps, are excluded. Everything else is context_only.
+
+Evaluation rollouts (mode eval) and episodes an operator discarded (quality flag "discarded") are
+never training data: nothing in them is trainable, whatever windows or certifications they carry.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ _TRAINABLE = LabelMask.TRAINABLE.code
 _CONTEXT = LabelMask.CONTEXT_ONLY.code
 _EXCLUDED = LabelMask.EXCLUDED.code
 
+DISCARDED = "discarded"  # EpisodeEnd.quality_flags entry of an episode the operator threw away
+
 
 @dataclass(frozen=True)
 class Labels:
@@ -41,13 +46,14 @@ def derive_labels(
     windows: Iterable[CorrectionWindow],
     certifications: Iterable[ExpertCertification] = (),
     mode: CollectionMode = CollectionMode.HUMAN_GATED,
+    quality_flags: Iterable[str] = (),
 ) -> Labels:
-    """Label mask and target for every step of one episode."""
+    """Label mask and target for every step of one episode (``quality_flags``: the EpisodeEnd's)."""
     n = len(action_source)
     mask = np.full(n, _CONTEXT, dtype=np.uint8)
     target = np.full(n, LabelTarget.NONE.code, dtype=np.uint8)
-    if mode == CollectionMode.EVAL:
-        return Labels(mask, target)  # evaluation rollouts are never training data
+    if mode == CollectionMode.EVAL or DISCARDED in quality_flags:
+        return Labels(mask, target)  # evaluation rollouts and discarded episodes are never training data
 
     source = np.asarray(action_source)
     for w in windows:
@@ -84,6 +90,7 @@ def label_violations(
     windows: Iterable[CorrectionWindow],
     certifications: Iterable[ExpertCertification] = (),
     mode: CollectionMode = CollectionMode.HUMAN_GATED,
+    quality_flags: Iterable[str] = (),
 ) -> list[str]:
     """Every step marked trainable that the rules above do not allow, as readable messages.
 
@@ -98,13 +105,16 @@ def label_violations(
         windows=windows,
         certifications=certifications,
         mode=mode,
+        quality_flags=quality_flags,
     ).mask == _TRAINABLE
     stored = np.asarray(label_mask)
     out = []
     for step in np.flatnonzero((stored == _TRAINABLE) & ~allowed):
         src = ActionSource.from_code(int(action_source[step])).value
         inside = any(w.handover_start <= step < w.handover_end for w in windows)
-        if src == ActionSource.POLICY.value and not inside:
+        if DISCARDED in quality_flags:
+            why = "step of an episode the operator discarded"
+        elif src == ActionSource.POLICY.value and not inside:
             why = "policy action outside any correction window without an expert certification"
         elif not inside:
             why = f"{src} action outside any correction window"

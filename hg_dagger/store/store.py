@@ -369,7 +369,8 @@ class EpisodeStore:
         _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
         raw = self.read_steps(episode_id, [f for f in LABEL_INPUTS if f in rec.segment.fields])
         inputs = {k: raw.get(k, _fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
-        derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode)
+        derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode,
+                                quality_flags=rec.end.quality_flags)
         if mask is None:
             new_mask, new_target = derived.mask, derived.target
         else:
@@ -380,7 +381,8 @@ class EpisodeStore:
                 raise ContractError(f"episode {episode_id}: mask holds values that are not LabelMask codes")
             new_mask = new_mask.astype(np.uint8)
             bad = label_violations(episode_id=episode_id, label_mask=new_mask, **inputs, windows=windows,
-                                   certifications=certifications, mode=rec.start.mode)
+                                   certifications=certifications, mode=rec.start.mode,
+                                   quality_flags=rec.end.quality_flags)
             if bad:
                 raise ContractError(f"mask breaks the label rules: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
             trainable = new_mask == LabelMask.TRAINABLE.code

@@ -205,10 +205,10 @@ def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Vio
         except HgDaggerError as exc:
             bad(None, "labels", _strip(str(exc), eid))
             continue
-        _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad)
+        _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad, info.end.quality_flags)
 
 
-def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callable) -> None:
+def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callable, quality_flags=()) -> None:
     where = f"label layer v{v}"
 
     def collect(msg):
@@ -239,7 +239,7 @@ def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callab
             for s in np.flatnonzero(missing)[:5]:
                 bad(s, name, f"{where}: training target is NaN/inf")
     msgs = label_violations(episode_id=eid, label_mask=mask, **inputs, windows=layer.windows,
-                            certifications=layer.certifications, mode=start.mode)
+                            certifications=layer.certifications, mode=start.mode, quality_flags=quality_flags)
     for m in msgs:
         hit = _STEP_RE.search(m)
         bad(int(hit.group(1)) if hit else None, "label_mask", f"{where}: {m.split(': ', 1)[-1]}")
