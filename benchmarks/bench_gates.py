@@ -21,10 +21,11 @@ import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import ActionSource
+from hg_dagger.control.build import build_session
 from hg_dagger.control.gates import GateConfig, GateEngine, GateInputs, OperatorGate
 from hg_dagger.control.handover import AUTO, HUMAN, SRC_HOLD, WARNING, HandoverMachine, TickInputs
+from hg_dagger.control.run_config import load_gate_config, load_run_config
 from hg_dagger.control.safety import SafetyMonitor
-from hg_dagger.control.session import build_session, load_gate_config, load_run_config
 
 
 def pct(samples_ns) -> tuple[float, float]:

@@ -58,7 +58,8 @@ def run_demo(
     seed: int = 0,
     progress: bool = True,
 ) -> DemoReport:
-    from hg_dagger.control.session import load_run_config, run_gated
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
     from hg_dagger.learn.auto import AutoConfig, AutoRun
     from hg_dagger.store import EpisodeStore, validate_store
 

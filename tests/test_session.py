@@ -19,8 +19,9 @@ from hg_dagger.contract.enums import (
     RecoveryOutcome,
     StepFlag,
 )
+from hg_dagger.control.build import build_session
 from hg_dagger.control.gates import ConfidenceGate, GateConfig, OperatorGate
-from hg_dagger.control.session import build_session, load_run_config
+from hg_dagger.control.run_config import load_run_config
 from hg_dagger.devices import Keyboard
 from hg_dagger.envs import make_env
 from hg_dagger.errors import ConfigError, HgDaggerError
@@ -136,11 +137,11 @@ def test_device_loss_mid_correction_holds_within_the_tick(tmp_path, student):
     for _ in range(3):
         s.tick()
     lost_at = int(s.ep_step[0])
-    s.operators[0].disconnect()
+    s.operator.devices[0].disconnect()
     s.tick()
     assert s.machine.state[0] == ControlState.HANDOVER_REQUESTED.code
     s.tick()
-    s.operators[0].connect()
+    s.operator.devices[0].connect()
     _tick_until(s, lambda: not s.running)
     store = _finish(rig)
     info = store.episodes()[0]
@@ -356,7 +357,7 @@ def test_shipped_run_configs_load_and_name_gate_configs_that_exist():
     from pathlib import Path
 
     from hg_dagger import config
-    from hg_dagger.control.session import RunConfig, load_gate_config
+    from hg_dagger.control.run_config import RunConfig, load_gate_config
 
     files = sorted(Path(config.CONFIG_DIR, "run").glob("*.yaml"))
     assert files

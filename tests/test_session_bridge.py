@@ -9,8 +9,9 @@ import pytest
 from bridge_helpers import TOKEN, Robot
 
 from hg_dagger.contract.enums import EndReason, EventKind
+from hg_dagger.control.build import build_session
 from hg_dagger.control.gates import ConfidenceGate, GateConfig
-from hg_dagger.control.session import build_session, load_run_config
+from hg_dagger.control.run_config import load_run_config
 from hg_dagger.envs.bridge import BridgeEnv, RobotState
 from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store

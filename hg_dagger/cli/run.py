@@ -32,7 +32,8 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
-    from hg_dagger.control.session import load_run_config, run_gated
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
 
     overrides = {
         "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,

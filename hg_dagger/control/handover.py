@@ -149,6 +149,14 @@ class HandoverMachine:
             self.open[r] = None
             self.closed[r] = []
 
+    def start_in_control(self, rows, *, step: int, t_ns: int, reason: str = "teleop") -> None:
+        """Teleoperation: the operator holds control from ``step`` on, inside one window opened there."""
+        for r in np.asarray(rows, np.int64):
+            w = _Open(int(step), reason, int(t_ns), int(t_ns), self.open_source(), start=int(step))
+            self.open[int(r)] = w
+            self._apply_pending.append((int(r), w, "start"))
+            self.state[int(r)] = self._in_control
+
     def in_correction(self, row: int) -> bool:
         w = self.open[row]
         return w is not None and w.start >= 0

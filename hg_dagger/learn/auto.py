@@ -40,13 +40,11 @@ from hg_dagger.contract import (
     CorrectionWindow,
     EndReason,
     EpisodeEnd,
-    EpisodeStart,
     Event,
     EventKind,
-    TaskInfo,
     now_ns,
-    step_fields,
 )
+from hg_dagger.control.episodes import EpisodeWriter
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.aggregate import ReplayConfig, held_out
 from hg_dagger.learn.evaluate import EvalConfig
@@ -171,12 +169,6 @@ class CollectStats:
         }
 
 
-@dataclass
-class _Row:
-    episode_id: str | None = None
-    t: int = 0
-
-
 class Collector:
     """Rolls the mixed student/expert policy in one VecEnv and records every active row."""
 
@@ -191,50 +183,39 @@ class Collector:
         self.timeout_s = expert_timeout_s
         self.max_steps = max_episode_steps or self.mapping.horizon
         self.expert_name = expert_name or type(expert).__name__
-        self.fields = step_fields(self.mapping.obs_spec(), self.mapping.action_dim)
+        self.writer = EpisodeWriter(recorder, self.mapping, env.num_envs)
         self.obs_keys = list(self.mapping.obs_spec())
         self.student = None
-        self._rows: list[_Row] = []
         self.stats = CollectStats()
         self.iteration = 0
         self.beta = 1.0
-        self._meta = self.mapping.as_metadata()
 
     def set_policy(self, student, *, iteration: int, beta: float) -> None:
         """Act with ``student`` from now on; episodes already running note the switch as an event."""
         if self.student is not None and student.version != self.student.version:
-            for r in self._rows:
-                if r.episode_id is not None:
-                    self.recorder.event(r.episode_id, Event(
-                        kind=EventKind.NOTE, step=r.t, t_ns=now_ns(), source="policy_snapshot",
+            for r, eid in enumerate(self.writer.eids):
+                if eid is not None:
+                    self.writer.event(r, Event(
+                        kind=EventKind.NOTE, step=int(self.writer.steps[r]), t_ns=now_ns(), source="policy_snapshot",
                         reason="policy changed mid-episode", values={"policy_version": student.version,
                                                                      "iteration": int(iteration), "beta": float(beta)}))
         self.student, self.iteration, self.beta = student, int(iteration), float(beta)
 
     def _begin(self, row: int, seed: int | None) -> str:
-        m = self.mapping
-        start = EpisodeStart(
-            task=TaskInfo(task_id=m.task_id, task_version=m.task_version, language_instruction=m.language_instruction,
-                          success_condition=m.success_condition),
-            policy_version=self.student.version, mode=self.mode, control_hz=m.control_hz,
-            action_alignment=m.action_alignment, mapping=self._meta, mapping_hash=m.hash,
-            initial_state={"seed": seed} if seed is not None else {}, iteration=self.iteration, beta=self.beta,
-            bc_only=self.mode == CollectionMode.EXPERT_DEMO, env_index=row,
-            extra={"expert": self.expert_name},
-        )
-        return self.recorder.begin_episode(start, self.fields)
+        return self.writer.begin(row, mode=self.mode, policy_version=self.student.version, seed=seed,
+                                 iteration=self.iteration, beta=self.beta,
+                                 bc_only=self.mode == CollectionMode.EXPERT_DEMO, extra={"expert": self.expert_name})
 
-    def _end(self, rec: _Row, *, success: bool, truncated: bool, complete: bool) -> None:
-        eid, n = rec.episode_id, rec.t
+    def _end(self, row: int, *, success: bool, truncated: bool, complete: bool) -> None:
+        n = int(self.writer.steps[row])
+        eid = self.writer.eids[row]
         reason = (EndReason.SUCCESS if success else EndReason.TIMEOUT if truncated else EndReason.FAILURE) \
             if complete else EndReason.ENV_RESET
         windows = []
         if complete and n > 0:  # a partial episode keeps its raw data but never becomes trainable
             windows = [CorrectionWindow(parent_episode_id=eid, parent_step_id=0, handover_start=0, handover_end=n,
                                         source=ActionSource.EXPERT, gate_reason=f"{self.mode.value}: expert labels")]
-        self.recorder.end_episode(eid, EpisodeEnd(end_reason=reason, task_success=bool(success), num_steps=n),
-                                  windows=windows)
-        rec.episode_id, rec.t = None, 0
+        self.writer.end(row, EpisodeEnd(end_reason=reason, task_success=bool(success), num_steps=n), windows)
 
     def run(self, *, episodes: int | None, reset_seed: int, stop: Callable[[], bool] | None = None,
             may_begin: Callable[[], bool] | None = None, on_tick: Callable[[int, bool], None] | None = None,
@@ -251,17 +232,15 @@ class Collector:
         stats = self.stats = CollectStats()
         obs, info = env.reset(seed=reset_seed)
         t_obs = np.asarray(info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
-        rows = [_Row() for _ in range(n)]
         fresh = np.ones(n, dtype=bool)  # the row's obs is the first of an unrecorded episode
         begun = 0
         bar = tqdm(total=episodes, desc=f"collect it{self.iteration} beta={self.beta:.2f}", disable=not progress,
                    leave=False)
         t0 = time.perf_counter()
-        self._rows = rows
         try:
             while not (stop is not None and stop()):
                 obs = {k: np.array(v) for k, v in obs.items()}  # the recorder owns what it is handed
-                free = [i for i in range(n) if rows[i].episode_id is None]
+                free = [i for i in range(n) if self.writer.eids[i] is None]
                 starting = []
                 for i in free:
                     if episodes is not None and begun >= episodes:
@@ -278,9 +257,9 @@ class Collector:
                             obs[k][stale] = new_obs[k][stale]
                         t_obs[stale] = np.asarray(new_info.get("t_obs", np.full(n, now_ns())))[stale]
                     for i in starting:
-                        rows[i].episode_id = self._begin(i, reset_seed + i if stats.ticks == 0 else None)
+                        self._begin(i, reset_seed + i if stats.ticks == 0 else None)
                     self.expert.reset(starting, {k: v[starting] for k, v in obs.items()}, info)
-                active = np.array([r.episode_id is not None for r in rows])
+                active = self.writer.active()
                 if not active.any():
                     if episodes is not None and begun >= episodes:
                         break
@@ -315,27 +294,23 @@ class Collector:
                 reward = np.asarray(res.reward, dtype=np.float32)
                 t_apply = np.asarray(res.info.get("t_action_apply", np.full(n, NO_TIME_FILL)), dtype=np.int64)
                 success = np.asarray(res.info["success"], dtype=bool)
-                per_row = [(f"obs/{k}", obs[k]) for k in self.obs_keys] + [
-                    ("t_obs", t_obs), ("t_action_apply", t_apply), ("policy_action", out.action),
-                    ("policy_confidence", out.confidence), ("policy_uncertainty", out.uncertainty),
-                    ("expert_action", expert_action), ("expert_valid", expert_valid), ("expert_used", used),
-                    ("applied_action", applied), ("action_source", source), ("control_state", control),
-                    ("reward", reward), ("terminated", np.asarray(res.terminated)),
-                    ("truncated", np.asarray(res.truncated)), ("success", success),
-                ]
-                shared = {"t_policy": t_policy, "inference_ns": out.inference_ns, "valid": True}
-                for i in ids:
-                    step = {name: arr[i] for name, arr in per_row}
-                    step.update(shared)
-                    self.recorder.put(rows[i].episode_id, step)
-                    rows[i].t += 1
+                cols = {f"obs/{k}": obs[k] for k in self.obs_keys}
+                cols.update({
+                    "t_obs": t_obs, "t_action_apply": t_apply, "policy_action": out.action,
+                    "policy_confidence": out.confidence, "policy_uncertainty": out.uncertainty,
+                    "expert_action": expert_action, "expert_valid": expert_valid, "expert_used": used,
+                    "applied_action": applied, "action_source": source, "control_state": control,
+                    "reward": reward, "terminated": np.asarray(res.terminated),
+                    "truncated": np.asarray(res.truncated), "success": success,
+                })
+                self.writer.write(ids, cols, {"t_policy": t_policy, "inference_ns": out.inference_ns, "valid": True})
                 ended = np.asarray(res.terminated | res.truncated, dtype=bool)
-                lengths = np.array([r.t for r in rows])
+                lengths = self.writer.steps
                 cut = active & ~ended & (lengths >= self.max_steps)
                 fresh = ended.copy()
                 for i in np.flatnonzero((ended | cut) & active):
-                    eid, length = rows[i].episode_id, rows[i].t
-                    self._end(rows[i], success=bool(success[i]), truncated=bool(res.truncated[i] or cut[i]),
+                    eid, length = self.writer.eids[i], int(self.writer.steps[i])
+                    self._end(int(i), success=bool(success[i]), truncated=bool(res.truncated[i] or cut[i]),
                               complete=True)
                     stats.episode_ids.append(eid)
                     stats.lengths.append(length)
@@ -349,9 +324,9 @@ class Collector:
                 if on_tick is not None:
                     on_tick(stats.ticks, False)
         finally:
-            for r in rows:  # stopped mid-episode: commit the raw data, never trainable
-                if r.episode_id is not None:
-                    stats.partial_ids.append(r.episode_id)
+            for r, eid in enumerate(self.writer.eids):  # stopped mid-episode: commit the raw data, never trainable
+                if eid is not None:
+                    stats.partial_ids.append(eid)
                     self._end(r, success=False, truncated=False, complete=False)
             bar.close()
             stats.seconds = time.perf_counter() - t0

@@ -1,0 +1,113 @@
+"""Building a session from a run config: the env (simulator or robot bridge), gates, handover machine,
+safety monitor and operator around a student; ``run_gated`` is all of ``hg-dagger run``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hg_dagger import config as config_io
+from hg_dagger.control.gates import GateEngine
+from hg_dagger.control.handover import HandoverMachine
+from hg_dagger.control.operators import make_operator
+from hg_dagger.control.run_config import RunConfig, load_gate_config
+from hg_dagger.control.safety import SafetyMonitor
+from hg_dagger.control.session import RunSummary, Session
+from hg_dagger.errors import ConfigError, HgDaggerError
+
+log = logging.getLogger(__name__)
+
+
+def make_run_env(cfg: RunConfig):
+    """The run's env: the task's local simulator, or, when ``cfg.robot`` is set, the robot behind
+    ``hg-dagger bridge serve`` (BridgeEnv refuses a robot serving another task or mapping)."""
+    if cfg.robot is None:
+        from hg_dagger.envs import make_env
+
+        return make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)
+    from hg_dagger.envs.bridge import BridgeEnv, load_token
+
+    rc = cfg.robot
+    env = BridgeEnv(cfg.task, host=rc.host, port=rc.port, token=load_token(rc.token_file),
+                    connect_timeout_s=rc.connect_timeout_s, request_timeout_s=rc.request_timeout_s,
+                    max_retries=rc.max_retries, clock_pings=rc.clock_pings, clock_resync_s=rc.clock_resync_s,
+                    resume_on_reconnect=rc.resume_on_reconnect)
+    if env.num_envs != cfg.num_envs:
+        log.info("robot bridge %s serves %d env(s); the run follows it (run config num_envs %d is for simulation)",
+                 rc.endpoint, env.num_envs, cfg.num_envs)
+    return env
+
+
+def _follow_robot(cfg: RunConfig, env) -> RunConfig:
+    """On a robot the batch size is the robot's (``bridge serve --num-envs``): re-check the run config with it."""
+    if cfg.robot is None or env.num_envs == cfg.num_envs:
+        return cfg
+    data = {**cfg.model_dump(exclude_unset=True), "num_envs": env.num_envs}
+    return config_io.validate(RunConfig, data, source=f"run config with the robot's num_envs {env.num_envs}")
+
+
+def _robot_metadata(env) -> dict[str, Any]:
+    """Which robot recorded the episode (stored in EpisodeStart.extra); empty for a local simulator."""
+    from hg_dagger.envs.bridge.client import BridgeEnv
+
+    if not isinstance(env, BridgeEnv):
+        return {}
+    return {"robot_bridge": {"endpoint": f"{env.host}:{env.port}", "instance": env.status().get("instance", "")}}
+
+
+def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, operators: list | None = None) -> Session:
+    """Wire env, gates, handover, safety and the operator named by ``cfg`` around ``student``."""
+    env = env if env is not None else make_run_env(cfg)
+    cfg = _follow_robot(cfg, env)
+    m = env.mapping
+    gate_cfg = load_gate_config(cfg.gates, cfg.task)
+    if gate_cfg.task and gate_cfg.task != cfg.task:
+        raise ConfigError(f"gate config {gate_cfg.name!r} is for task {gate_cfg.task!r}, the run is for {cfg.task!r}")
+    gates = GateEngine(gate_cfg, num_envs=env.num_envs, step_dt=m.step_dt or 1.0 / m.control_hz, action_dim=m.action_dim)
+    op = cfg.operator
+    safety = SafetyMonitor(cfg.safety, num_envs=env.num_envs, action_dim=m.action_dim)
+    if expert is None and op.type in ("synthetic", "expert"):
+        from hg_dagger.experts import make_expert
+
+        expert = make_expert(cfg.task, kind="planner", mapping=m)
+    operator = make_operator(op, mapping=m, num_envs=env.num_envs, expert=expert, devices=operators, seed=cfg.seed)
+    machine = HandoverMachine(cfg.handover, num_envs=env.num_envs, action_dim=m.action_dim,
+                              step_dt=m.step_dt or 1.0 / m.control_hz, operator=operator.role,
+                              operator_name=operator.name)
+    return Session(env, student, recorder, gates=gates, handover=machine, safety=safety, operator=operator,
+                   expert=expert, latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene,
+                   seed=cfg.seed, realtime=cfg.realtime, gate_config_extra={"operator_config": op.model_dump(mode="json")},
+                   episode_extra=_robot_metadata(env))
+
+
+def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True) -> RunSummary:
+    """A whole human-gated collection run: open (or create) the store, load the student (a fresh,
+    untrained one when no checkpoint is given), calibrate if asked, record ``cfg.episodes`` episodes."""
+    env = make_run_env(cfg)  # bad task, robot or checkpoint: fail before the store (and before loading torch)
+    try:
+        cfg = _follow_robot(cfg, env)
+        from hg_dagger.policy import Student
+        from hg_dagger.store import EpisodeStore
+
+        student = Student.load(student_path, env.mapping) if student_path else Student.create(env.mapping, seed=cfg.seed)
+        try:
+            store = EpisodeStore.open(store_url, mode="a")
+        except HgDaggerError:  # a missing store is created; a damaged one fails again below
+            if Path(str(store_url)).exists() and any(Path(str(store_url)).iterdir()):
+                raise
+            store = EpisodeStore.create(store_url)
+    except BaseException:
+        env.close()
+        raise
+    rec = store.recorder()
+    try:
+        session = build_session(cfg, rec, student, env=env)
+        if cfg.calibrate_steps:
+            cal = session.calibrate(cfg.calibrate_steps)
+            log.info("confidence gate calibrated: %s", cal if cal else "too few samples, thresholds unchanged")
+        summary = session.run(cfg.episodes, progress=progress)
+    finally:
+        rec.close()
+        env.close()
+    return summary

@@ -1,0 +1,75 @@
+"""One episode writer for every collector (the human-gated session and the automatic-expert Collector).
+
+    w = EpisodeWriter(recorder, mapping, num_envs)
+    w.begin(row, mode=..., policy_version=..., seed=...)     # EpisodeStart + recorder.begin_episode
+    w.write(rows, columns, shared)                          # one step dict per row from batched columns
+    w.end(row, EpisodeEnd(...), windows)                    # recorder.end_episode; the row is free again
+
+Both build the EpisodeStart record and the per-row step dicts the same way here, so the stored
+fields cannot drift apart. The writer also keeps each row's open episode id and step count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.contract.schema import CorrectionWindow, EpisodeEnd, EpisodeStart, Event, TaskInfo, step_fields
+
+
+class EpisodeWriter:
+    def __init__(self, recorder, mapping, num_envs: int):
+        self.rec, self.mapping, self.n = recorder, mapping, num_envs
+        self.fields = step_fields(mapping.obs_spec(), mapping.action_dim)
+        self._meta = mapping.as_metadata()
+        self.eids: list[str | None] = [None] * num_envs
+        self.steps = np.zeros(num_envs, np.int64)  # steps recorded in each row's open episode
+
+    def active(self) -> np.ndarray:
+        """bool [N]: rows with an open episode."""
+        return np.array([e is not None for e in self.eids])
+
+    def begin(self, row: int, *, mode: CollectionMode, policy_version: str, seed: int | None = None,
+              scene: str = "", **start: Any) -> str:
+        """Open an episode in ``row``; ``start`` holds further EpisodeStart fields (operator, gate_config,
+        iteration, beta, bc_only, extra)."""
+        m = self.mapping
+        record = EpisodeStart(
+            task=TaskInfo(task_id=m.task_id, task_version=m.task_version, language_instruction=m.language_instruction,
+                          scene_id=scene, success_condition=m.success_condition),
+            policy_version=policy_version, mode=mode, control_hz=m.control_hz, action_alignment=m.action_alignment,
+            mapping=self._meta, mapping_hash=m.hash, initial_state={"seed": seed} if seed is not None else {},
+            env_index=row, **start)
+        eid = self.rec.begin_episode(record, self.fields)
+        self.eids[row] = eid
+        self.steps[row] = 0
+        return eid
+
+    def write(self, rows, columns: dict[str, np.ndarray], shared: dict[str, Any],
+              only: tuple[np.ndarray, dict[str, np.ndarray]] | None = None) -> None:
+        """One step per row in ``rows``: each column's row, plus ``shared`` values; ``only`` = (mask [N],
+        columns) adds those columns just where mask is set (e.g. human_command where a person commanded)."""
+        cols = {k: list(v) for k, v in columns.items()}  # one C loop per field instead of one index per row and field
+        extra_mask, extra = only if only is not None else (None, {})
+        extra_cols = {k: list(v) for k, v in extra.items()}
+        for r in np.asarray(rows).tolist():
+            step = {k: v[r] for k, v in cols.items()}
+            step.update(shared)
+            if extra_mask is not None and extra_mask[r]:
+                for k, v in extra_cols.items():
+                    step[k] = v[r]
+            self.rec.put(self.eids[r], step)
+            self.steps[r] += 1
+
+    def event(self, row: int, event: Event) -> None:
+        if self.eids[row] is not None:
+            self.rec.event(self.eids[row], event)
+
+    def end(self, row: int, end: EpisodeEnd, windows: list[CorrectionWindow] = ()) -> str:
+        """Commit the row's episode; returns its id."""
+        eid = self.eids[row]
+        self.rec.end_episode(eid, end, windows=list(windows))
+        self.eids[row] = None
+        return eid

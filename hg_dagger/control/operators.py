@@ -1,0 +1,304 @@
+"""Who answers a handover request: one interface the session's tick calls without knowing which it has.
+
+    tick = operator.poll(obs, state, active)   # once per tick: what every env row's operator says
+    operator.release(row)                      # control left the operator in this row
+    operator.begin(row, obs_row)               # a new episode starts in this row
+    operator.close()
+
+Implementations: ``DeviceOperator`` (any hg_dagger.devices.Device per row: gamepad, SpaceMouse, the
+keyboard the app feeds from its key events), ``SyntheticOperators`` (the planner-driven synthetic
+operator standing in for a person), ``ExpertOperator`` (the planner answers: ``run --operator expert``)
+and ``NoOperator`` (nobody answers: student-only runs). What differs between them is data on the
+instance (``role``, ``person_available``, ``records_expert_labels``, ``has_devices``), so the tick
+never branches on the kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from hg_dagger.contract.clock import NO_TIME
+from hg_dagger.contract.command import COMMAND_DIM, ESTOP, RETURN, TAKEOVER
+from hg_dagger.control.handover import AUTO, HUMAN, REQUESTED, WARNING
+from hg_dagger.errors import ConfigError
+
+
+@dataclass
+class OperatorTick:
+    """What the operators said this tick, per env row."""
+
+    motion: np.ndarray  # float32 [N, 7] processed command (NaN: none)
+    raw: np.ndarray  # float32 [N, 7] raw device value, recorded as human_command
+    t_device: np.ndarray  # int64 [N]
+    engaged: np.ndarray  # bool [N]
+    device_ok: np.ndarray  # bool [N] the device (or expert) answered
+    takeover: np.ndarray  # bool [N] takeover button, or a hold-to-intervene device grabbed while the policy drives
+    ret: np.ndarray  # bool [N] return button
+    action: np.ndarray  # float32 [N, A] the operator's command in the raw action space (NaN: none)
+    expert_action: np.ndarray  # float32 [N, A] expert operator's labels (NaN: none)
+    expert_valid: np.ndarray  # bool [N]
+    estop_by: str = ""  # a device whose e-stop button is pressed ("" = none)
+
+    @classmethod
+    def empty(cls, n: int, action_dim: int) -> OperatorTick:
+        return cls(motion=np.full((n, COMMAND_DIM), np.nan, np.float32),
+                   raw=np.full((n, COMMAND_DIM), np.nan, np.float32), t_device=np.full(n, NO_TIME, np.int64),
+                   engaged=np.zeros(n, bool), device_ok=np.ones(n, bool), takeover=np.zeros(n, bool),
+                   ret=np.zeros(n, bool), action=np.full((n, action_dim), np.nan, np.float32),
+                   expert_action=np.full((n, action_dim), np.nan, np.float32), expert_valid=np.zeros(n, bool))
+
+
+class Operator:
+    """Base of every operator. Subclasses set the class attributes and implement ``poll``."""
+
+    kind: str = "none"  # metadata: device | synthetic | expert | none
+    role: Literal["human", "expert"] = "human"  # who holds control in the handover machine
+    person_available: bool = False  # stored in EpisodeStart.gate_config
+    records_expert_labels: bool = False  # the step records carry expert_action / expert_valid / expert_used
+    has_devices: bool = False  # device connect / disconnect events are recorded
+
+    def __init__(self, num_envs: int, mapping, name: str = ""):
+        self.n, self.mapping = num_envs, mapping
+        self.name = name or self.kind
+
+    def poll(self, obs: dict[str, np.ndarray], state: np.ndarray, active: np.ndarray) -> OperatorTick:
+        """This tick's answer per row; ``state`` is the handover state before the tick, ``active`` the
+        rows with an open episode."""
+        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
+        tick.device_ok[:] = False
+        return tick
+
+    def poll_idle(self) -> OperatorTick:
+        """Between episodes: read the devices (for the operator's panel and the e-stop button) without obs."""
+        return self.poll({}, np.full(self.n, AUTO, np.uint8), np.zeros(self.n, bool))
+
+    def begin(self, row: int, obs_row: dict[str, np.ndarray]) -> None:
+        """A new episode starts in ``row``."""
+        self.release(row)
+
+    def release(self, row: int) -> None:
+        """Control left the operator in ``row`` (a person simply lets go: nothing to do)."""
+
+    def close(self) -> None:
+        """Disconnect what this operator opened."""
+
+    def device_id(self, row: int) -> str:
+        return ""
+
+    def key(self, key: str, down: bool) -> bool:
+        """A key event from the app's window; False when no keyboard device takes keys."""
+        return False
+
+    def release_keys(self) -> None:
+        """The window lost focus: let go of every held key."""
+
+    def device_state(self, row: int) -> dict[str, Any]:
+        """What the operator's panel shows for ``row`` (fields of control.live.DeviceState)."""
+        return {"kind": self.kind, "device_id": self.device_id(row)}
+
+
+class NoOperator(Operator):
+    """Nobody answers: the student alone (evaluation runs)."""
+
+    kind = "none"
+
+
+class DeviceOperator(Operator):
+    """One input device per env row (None = no device for that row)."""
+
+    kind = "device"
+    person_available = True
+    has_devices = True
+
+    def __init__(self, devices: list, mapping, name: str = ""):
+        super().__init__(len(devices), mapping, name)
+        self.devices = list(devices)
+        self._prev_engaged = np.zeros(self.n, bool)
+        self._last: list[Any] = [None] * self.n  # last HumanCommand per row, for the panel
+
+    def _read(self, r: int, dev, obs, state) -> Any:
+        """One row's command (None: no answer)."""
+        return dev.poll() if dev.connected else None
+
+    def _answering(self, r: int, dev) -> bool:
+        return True
+
+    def poll(self, obs, state, active) -> OperatorTick:
+        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
+        for r, dev in enumerate(self.devices):
+            if dev is None:
+                tick.device_ok[r] = False
+                continue
+            cmd = self._read(r, dev, obs, state)
+            if cmd is None and not self._answering(r, dev):
+                tick.device_ok[r] = dev.connected
+                continue
+            self._last[r] = cmd
+            if cmd is None:
+                tick.device_ok[r] = False
+                continue
+            tick.motion[r], tick.raw[r], tick.t_device[r] = cmd.motion, cmd.raw, cmd.t_device
+            tick.engaged[r] = cmd.engaged
+            tick.takeover[r] = TAKEOVER in cmd.buttons
+            tick.ret[r] = RETURN in cmd.buttons
+            if ESTOP in cmd.buttons and not tick.estop_by:
+                tick.estop_by = f"device:{cmd.device_id}"
+        # grabbing a hold-to-intervene device while the policy drives is a takeover
+        armed = (state == AUTO) | (state == WARNING)
+        tick.takeover |= tick.engaged & ~self._prev_engaged & armed
+        self._prev_engaged = tick.engaged
+        has_cmd = np.isfinite(tick.motion).all(axis=1)
+        if has_cmd.any():
+            tick.action[has_cmd] = self.mapping.human_to_raw(tick.motion[has_cmd])
+        return tick
+
+    def close(self) -> None:
+        for dev in self.devices:
+            if dev is not None:
+                dev.close()
+
+    def device_id(self, row: int) -> str:
+        dev = self.devices[row]
+        return getattr(dev, "device_id", "") if dev is not None else ""
+
+    def key(self, key: str, down: bool) -> bool:
+        used = False
+        for dev in self.devices:
+            if dev is not None and hasattr(dev, "press"):  # the in-window keyboard
+                (dev.press if down else dev.release)(key)
+                used = True
+        return used
+
+    def release_keys(self) -> None:
+        for dev in self.devices:
+            if dev is not None and hasattr(dev, "release_all"):
+                dev.release_all()
+
+    def device_state(self, row: int) -> dict[str, Any]:
+        dev = self.devices[row]
+        if dev is None:
+            return {"kind": "none"}
+        cmd = self._last[row]
+        return {"device_id": self.device_id(row), "kind": getattr(dev.config, "type", self.kind),
+                "connected": bool(dev.connected), "engaged": bool(cmd is not None and cmd.engaged),
+                "raw": None if cmd is None else np.array(cmd.raw, np.float32),
+                "buttons": tuple(sorted(cmd.buttons)) if cmd is not None else (),
+                "deadzone": float(getattr(getattr(dev.config, "processing", None), "deadzone", 0.0) or 0.0)}
+
+
+class SyntheticOperators(DeviceOperator):
+    """One planner-driven hg_dagger.devices.SyntheticOperator per row: it watches the scene, answers a
+    request after its reaction delay (or not, by its availability) and sends the planner's label mapped
+    to the human motion space (mapping.raw_to_human), through the same command pipeline as a device."""
+
+    kind = "synthetic"
+
+    def __init__(self, expert, mapping, num_envs: int, *, reaction_delay_steps: int = 5, noise_std: float = 0.0,
+                 availability: float = 1.0, return_after_steps: int | None = None, seed: int = 0, name: str = ""):
+        from hg_dagger.devices import SyntheticOperator
+
+        if expert is None:
+            raise ConfigError("operator 'synthetic' needs the task's expert")
+        self.expert = expert
+        self._planner_raw = np.full((num_envs, mapping.action_dim), np.nan, np.float32)
+        devices = [
+            SyntheticOperator(lambda _obs, r=r: mapping.raw_to_human(self._planner_raw[r]),
+                              reaction_delay_steps=reaction_delay_steps, noise_std=noise_std,
+                              availability=availability, seed=seed * 1000 + r, return_after_steps=return_after_steps)
+            for r in range(num_envs)
+        ]
+        super().__init__(devices, mapping, name)
+        self.person_available = availability > 0
+
+    def poll(self, obs, state, active) -> OperatorTick:
+        want = np.flatnonzero(active & ((state == REQUESTED) | (state == HUMAN)))
+        self._planner_raw[:] = np.nan
+        if want.size:
+            self._planner_raw[want] = _query(self.expert, obs, want, self.mapping)[0][want]
+        return super().poll(obs, state, active)
+
+    def _read(self, r, dev, obs, state):
+        requested = bool(state[r] == REQUESTED)
+        row = {k: v[r : r + 1] for k, v in obs.items()} if (requested or dev.engaged) and obs else None
+        dev.observe(row, requested)  # the synthetic operator watches the scene
+        if not dev.engaged:  # nothing to say until it answers a request
+            return None
+        return super()._read(r, dev, obs, state)
+
+    def _answering(self, r, dev) -> bool:
+        return dev.engaged
+
+    def poll_idle(self) -> OperatorTick:
+        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
+        tick.device_ok[:] = [d.connected for d in self.devices]
+        return tick
+
+    def begin(self, row, obs_row) -> None:
+        self.expert.reset([row], obs_row, {})
+        self.release(row)
+
+    def release(self, row: int) -> None:
+        self.devices[row].release()
+
+
+class ExpertOperator(Operator):
+    """The task's expert answers every request at once; its labels are recorded on every step."""
+
+    kind = "expert"
+    role = "expert"
+    records_expert_labels = True
+
+    def __init__(self, expert, mapping, num_envs: int, name: str = ""):
+        if expert is None:
+            raise ConfigError("operator 'expert' needs the task's expert")
+        super().__init__(num_envs, mapping, name)
+        self.expert = expert
+
+    def poll(self, obs, state, active) -> OperatorTick:
+        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
+        if not obs:
+            return tick
+        tick.expert_action, tick.expert_valid = _query(self.expert, obs, np.arange(self.n), self.mapping)
+        tick.engaged[:] = True
+        tick.device_ok = tick.expert_valid.copy()
+        tick.action = tick.expert_action
+        return tick
+
+    def begin(self, row, obs_row) -> None:
+        self.expert.reset([row], obs_row, {})
+
+
+def _query(expert, obs, rows: np.ndarray, mapping) -> tuple[np.ndarray, np.ndarray]:
+    """Expert labels for ``rows`` in raw space, as (action [N, A], valid [N]) indexed by env row."""
+    from hg_dagger.experts import query_expert
+
+    n = len(next(iter(obs.values())))
+    q = query_expert(expert, {k: v[rows] for k, v in obs.items()}, rows, mapping)
+    return q.scatter(rows, n)
+
+
+def make_operator(cfg, *, mapping, num_envs: int, expert=None, devices: list | None = None, seed: int = 0) -> Operator:
+    """The operator a run config's ``operator`` section names (``devices`` = devices already made)."""
+    name = cfg.name or cfg.type
+    if devices is not None:
+        if len(devices) != num_envs:
+            raise ConfigError(f"{len(devices)} operator devices for {num_envs} envs: give one per env")
+        return DeviceOperator(devices, mapping, name)
+    if cfg.type == "expert":
+        return ExpertOperator(expert, mapping, num_envs, name)
+    if cfg.type == "synthetic":
+        return SyntheticOperators(expert, mapping, num_envs, reaction_delay_steps=cfg.reaction_delay_steps,
+                                  noise_std=cfg.noise_std, availability=cfg.availability,
+                                  return_after_steps=cfg.return_after_steps, seed=seed, name=name)
+    from hg_dagger.devices import make_device
+
+    if num_envs != 1:
+        raise ConfigError(f"a live device drives one env; the env has {num_envs}")
+    if not cfg.device:
+        raise ConfigError("operator.type 'device' needs operator.device (a name in configs/devices or a path)")
+    dev = make_device(cfg.device)
+    dev.connect()
+    return DeviceOperator([dev], mapping, name)

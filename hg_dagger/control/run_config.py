@@ -1,0 +1,135 @@
+"""Run configuration: configs/run/<name>.yaml (kind: run), the operator and robot sections, and gate-config lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hg_dagger import config as config_io
+from hg_dagger.control.gates import GateConfig
+from hg_dagger.control.handover import HandoverConfig
+from hg_dagger.control.safety import SafetyConfig
+from hg_dagger.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OperatorConfig(_Strict):
+    """Who answers a handover request."""
+
+    type: Literal["synthetic", "expert", "device"] = "synthetic"
+    name: str = Field(default="", description="operator pseudonym stored with episodes and windows")
+    # synthetic operator (driven by the task's planner expert through mapping.raw_to_human)
+    reaction_delay_steps: int = Field(default=5, ge=0)
+    noise_std: float = Field(default=0.0, ge=0.0)
+    availability: float = Field(default=1.0, ge=0.0, le=1.0)
+    return_after_steps: int | None = Field(default=None, ge=1)
+    # a real device: a name in configs/devices or a path
+    device: str | None = None
+
+
+class RobotConfig(_Strict):
+    """Run on a robot behind ``hg-dagger bridge serve`` instead of a local simulator.
+
+    The token stays out of the config: it comes from ``token_file`` or the environment variable
+    HG_DAGGER_BRIDGE_TOKEN. The heartbeat timeout is the robot's (``serve --heartbeat-timeout``);
+    the client heartbeats at a quarter of it."""
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="robot bridge address (loopback by default)")
+    port: int = Field(default=7650, ge=1, le=65535)
+    token_file: str | None = Field(default=None, description="file holding the shared token; default: the "
+                                   "environment variable HG_DAGGER_BRIDGE_TOKEN")
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=5, ge=0, description="reconnect attempts before the run fails")
+    clock_pings: int = Field(default=8, ge=1, description="ping/pong exchanges per clock sync")
+    clock_resync_s: float = Field(default=5.0, gt=0)
+    resume_on_reconnect: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secret(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "token" in data:
+            raise ValueError("keep the bridge token out of the config: give robot.token_file, or set the "
+                             "environment variable HG_DAGGER_BRIDGE_TOKEN")
+        return data
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class RunConfig(_Strict):
+    """configs/run/<name>.yaml (kind: run): one human-gated collection run."""
+
+    task: str
+    scene: str = ""
+    num_envs: int = Field(default=1, ge=1)
+    episodes: int = Field(default=10, ge=1)
+    seed: int = 0
+    gates: str | GateConfig = Field(default="", description="a gate config: name in configs/gates, a path, or inline; "
+                                    "empty = configs/gates/<task>.yaml")
+    handover: HandoverConfig = Field(default_factory=HandoverConfig)
+    safety: SafetyConfig = Field(default_factory=SafetyConfig)
+    operator: OperatorConfig = Field(default_factory=OperatorConfig)
+    calibrate_steps: int = Field(default=0, ge=0, description="autonomous steps to calibrate the confidence gate first")
+    latency_budget_ms: float | None = Field(default=None, gt=0, description="obs-to-apply latency above which a step "
+                                            "is flagged latency_exceeded (excluded from labels)")
+    realtime: bool = Field(default=False, description="pace ticks at the task's control rate (live devices)")
+    robot: RobotConfig | None = Field(default=None, description="drive a robot over the bridge instead of a "
+                                      "local simulator")
+
+    @model_validator(mode="after")
+    def _one_env(self) -> RunConfig:
+        if self.handover.wait == "pause" and self.num_envs != 1:
+            raise ValueError("handover.wait 'pause' stops the simulator, which a batch of envs cannot do per env: "
+                             "use num_envs 1, or wait 'hold' / 'policy'")
+        if self.operator.type == "device" and self.num_envs != 1:
+            raise ValueError("operator.type 'device': a live device drives one env, set num_envs 1")
+        return self
+
+
+def load_gate_config(ref: str | GateConfig, task: str) -> GateConfig:
+    """A GateConfig from an inline model, a path, or a name in configs/gates/ (default: the task's)."""
+    if isinstance(ref, GateConfig):
+        return ref
+    ref = ref or task
+    path = Path(ref)
+    if not path.suffix:
+        path = Path(config_io.CONFIG_DIR, "gates", f"{ref}.yaml")
+        if not path.is_file():
+            path = Path(config_io.CONFIG_DIR, "gates", "default.yaml")
+    return config_io.load(path, GateConfig)
+
+
+def load_run_config(path: str | Path | None, task: str | None = None, **overrides) -> RunConfig:
+    """The run config at ``path``, or configs/run/<task>.yaml, or defaults; ``overrides`` win (None = keep)."""
+    data: dict[str, Any] = {}
+    if path is None and task is not None:
+        cand = Path(config_io.CONFIG_DIR, "run", f"{task}.yaml")
+        path = cand if cand.is_file() else None
+    source = str(path) if path else "run options"
+    if path is not None:
+        data = config_io.read_yaml(path)
+        data.pop("kind", None)
+    if task is not None:
+        data["task"] = task
+    if any(v is not None for v in overrides.values()) and path is not None:
+        source = f"{path} with options {', '.join(k for k, v in overrides.items() if v is not None)}"
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            if target.get(p) is None:
+                target[p] = {}
+            if not isinstance(target[p], dict):
+                raise ConfigError(f"{source}: key {p!r} must be a mapping to take option {key}")
+            target = target[p]
+        target[leaf] = value
+    return config_io.validate(RunConfig, data, source=source)
