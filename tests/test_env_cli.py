@@ -19,6 +19,7 @@ def test_check_env_passes_for_every_shipped_task(task, capsys):
     assert main(["check-env", task, "--num-envs", "1", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert f"check-env {task}: passed" in out and "mapping hash" in out and "auto-reset" in out
+    assert "operator view renders" in out  # every shipped task has a picture for the operator
 
 
 def test_tasks_lists_every_task(capsys):

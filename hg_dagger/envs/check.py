@@ -17,6 +17,8 @@ from hg_dagger.envs.base import StepResult, VecEnv
 from hg_dagger.errors import EnvError
 
 INFO_KEYS = ("success", "final_obs", "episode_start", "t_obs", "t_action_apply")
+FAULT_KEYS = ("estop", "sensor_loss")  # optional; when present, bool [N]
+VIEW_SIZE = 64
 
 
 def _expect(cond: bool, what: str, task: str) -> None:
@@ -35,6 +37,10 @@ def _check_step(env: VecEnv, res: StepResult, label: str) -> None:
         _expect(res.info[k].shape == (n,) and res.info[k].dtype == bool, f"{label}: info[{k!r}] must be bool[{n}]", t)
     for k in ("t_obs", "t_action_apply"):
         _expect(res.info[k].shape == (n,) and res.info[k].dtype == np.int64, f"{label}: info[{k!r}] must be int64[{n}]", t)
+    for k in FAULT_KEYS:
+        if k in res.info:
+            v = np.asarray(res.info[k])
+            _expect(v.shape == (n,) and v.dtype == bool, f"{label}: info[{k!r}] must be bool[{n}]", t)
     env.mapping.check_obs(res.info["final_obs"], num_envs=n, where=f"check-env {t} ({label}) final_obs")
     for k, v in res.info.get("signals", {}).items():
         _expect(np.asarray(v).shape == (n,), f"{label}: signal {k!r} must have shape ({n},)", t)
@@ -65,6 +71,15 @@ def smoke_test(task: str, *, num_envs: int = 2, steps: int = 5, seed: int = 0, l
             for _ in range(steps):
                 _check_step(env, env.step(make()), label)
         log(f"stepped {steps} x {len(sources)} action sources (policy, expert, human) through the mapping")
+        view = env.render_view(num_envs - 1, VIEW_SIZE)
+        if view is None:
+            log("no operator view (render_view gives None for this backend)")
+        else:
+            _expect(isinstance(view, np.ndarray) and view.shape == (VIEW_SIZE, VIEW_SIZE, 3) and view.dtype == np.uint8,
+                    f"render_view must give uint8 [{VIEW_SIZE}, {VIEW_SIZE}, 3], got {getattr(view, 'dtype', type(view))}"
+                    f"{list(getattr(view, 'shape', []))}", t)
+            _expect(int(view.max()) != int(view.min()), "render_view gave a blank frame", t)
+            log(f"operator view renders: uint8 [{VIEW_SIZE}, {VIEW_SIZE}, 3]")
         bad = np.zeros((n, a), np.float32)
         bad[-1, 0] = np.nan
         try:
