@@ -2,6 +2,8 @@
 
     dev = make_device("gamepad")   # configs/devices/gamepad.yaml, or a path, a dict, a config object
     dev.connect(); dev.calibrate(); cmd = dev.poll(); dev.close()   # poll() -> HumanCommand | None (lost)
+    DeviceScanner().scan()          # what is plugged in now, as DeviceInfo records (the keyboard always)
+    CalibrationWizard(dev).tick()   # calibration step by step, for a device panel
 
 Hardware modules (pygame, hidapi) load only when their device type is built.
 """
@@ -14,7 +16,13 @@ from hg_dagger.devices.base import (
     make_device,
     register_device,
 )
-from hg_dagger.devices.calibration import AxisCalibration, Calibration, default_calibration_dir
+from hg_dagger.devices.calibration import (
+    AxisCalibration,
+    Calibration,
+    CalibrationPhase,
+    Calibrator,
+    default_calibration_dir,
+)
 from hg_dagger.devices.configs import (
     DeviceConfig,
     GamepadConfig,
@@ -23,13 +31,16 @@ from hg_dagger.devices.configs import (
     SyntheticConfig,
     load_device_config,
 )
-from hg_dagger.devices.keyboard import Keyboard
+from hg_dagger.devices.discovery import DeviceInfo, DeviceScanner
+from hg_dagger.devices.keyboard import Keyboard, key_layout
 from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline, ProcessingConfig
 from hg_dagger.devices.synthetic import SyntheticOperator
+from hg_dagger.devices.wizard import CalibrationWizard
 
 __all__ = [
     "DEVICE_TYPES", "Device", "DeviceError", "device_class", "make_device", "register_device",
-    "AxisCalibration", "Calibration", "default_calibration_dir",
+    "AxisCalibration", "Calibration", "CalibrationPhase", "Calibrator", "CalibrationWizard", "default_calibration_dir",
+    "DeviceInfo", "DeviceScanner", "key_layout",
     "DeviceConfig", "GamepadConfig", "KeyboardConfig", "SpaceMouseConfig", "SyntheticConfig", "load_device_config",
     "AxisNormalizer", "CommandPipeline", "ProcessingConfig", "Keyboard", "SyntheticOperator",
 ]
