@@ -135,3 +135,28 @@ def test_fetch_view_renders_in_a_thread_other_than_the_env_s():
     assert _upright(frames[0]) and not np.array_equal(frames[0], frames[1])
     np.testing.assert_array_equal(env.render_view(0, 256), frames[1])  # this thread's own renderer: same frame
     env.close()
+
+
+def test_policy_camera_renders_when_another_thread_steps_the_env():
+    stepped = make_env("fetch_pick_place_rgb", num_envs=1, seed=2)  # built (and its camera made) here
+    reference = make_env("fetch_pick_place_rgb", num_envs=1, seed=2)
+    action = np.array([[0.5, 0.2, -0.3, 1.0]], np.float32)
+    results: list = []
+
+    def worker():
+        try:
+            results.extend(stepped.step(action) for _ in range(3))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results.append(exc)
+
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive() and len(results) == 3 and not isinstance(results[-1], BaseException), results
+        for res in results:
+            want = reference.step(action)
+            np.testing.assert_array_equal(res.obs["rgb"], want.obs["rgb"])  # the same frames as in the builder's thread
+    finally:
+        stepped.close()
+        reference.close()

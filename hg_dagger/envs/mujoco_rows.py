@@ -143,6 +143,8 @@ class MujocoRowsEnv(VecEnv):
         self.envs: list[Any] = []
         self.camera: LeanCamera | None = None
         self._views: dict[tuple[int, int], LeanCamera] = {}  # (thread id, size) -> renderer
+        self._thread_cameras: dict[int, LeanCamera] = {}  # the policy camera of threads other than the builder's
+        self._camera_thread = threading.get_ident()
         self._views_lock = threading.Lock()
         try:
             self.envs = [self._make_row() for _ in range(self.num_envs)]
@@ -262,7 +264,20 @@ class MujocoRowsEnv(VecEnv):
     def _fill(self, i: int, raw: Any, obs: Obs) -> None:
         self._write_obs(raw, obs, i)
         if self.camera is not None:
-            self.camera.render(self.envs[i].data, obs[self.image_key][i])
+            self._policy_camera().render(self.envs[i].data, obs[self.image_key][i])
+
+    def _policy_camera(self) -> LeanCamera:
+        """The policy camera for this thread: the one built with the env, or a twin made here on first
+        use when another thread steps the env (a GL context cannot be current in two threads)."""
+        tid = threading.get_ident()
+        if tid == self._camera_thread:
+            return self.camera
+        cam = self._thread_cameras.get(tid)
+        if cam is None:
+            cam = self._make_camera(self.envs[0])
+            with self._views_lock:
+                self._thread_cameras[tid] = cam
+        return cam
 
     def step(self, action: np.ndarray) -> StepResult:
         a = self._mapping.clip_raw(self.check_action(action))
@@ -307,7 +322,8 @@ class MujocoRowsEnv(VecEnv):
 
     def close(self) -> None:
         with self._views_lock:
-            views, self._views = list(self._views.values()), {}
+            views = [*self._views.values(), *self._thread_cameras.values()]
+            self._views, self._thread_cameras = {}, {}
         for view in views:
             view.close()
         if self.camera is not None:
