@@ -108,6 +108,17 @@ def test_shipped_layout_rotation_keys_return_keys_and_help_rows():
     assert len(keys) == len(set(keys))  # every key has one meaning
 
 
+def test_cli_prints_the_key_layout(capsys):
+    from hg_dagger.cli import main
+
+    assert main(["device", "keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["Space", "hold", "to", "intervene", "(motion", "keys", "act", "only", "while", "held)"]
+    assert any(line.startswith("Esc ") and line.endswith("emergency stop") for line in lines)
+    assert main(["device", "keys", "gamepad"]) == 2
+    assert "a keyboard config is needed, this one is type 'gamepad'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("update", "message"),
     [

@@ -1,10 +1,10 @@
-"""hg-dagger device list | calibrate CONFIG | monitor CONFIG"""
+"""hg-dagger device list | calibrate CONFIG | monitor CONFIG | keys [CONFIG]"""
 
 from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("device", help="operator input devices: list, calibrate, monitor")
+    p = sub.add_parser("device", help="operator input devices: list, calibrate, monitor, keys")
     dsub = p.add_subparsers(dest="device_command", metavar="ACTION", required=True)
     ls = dsub.add_parser("list", help="gamepads and SpaceMice currently connected")
     ls.set_defaults(func=_list)
@@ -18,6 +18,9 @@ def register(sub) -> None:
     mon.add_argument("--seconds", type=float, default=10.0)
     mon.add_argument("--hz", type=float, default=25.0)
     mon.set_defaults(func=_monitor)
+    keys = dsub.add_parser("keys", help="the in-window keyboard's keys and what they do")
+    keys.add_argument("config", nargs="?", default="keyboard", help="keyboard config file or name (default: keyboard)")
+    keys.set_defaults(func=_keys)
 
 
 def _list(args) -> int:
@@ -47,4 +50,17 @@ def _monitor(args) -> int:
     device = make_device(args.config)
     with device:
         monitor(device, seconds=args.seconds, hz=args.hz)
+    return 0
+
+
+def _keys(args) -> int:
+    from hg_dagger.devices import KeyboardConfig, key_layout, load_device_config
+    from hg_dagger.devices.base import DeviceError
+
+    cfg = load_device_config(args.config)
+    if not isinstance(cfg, KeyboardConfig):
+        raise DeviceError(f"{args.config}: a keyboard config is needed, this one is type {cfg.type!r}")
+    rows = key_layout(cfg)
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {meaning}" for k, meaning in rows))
     return 0
