@@ -1,0 +1,281 @@
+"""The operator device: which one, is it connected and engaged, its raw axes live, and a way to switch
+devices or calibrate one.
+
+The device list comes from the devices package's hot-plug scanner (``DeviceScanner.scan``), called on
+a slow QTimer while the panel is visible; tests and other front ends may pass their own ``scan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from PyQt6.QtCore import QRectF, QSize, Qt, QTimer
+from PyQt6.QtGui import QColor, QPainter, QPen
+from PyQt6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hg_dagger.contract.command import COMMAND_AXES
+from hg_dagger.control.live import CommandQueue, DeviceState, SetDevice, Snapshot
+from hg_dagger.ui import style
+
+SCAN_MS = 2000
+
+
+class AxisBar(QWidget):
+    """One raw axis in [-1, 1] as a bar from the centre, with the deadzone drawn as a grey band."""
+
+    def __init__(self, name: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.name = name
+        self.value = 0.0
+        self.deadzone = 0.0
+        self.setMinimumHeight(18)
+        self.setToolTip(f"raw {name}")
+
+    def sizeHint(self) -> QSize:
+        return QSize(160, 18)
+
+    def set(self, value: float, deadzone: float) -> None:
+        value = float(np.clip(value, -1.0, 1.0)) if np.isfinite(value) else 0.0
+        if value != self.value or deadzone != self.deadzone:
+            self.value, self.deadzone = value, deadzone
+            self.update()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
+        p = QPainter(self)
+        w, h = self.width(), self.height()
+        mid = w / 2
+        p.fillRect(self.rect(), QColor("#eceef1"))
+        dz = max(0.0, min(1.0, self.deadzone)) * mid
+        if dz > 0:
+            p.fillRect(QRectF(mid - dz, 0, 2 * dz, h), QColor("#c9ccd1"))
+        inside = abs(self.value) <= self.deadzone
+        colour = QColor(style.NEUTRAL if inside else style.HUMAN)
+        x = self.value * mid
+        p.fillRect(QRectF(min(mid, mid + x), 3, abs(x), h - 6), colour)
+        p.setPen(QPen(QColor("#444"), 1))
+        p.drawLine(int(mid), 0, int(mid), h)
+        p.drawText(QRectF(4, 0, w - 8, h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, self.name)
+        p.drawText(QRectF(4, 0, w - 8, h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight,
+                   f"{self.value:+.2f}")
+        p.end()
+
+
+def default_scan() -> Callable[[], list]:
+    """The devices package's scanner (keyboard first, then gamepads and SpaceMice)."""
+    from hg_dagger.devices.discovery import DeviceScanner
+
+    return DeviceScanner().scan
+
+
+class DevicePanel(QGroupBox):
+    """Current device, live axes, pressed buttons; a device combo (sends SetDevice) and Calibrate..."""
+
+    def __init__(self, commands: CommandQueue, parent: QWidget | None = None, *,
+                 scan: Callable[[], list] | None = None):
+        super().__init__("Operator device", parent)
+        self.commands = commands
+        self._scan = scan
+        self.available: list = []
+        self.problems: list[str] = []
+        self.ident = QLabel("-")
+        self.ident.setStyleSheet("font-weight: bold;")
+        self.link = QLabel("-")
+        self.engaged = QLabel("-")
+        self.buttons = QLabel("Buttons: none")
+        self.bars = [AxisBar(a) for a in COMMAND_AXES]
+        self.combo = QComboBox()
+        self.combo.setToolTip("Switch the operator device")
+        self.combo.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        self.combo.activated.connect(self._chosen)
+        self.calibrate = QPushButton("Calibrate...")
+        self.calibrate.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.calibrate.setToolTip("Calibrate the device chosen above (not while episodes run)")
+        self.calibrate.clicked.connect(self.open_calibration)
+        self.dialog: CalibrationDialog | None = None
+        self.timer = QTimer(self)
+        self.timer.setInterval(SCAN_MS)
+        self.timer.timeout.connect(self.rescan)
+        self._phase = "idle"
+
+        lay = QVBoxLayout(self)
+        top = QHBoxLayout()
+        top.addWidget(self.ident, 1)
+        top.addWidget(self.link)
+        top.addWidget(self.engaged)
+        lay.addLayout(top)
+        grid = QGridLayout()
+        for i, bar in enumerate(self.bars):
+            grid.addWidget(bar, i // 2, i % 2)
+        lay.addLayout(grid)
+        lay.addWidget(self.buttons)
+        row = QHBoxLayout()
+        row.addWidget(self.combo, 1)
+        row.addWidget(self.calibrate)
+        lay.addLayout(row)
+        self._state: DeviceState | None = None
+        self.show_device(DeviceState())
+
+    # ---- device list --------------------------------------------------------------------------
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self.rescan()
+        self.timer.start()
+
+    def hideEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.timer.stop()
+        super().hideEvent(event)
+
+    def rescan(self) -> None:
+        """Refresh the combo from the scanner, keeping the choice when it is still there."""
+        if self._scan is None:
+            self._scan = default_scan()
+        try:
+            found = list(self._scan())
+        except Exception as exc:  # a scanner failure must not take the window down
+            found, self.problems = [], [f"device scan failed: {exc}"]
+            self.combo.setToolTip(self.problems[0])
+        key = [(getattr(d, "device_id", str(d)), getattr(d, "path", "")) for d in found]
+        if key == [(getattr(d, "device_id", str(d)), getattr(d, "path", "")) for d in self.available]:
+            return
+        current = self.combo.currentData()
+        self.available = found
+        self.combo.clear()
+        for d in found:
+            label = d.describe() if hasattr(d, "describe") else str(d)
+            self.combo.addItem(label, getattr(d, "device_id", str(d)))
+        i = self.combo.findData(current if current is not None else self._active_id())
+        if i >= 0:
+            self.combo.setCurrentIndex(i)
+
+    def _active_id(self) -> str | None:
+        return self._state.device_id if self._state is not None else None
+
+    def selected(self):
+        i = self.combo.currentIndex()
+        return self.available[i] if 0 <= i < len(self.available) else None
+
+    def _chosen(self, i: int) -> None:
+        info = self.available[i]
+        self.commands.put(SetDevice(getattr(info, "config", str(info))))
+
+    # ---- live state ---------------------------------------------------------------------------
+    def show_snapshot(self, snap: Snapshot) -> None:
+        self._phase = snap.phase
+        self.calibrate.setEnabled(snap.phase != "running" and self.selected() is not None)
+        self.show_device(snap.device)
+
+    def show_device(self, d: DeviceState) -> None:
+        if d is not self._state:
+            prev, self._state = self._state, d
+            if prev is None or (prev.device_id, prev.kind) != (d.device_id, d.kind):
+                self.ident.setText(f"{d.kind or 'no device'}: {d.device_id}" if d.device_id else (d.kind or "no device"))
+            if prev is None or prev.connected != d.connected:
+                self.link.setText("connected" if d.connected else "NOT CONNECTED")
+                self.link.setStyleSheet(f"color: {style.OK if d.connected else style.SAFETY}; font-weight: bold;")
+            if prev is None or prev.engaged != d.engaged:
+                self.engaged.setText("ENGAGED" if d.engaged else "not engaged")
+                self.engaged.setStyleSheet(style.filled(style.HUMAN, radius=4) if d.engaged else "")
+            raw = d.raw if d.raw is not None else np.zeros(len(self.bars), np.float32)
+            for i, bar in enumerate(self.bars):
+                bar.set(float(raw[i]) if i < len(raw) else 0.0, d.deadzone)
+            text = "Buttons: " + (", ".join(d.buttons) if d.buttons else "none")
+            if self.buttons.text() != text:
+                self.buttons.setText(text)
+
+    # ---- calibration --------------------------------------------------------------------------
+    def open_calibration(self) -> None:
+        """Build the chosen device, connect it, and run its calibration wizard in a dialog."""
+        from hg_dagger.devices import DeviceError, make_device
+        from hg_dagger.devices.wizard import CalibrationWizard
+
+        info = self.selected()
+        if info is None:
+            return
+        try:
+            config = info.device_config() if hasattr(info, "device_config") else info
+            device = make_device(config)
+            device.connect()
+            wizard = CalibrationWizard(device)
+        except (DeviceError, OSError, ValueError) as exc:
+            self.dialog = CalibrationDialog(None, self, error=f"cannot calibrate {info.describe()}: {exc}")
+        else:
+            self.dialog = CalibrationDialog(wizard, self, owns_device=True)
+        self.dialog.open()
+
+
+class CalibrationDialog(QDialog):
+    """Steps an operator through a device's calibration phases; the wizard is ticked on a QTimer."""
+
+    TICK_MS = 20
+
+    def __init__(self, wizard, parent: QWidget | None = None, *, owns_device: bool = False, error: str = ""):
+        super().__init__(parent)
+        self.setWindowTitle("Calibrate device")
+        self.setWindowModality(Qt.WindowModality.WindowModal)
+        self.setMinimumWidth(420)
+        self.wizard = wizard
+        self.owns_device = owns_device
+        self.step = QLabel()
+        self.step.setStyleSheet("font-weight: bold; font-size: 13pt;")
+        self.instructions = QLabel()
+        self.instructions.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.box = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        self.box.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        for w in (self.step, self.instructions, self.progress, self.box):
+            lay.addWidget(w)
+        self.timer = QTimer(self)
+        self.timer.setInterval(self.TICK_MS)
+        self.timer.timeout.connect(self.tick)
+        if wizard is None:
+            self.step.setText("Calibration unavailable")
+            self.instructions.setText(error)
+            self._finish_buttons()
+        else:
+            self._show()
+            if not wizard.finished:
+                self.timer.start()
+            else:
+                self._finish_buttons()
+
+    def tick(self) -> None:
+        self.wizard.tick()
+        self._show()
+        if self.wizard.finished:
+            self.timer.stop()
+            self._finish_buttons()
+
+    def _show(self) -> None:
+        w = self.wizard
+        n, total = w.phase_number
+        self.step.setText(f"Step {n} of {total}: {w.phase}" if total and not w.finished else w.phase.capitalize())
+        self.instructions.setText(w.instructions)
+        self.progress.setValue(int(100 * w.progress))
+
+    def _finish_buttons(self) -> None:
+        self.box.setStandardButtons(QDialogButtonBox.StandardButton.Close)
+        self.box.button(QDialogButtonBox.StandardButton.Close).clicked.connect(self.accept)
+
+    def done(self, result: int) -> None:  # noqa: D401 - Qt override
+        """Closing cancels an unfinished calibration and lets go of the device the panel opened."""
+        self.timer.stop()
+        if self.wizard is not None:
+            self.wizard.cancel()
+            if self.owns_device:
+                self.wizard.device.close()
+        super().done(result)
