@@ -52,6 +52,7 @@ from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay
     load_run_config,
 )
 from hg_dagger.control.safety import SafetyMonitor
+from hg_dagger.envs.base import fault_flags
 from hg_dagger.errors import ConfigError, EnvError, HgDaggerError
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,9 @@ class Session:
         if mode not in MODES:
             raise HgDaggerError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
         if mode == "expert" and self.expert is None:
-            raise HgDaggerError("mode 'expert' needs the task's planner expert, and this session has none")
+            from hg_dagger.experts import make_expert
+
+            self.expert = make_expert(self.mapping.task_id, kind="planner", mapping=self.mapping)
         self._pending["mode"] = mode
 
     def set_device(self, name: str) -> None:
@@ -464,14 +467,14 @@ class Session:
         return result
 
     def _after_step(self, result, flags):
-        """Stamp t_action_apply and flag late steps and the env's sensor loss (both excluded from labels)."""
-        info = result.info
-        t_apply = np.asarray(info.get("t_action_apply", np.full(self.n, now_ns())), np.int64)
+        """Stamp t_action_apply and flag late steps, and steps whose observation the env reported stale or
+        missing (info "sensor_loss" of the reply that delivered it); both are excluded from labels."""
+        t_apply = np.asarray(result.info.get("t_action_apply", np.full(self.n, now_ns())), np.int64)
         self.machine.note_applied(t_apply)
         if self.latency_budget_ns is not None:
             late = (t_apply - self.t_obs) > self.latency_budget_ns
             flags |= np.where(late, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
-        sensor_loss = info.get("sensor_loss")
+        sensor_loss = self._env_info.get("sensor_loss")
         if sensor_loss is not None:
             flags |= np.where(np.asarray(sensor_loss, bool), StepFlag.SENSOR_LOSS, 0).astype(np.uint16)
         return t_apply, flags
@@ -643,6 +646,9 @@ class Session:
             rows[begin] = True
             t_now = np.full(n, now_ns(), np.int64)
             info_next = {**info, "t_obs": np.where(rows, reset_info.get("t_obs", t_now), info.get("t_obs", t_now))}
+            for key in ("estop", "sensor_loss"):  # the reset rows' fault flags are the reset's
+                if key in reset_info or key in info:
+                    info_next[key] = np.where(rows, fault_flags(reset_info, key, n), fault_flags(info, key, n))
             if "alignment_error_ms" in reset_info:
                 info_next["alignment_error_ms"] = np.where(rows, reset_info["alignment_error_ms"],
                                                            info.get("alignment_error_ms", reset_info["alignment_error_ms"]))
