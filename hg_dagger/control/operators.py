@@ -186,7 +186,7 @@ class DeviceOperator(Operator):
                 "connected": bool(dev.connected), "engaged": bool(cmd is not None and cmd.engaged),
                 "raw": None if cmd is None else np.array(cmd.raw, np.float32),
                 "buttons": tuple(sorted(cmd.buttons)) if cmd is not None else (),
-                "deadzone": float(getattr(getattr(dev.config, "processing", None), "deadzone", 0.0) or 0.0)}
+                "deadzone": float(np.max(getattr(getattr(dev.config, "processing", None), "deadzone", 0.0)))}
 
 
 class SyntheticOperators(DeviceOperator):
