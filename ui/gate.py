@@ -132,4 +132,4 @@ class HandoverBanner(QFrame):
         bg, fg = (self.COLOURS[0], "#1b1b1b") if self.phase == 0 else (self.COLOURS[1], style.TEXT_ON_COLOUR)
         self.setStyleSheet(f"#handover_banner {{ background-color: {bg}; border-radius: 10px; }} "
                            f"#handover_banner QLabel {{ color: {fg}; font-size: 28pt; font-weight: bold; "
-                           "background: transparent; }}")
+                           "background: transparent; }")

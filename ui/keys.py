@@ -77,14 +77,27 @@ class KeyboardBridge(QObject):
     def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
         t = ev.type()
         if t in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease):
-            if not self.enabled or not isinstance(obj, QWidget) or obj.window() is not self.window:
+            if not self.enabled or not isinstance(obj, QWidget):
                 return False
-            return self._key(obj, ev, t == QEvent.Type.KeyPress)
+            if obj.window() is self.window:
+                return self._key(obj, ev, t == QEvent.Type.KeyPress)
+            if ev.key() == K.Key_Escape and self._owned(obj):
+                return self._key(obj, ev, t == QEvent.Type.KeyPress)  # Esc stops from the window's dialogs too
+            return False
         if t == QEvent.Type.WindowDeactivate and obj is self.window:
             self.release_all()
         elif t == QEvent.Type.FocusIn and self.held and is_text_input(obj) and isinstance(obj, QWidget) \
                 and obj.window() is self.window:
             self.release_all()  # typing starts: no key may stay held as motion
+        return False
+
+    def _owned(self, w: QWidget) -> bool:
+        top = w.window()
+        while top is not None:
+            if top is self.window:
+                return True
+            parent = top.parentWidget()
+            top = parent.window() if parent is not None else None
         return False
 
     def _key(self, obj: QWidget, ev: QKeyEvent, down: bool) -> bool:

@@ -44,7 +44,11 @@ class History:
         return self.n
 
     def add(self, seq: int, t_ns: int, values: Sequence[float] | np.ndarray) -> bool:
-        """Append one row unless ``seq`` was already added; a seq going back (a new run) starts afresh."""
+        """Append one row unless ``seq`` was already added; a seq going back (a new run) starts afresh.
+
+        Seq 0 is the slot's placeholder before the first tick and is never added."""
+        if seq <= 0:
+            return False
         if self.last_seq is not None:
             if seq == self.last_seq:
                 return False
@@ -91,7 +95,7 @@ def _plot_widget(title: str) -> pg.PlotWidget:
     w.setMouseEnabled(x=False, y=True)
     w.setMenuEnabled(False)
     w.setLabel("bottom", "s")
-    w.setMinimumHeight(120)
+    w.setMinimumHeight(90)
     return w
 
 
@@ -177,7 +181,7 @@ class ActionPlots(QWidget):
         self.names: tuple[str, ...] = ()
         self.layout_widget = pg.GraphicsLayoutWidget()
         self.layout_widget.setBackground("w")
-        self.layout_widget.setMinimumHeight(160)
+        self.layout_widget.setMinimumHeight(100)
         self.plots: list[pg.PlotItem] = []
         self.curves: list[dict[str, pg.PlotDataItem]] = []
         lay = QVBoxLayout(self)

@@ -1,0 +1,238 @@
+"""The operator console: one window over a running control loop.
+
+    window = MainWindow(slot, commands, settings=QSettings(...))   # slot: LatestSlot, commands: CommandQueue
+    window.show()
+
+The window reads the newest Snapshot on a QTimer and hands it to each view; every button, key and
+menu entry only puts a Command into the queue. Geometry and splitter positions persist in QSettings
+(organization "hg-dagger", application "hg-dagger" unless a settings object is given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PyQt6.QtCore import QSettings, Qt, pyqtSignal
+from PyQt6.QtGui import QAction, QKeySequence
+from PyQt6.QtWidgets import (
+    QApplication,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hg_dagger.control.live import CommandQueue, LatestSlot, Quit, Snapshot
+from hg_dagger.ui.controls import EpisodeControls, EStopPanel
+from hg_dagger.ui.device_panel import DevicePanel
+from hg_dagger.ui.gate import GateLight, HandoverBanner
+from hg_dagger.ui.health import LoopHealthPanel
+from hg_dagger.ui.keys import KeyboardBridge
+from hg_dagger.ui.plots import PlotsPanel
+from hg_dagger.ui.rounds import RoundsPanel, StatusLine
+from hg_dagger.ui.snapshots import SnapshotReader
+from hg_dagger.ui.view import LiveView
+
+WINDOW_SHORTCUTS = (("Esc", "emergency stop (anywhere in the window)"), ("F1", "this help"),
+                    ("Ctrl+Q", "quit (open episodes end as operator aborts)"))
+
+
+def shortcut_rows() -> list[tuple[str, str]]:
+    """Window shortcuts, then the in-window keyboard device's keys (from configs/devices/keyboard.yaml)."""
+    rows = list(WINDOW_SHORTCUTS)
+    try:
+        from hg_dagger.devices import load_device_config
+        from hg_dagger.devices.keyboard import key_layout
+
+        window_keys = {k for k, _ in WINDOW_SHORTCUTS}
+        rows += [r for r in key_layout(load_device_config("keyboard")) if r[0] not in window_keys]
+    except Exception as exc:  # a broken keyboard config must not stop the help from opening
+        rows.append(("-", f"keyboard device keys unavailable: {exc}"))
+    return rows
+
+
+class HelpDialog(QDialog):
+    """Keyboard shortcuts, readable at a glance."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("hg-dagger: keyboard")
+        rows = shortcut_rows()
+        self.table = QTableWidget(len(rows), 2)
+        self.table.setHorizontalHeaderLabels(["Key", "Does"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        for r, (key, meaning) in enumerate(rows):
+            self.table.setItem(r, 0, QTableWidgetItem(key))
+            self.table.setItem(r, 1, QTableWidgetItem(meaning))
+        self.table.resizeColumnToContents(0)
+        box = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        box.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addWidget(QLabel("Motion keys act only while Space (the deadman) is held. Keys typed into a text "
+                             "field stay text."))
+        lay.addWidget(self.table)
+        lay.addWidget(box)
+        self.resize(560, 520)
+
+
+def app_settings() -> QSettings:
+    return QSettings("hg-dagger", "hg-dagger")
+
+
+class MainWindow(QMainWindow):
+    """Camera view left, plots right, gate light, banner and e-stop on top, controls and panels below."""
+
+    train_requested = pyqtSignal()
+
+    def __init__(self, slot: LatestSlot, commands: CommandQueue, *, settings: QSettings | None = None,
+                 scan: Callable[[], list] | None = None, refresh_hz: float = 30.0):
+        super().__init__()
+        self.setWindowTitle("hg-dagger")
+        self.slot, self.commands = slot, commands
+        self.settings = settings if settings is not None else app_settings()
+        self._quit_sent = False
+
+        sound = self.settings.value("ui/sound", True, type=bool)
+        self.banner = HandoverBanner(sound_enabled=sound)
+        self.gate = GateLight()
+        self.estop = EStopPanel(commands)
+        self.view = LiveView()
+        self.plots = PlotsPanel()
+        self.controls = EpisodeControls(commands)
+        self.device = DevicePanel(commands, scan=scan)
+        self.health = LoopHealthPanel()
+        self.rounds = RoundsPanel()
+        self.rounds.train_requested.connect(self.train_requested)
+
+        top = QHBoxLayout()
+        top.addWidget(self.gate, 3)
+        top.addWidget(self.estop, 1)
+        self.split_view = QSplitter(Qt.Orientation.Horizontal)
+        self.split_view.setObjectName("split_view")
+        self.split_view.addWidget(self.view)
+        self.split_view.addWidget(self.plots)
+        self.split_view.setStretchFactor(0, 3)
+        self.split_view.setStretchFactor(1, 2)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.device, "Device")
+        self.tabs.addTab(self.rounds, "Rounds")
+        self.tabs.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        bottom = QWidget()
+        row = QHBoxLayout(bottom)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.controls, 2)
+        row.addWidget(self.tabs, 3)
+        row.addWidget(self.health, 2)
+        self.split_main = QSplitter(Qt.Orientation.Vertical)
+        self.split_main.setObjectName("split_main")
+        self.split_main.addWidget(self.split_view)
+        self.split_main.addWidget(bottom)
+        self.split_main.setStretchFactor(0, 3)
+        self.split_main.setStretchFactor(1, 1)
+        central = QWidget()
+        lay = QVBoxLayout(central)
+        lay.addWidget(self.banner)
+        lay.addLayout(top)
+        lay.addWidget(self.split_main, 1)
+        self.setCentralWidget(central)
+        self.status = StatusLine(self.statusBar())
+        self._menus()
+
+        self.views = (self.gate, self.banner, self.estop, self.view, self.plots, self.controls, self.device,
+                      self.health, self.rounds, self.status)
+        self.reader = SnapshotReader(slot, hz=refresh_hz, parent=self)
+        self.reader.snapshot.connect(self.show_snapshot)
+        self.keys = KeyboardBridge(self, commands)
+        QApplication.instance().installEventFilter(self.keys)
+        self._restore()
+        self.reader.start()
+
+    # ---- menus ------------------------------------------------------------------------------
+    def _menus(self) -> None:
+        m = self.menuBar()
+        file = m.addMenu("&File")
+        self.quit_action = QAction("&Quit", self)
+        self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
+        self.quit_action.triggered.connect(self.quit)
+        file.addAction(self.quit_action)
+        opts = m.addMenu("&Options")
+        self.sound_action = QAction("&Sound on handover request", self, checkable=True)
+        self.sound_action.setChecked(self.banner.sound_enabled)
+        self.sound_action.toggled.connect(self.set_sound)
+        opts.addAction(self.sound_action)
+        help_ = m.addMenu("&Help")
+        self.help_action = QAction("&Keyboard shortcuts", self)
+        self.help_action.setShortcut(QKeySequence(Qt.Key.Key_F1))
+        self.help_action.triggered.connect(self.show_help)
+        help_.addAction(self.help_action)
+        self.addAction(self.help_action)  # F1 works with the menu closed
+        self.addAction(self.quit_action)
+        self.help_dialog: HelpDialog | None = None
+
+    def set_sound(self, on: bool) -> None:
+        self.banner.sound_enabled = bool(on)
+        self.settings.setValue("ui/sound", bool(on))
+
+    def show_help(self) -> None:
+        if self.help_dialog is None:
+            self.help_dialog = HelpDialog(self)
+        self.help_dialog.show()
+        self.help_dialog.raise_()
+
+    # ---- snapshots ---------------------------------------------------------------------------
+    def show_snapshot(self, snap: Snapshot) -> None:
+        for v in self.views:
+            v.show_snapshot(snap)
+        title = f"hg-dagger - {snap.task}" if snap.task else "hg-dagger"
+        if self.windowTitle() != title:
+            self.setWindowTitle(title)
+
+    def set_training_progress(self, stage: str, fraction: float) -> None:
+        self.rounds.set_training_progress(stage, fraction)
+
+    def set_training_done(self, message: str) -> None:
+        self.rounds.set_training_done(message)
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def _restore(self) -> None:
+        s = self.settings
+        geometry = s.value("window/geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1400, 900)
+        for split in (self.split_main, self.split_view, self.plots):
+            state = s.value(f"window/{split.objectName()}")
+            if state is not None:
+                split.restoreState(state)
+
+    def save_layout(self) -> None:
+        s = self.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        for split in (self.split_main, self.split_view, self.plots):
+            s.setValue(f"window/{split.objectName()}", split.saveState())
+        s.sync()
+
+    def quit(self) -> None:
+        """Ask the control thread to end (open episodes end as operator aborts), then close."""
+        self.close()
+
+    def _send_quit(self) -> None:
+        if not self._quit_sent:
+            self._quit_sent = True
+            self.commands.put(Quit())
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.save_layout()
+        self.reader.stop()
+        QApplication.instance().removeEventFilter(self.keys)
+        self._send_quit()
+        super().closeEvent(event)

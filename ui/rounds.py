@@ -1,0 +1,170 @@
+"""Rounds of DAgger at a glance (success, intervention rate and human labels per round), the button
+that asks for the next student, and the status line at the bottom of the window."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PyQt6.QtCore import Qt, pyqtSignal
+from PyQt6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QStatusBar,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hg_dagger.control.live import Snapshot
+from hg_dagger.ui import style
+
+COLUMNS = (("round", "Round"), ("policy_version", "Policy"), ("episodes", "Episodes"),
+           ("success_rate", "Success"), ("intervention_rate", "Intervention"), ("human_labels", "Human labels"))
+
+
+def _cell(key: str, value) -> str:
+    if value is None:
+        return "-"
+    if key in ("success_rate", "intervention_rate"):
+        v = float(value)
+        return "-" if not math.isfinite(v) else f"{100 * v:.0f} %"
+    return str(value)
+
+
+class RoundsPanel(QWidget):
+    """Table and plot of ``snap.rounds``; "Train next student" emits ``train_requested``."""
+
+    train_requested = pyqtSignal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([t for _, t in COLUMNS])
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.graph = pg.GraphicsLayoutWidget()
+        self.graph.setBackground("w")
+        self.graph.setMinimumHeight(90)
+        self.table.setMinimumHeight(70)
+        self.rates = self.graph.addPlot(row=0, col=0, title="success / intervention")
+        self.rates.setYRange(0, 1.05, padding=0)
+        self.rates.addLegend(offset=(4, 4))
+        self.labels_plot = self.graph.addPlot(row=0, col=1, title="human labels")
+        for p in (self.rates, self.labels_plot):
+            p.setMouseEnabled(x=False, y=False)
+            p.setMenuEnabled(False)
+            p.showGrid(x=False, y=True, alpha=0.25)
+        sym = dict(symbol="o", symbolSize=7)
+        self.success = self.rates.plot(pen=pg.mkPen(style.AUTONOMOUS, width=2), symbolBrush=style.AUTONOMOUS,
+                                       name="success", **sym)
+        self.intervention = self.rates.plot(pen=pg.mkPen(style.HUMAN, width=2), symbolBrush=style.HUMAN,
+                                            name="intervention", **sym)
+        self.labels = pg.BarGraphItem(x=[], height=[], width=0.6, brush=style.HUMAN)
+        self.labels_plot.addItem(self.labels)
+        self.train = QPushButton("Train next student")
+        self.train.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.train.setToolTip("Train a new student on the approved labels so far (in the background)")
+        self.train.clicked.connect(self.train_requested)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setVisible(False)
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.graph, 1)
+        row = QHBoxLayout()
+        row.addWidget(self.train)
+        row.addWidget(self.progress, 1)
+        lay.addLayout(row)
+        lay.addWidget(self.message)
+        self._rounds: tuple = ()
+        self._training = False  # a job this window started is running
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        if snap.rounds != self._rounds:
+            self.set_rounds(snap.rounds)
+        training = snap.phase == "training" or self._training
+        self.train.setEnabled(not training and snap.phase not in ("error", "stopped"))
+        if snap.phase == "training":
+            self.progress.setVisible(True)
+            if self.progress.maximum() == 100 and not self._training:
+                self.progress.setRange(0, 0)  # busy until a fraction is known
+        elif not self._training:
+            self.progress.setVisible(False)
+        if snap.message != self.message.text() and (snap.phase == "training" or snap.message):
+            self.message.setText(snap.message)
+
+    def set_rounds(self, rounds) -> None:
+        self._rounds = tuple(rounds)
+        self.table.setRowCount(len(self._rounds))
+        for r, rd in enumerate(self._rounds):
+            for c, (key, _) in enumerate(COLUMNS):
+                text = _cell(key, rd.get(key))
+                if key == "round" and rd.get("current"):
+                    text += " (now)"
+                self.table.setItem(r, c, QTableWidgetItem(text))
+        x = np.arange(len(self._rounds), dtype=float)
+
+        def col(key: str) -> np.ndarray:
+            return np.array([float(rd.get(key, np.nan) or 0.0) for rd in self._rounds], dtype=float)
+
+        self.success.setData(x, col("success_rate"))
+        self.intervention.setData(x, col("intervention_rate"))
+        self.labels.setOpts(x=x, height=col("human_labels"), width=0.6)
+
+    def set_training_progress(self, stage: str, fraction: float) -> None:
+        """A training job's progress (from the app's job poller)."""
+        self._training = True
+        self.progress.setRange(0, 100)
+        self.progress.setVisible(True)
+        self.progress.setValue(int(round(100 * max(0.0, min(1.0, fraction)))))
+        self.progress.setFormat(f"{stage} %p%")
+        self.train.setEnabled(False)
+
+    def set_training_done(self, message: str) -> None:
+        self._training = False
+        self.progress.setVisible(False)
+        self.message.setText(message)
+        self.train.setEnabled(True)
+
+
+class StatusLine:
+    """The window's status bar: store, episode and step, counters, operator, policy version."""
+
+    def __init__(self, bar: QStatusBar):
+        self.bar = bar
+        self.store = QLabel()
+        self.episode = QLabel()
+        self.counters = QLabel()
+        self.operator = QLabel()
+        self.policy = QLabel()
+        self.message = QLabel()
+        self.message.setStyleSheet(f"color: {style.SAFETY}; font-weight: bold;")
+        bar.addWidget(self.message, 1)
+        for w in (self.store, self.episode, self.counters, self.operator, self.policy):
+            bar.addPermanentWidget(w)
+        self.show_snapshot(Snapshot())
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        c = snap.counters
+        texts = {
+            self.store: f"Store: {snap.store or '-'}",
+            self.episode: f"Episode: {snap.episode_id or '-'}  step {snap.episode_step}",
+            self.counters: (f"Episodes {c.episodes} | Successes {c.successes} | Windows {c.windows} | "
+                            f"Human labels {c.human_steps}"),
+            self.operator: f"Operator: {snap.operator or '-'}",
+            self.policy: f"Policy: {snap.policy_version or '-'}",
+            self.message: snap.message if snap.phase == "error" else "",
+        }
+        for label, text in texts.items():
+            if label.text() != text:
+                label.setText(text)

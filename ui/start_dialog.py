@@ -1,0 +1,200 @@
+"""The first question of a session: who operates, which task, which backend, which student, which store.
+
+``StartDialog.choices()`` returns a plain ``StartChoices`` (no Qt types), so whatever opens the session
+does not depend on Qt. The pseudonym, task, backend and recent stores are remembered in QSettings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from PyQt6.QtCore import QSettings
+from PyQt6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hg_dagger.config import CONFIG_DIR
+from hg_dagger.ui import style
+
+RECENT_STORES = 8
+BACKENDS = (("embedded", "Embedded MuJoCo simulator"), ("bridge", "Robot bridge"))
+
+
+@dataclass(frozen=True)
+class StartChoices:
+    operator: str
+    task: str
+    backend: str = "embedded"  # embedded | bridge
+    host: str = ""
+    port: int = 0
+    token_file: str = ""
+    student: str = ""  # checkpoint path; "" = the app's default
+    store: str = ""  # "" = the app's default for the task
+
+    @property
+    def robot(self) -> str:
+        """HOST:PORT of the bridge, "" for the embedded simulator."""
+        return f"{self.host}:{self.port}" if self.backend == "bridge" else ""
+
+
+def task_names(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Task names: the YAML files in configs/tasks."""
+    return sorted(p.stem for p in (Path(config_dir) / "tasks").glob("*.yaml"))
+
+
+def _picker(edit: QLineEdit, title: str, filters: str, parent: QWidget, directory: bool = False) -> QPushButton:
+    b = QPushButton("Browse...")
+
+    def pick() -> None:
+        if directory:
+            path = QFileDialog.getExistingDirectory(parent, title, edit.text())
+        else:
+            path, _ = QFileDialog.getOpenFileName(parent, title, edit.text(), filters)
+        if path:
+            edit.setText(path)
+
+    b.clicked.connect(pick)
+    return b
+
+
+def _row(*widgets: QWidget) -> QWidget:
+    w = QWidget()
+    lay = QHBoxLayout(w)
+    lay.setContentsMargins(0, 0, 0, 0)
+    for i, x in enumerate(widgets):
+        lay.addWidget(x, 1 if i == 0 else 0)
+    return w
+
+
+class StartDialog(QDialog):
+    def __init__(self, parent: QWidget | None = None, *, settings: QSettings | None = None,
+                 tasks: list[str] | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("hg-dagger: start a session")
+        self.setMinimumWidth(520)
+        self.settings = settings if settings is not None else QSettings("hg-dagger", "hg-dagger")
+        s = self.settings
+        self.operator = QLineEdit(s.value("start/operator", "", type=str))
+        self.operator.setPlaceholderText("a pseudonym, e.g. op-07 (stored with every episode)")
+        self.task = QComboBox()
+        self.task.addItems(tasks if tasks is not None else task_names())
+        i = self.task.findText(s.value("start/task", "", type=str))
+        if i >= 0:
+            self.task.setCurrentIndex(i)
+        self.backend = QComboBox()
+        for value, label in BACKENDS:
+            self.backend.addItem(label, value)
+        i = self.backend.findData(s.value("start/backend", "embedded", type=str))
+        self.backend.setCurrentIndex(max(0, i))
+        self.host = QLineEdit(s.value("start/host", "127.0.0.1", type=str))
+        self.port = QSpinBox()
+        self.port.setRange(1, 65535)
+        self.port.setValue(s.value("start/port", 7557, type=int))
+        self.token = QLineEdit(s.value("start/token_file", "", type=str))
+        self.student = QLineEdit()
+        self.student.setPlaceholderText("optional: the newest student for this task, or a first one")
+        self.store = QComboBox()
+        self.store.setEditable(True)
+        self.store.addItems(self.recent_stores())
+        self.store.lineEdit().setPlaceholderText("default: runs/app/<task>/store.zarr")
+        if not self.store.count():
+            self.store.setEditText("")
+        self.error = QLabel()
+        self.error.setStyleSheet(f"color: {style.SAFETY}; font-weight: bold;")
+
+        form = QFormLayout()
+        form.addRow("Operator pseudonym *", self.operator)
+        form.addRow("Task", self.task)
+        form.addRow("Backend", self.backend)
+        self.bridge_rows = (_row(self.host, QLabel("port"), self.port),
+                            _row(self.token, _picker(self.token, "Token file", "All files (*)", self)))
+        form.addRow("Bridge host", self.bridge_rows[0])
+        form.addRow("Token file", self.bridge_rows[1])
+        form.addRow("Student checkpoint", _row(self.student, _picker(self.student, "Student checkpoint",
+                                                                     "Checkpoints (*.pt);;All files (*)", self)))
+        form.addRow("Store", _row(self.store, _picker(self.store.lineEdit(), "Store folder", "", self,
+                                                      directory=True)))
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(self.error)
+        lay.addWidget(self.buttons)
+        self.backend.currentIndexChanged.connect(self._backend_changed)
+        self.operator.textChanged.connect(self._validate)
+        self.host.textChanged.connect(self._validate)
+        self._backend_changed()
+
+    def recent_stores(self) -> list[str]:
+        v = self.settings.value("start/recent_stores", [])
+        if isinstance(v, str):  # QSettings hands back a one-element list as a plain string
+            v = [v]
+        return [str(x) for x in (v or []) if x]
+
+    def _backend_changed(self) -> None:
+        bridge = self.backend.currentData() == "bridge"
+        for w in self.bridge_rows:
+            w.setEnabled(bridge)
+        self._validate()
+
+    def problem(self) -> str:
+        """Why the choices cannot start a session yet ("" when they can)."""
+        if not self.operator.text().strip():
+            return "Enter an operator pseudonym (required)."
+        if self.task.count() == 0:
+            return f"No tasks found in {CONFIG_DIR / 'tasks'}."
+        if self.backend.currentData() == "bridge" and not self.host.text().strip():
+            return "Enter the robot bridge's host."
+        return ""
+
+    def _validate(self) -> None:
+        p = self.problem()
+        self.error.setText(p)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not p)
+
+    def choices(self) -> StartChoices:
+        bridge = self.backend.currentData() == "bridge"
+        return StartChoices(
+            operator=self.operator.text().strip(), task=self.task.currentText(),
+            backend="bridge" if bridge else "embedded", host=self.host.text().strip() if bridge else "",
+            port=self.port.value() if bridge else 0, token_file=self.token.text().strip() if bridge else "",
+            student=self.student.text().strip(), store=self.store.currentText().strip())
+
+    def accept(self) -> None:
+        if self.problem():
+            self._validate()
+            return
+        c = self.choices()
+        s = self.settings
+        s.setValue("start/operator", c.operator)
+        s.setValue("start/task", c.task)
+        s.setValue("start/backend", c.backend)
+        if c.backend == "bridge":
+            s.setValue("start/host", c.host)
+            s.setValue("start/port", c.port)
+            s.setValue("start/token_file", c.token_file)
+        if c.store:
+            recent = [c.store] + [x for x in self.recent_stores() if x != c.store]
+            s.setValue("start/recent_stores", recent[:RECENT_STORES])
+        s.sync()
+        super().accept()
+
+    @classmethod
+    def ask(cls, parent: QWidget | None = None, *, settings: QSettings | None = None) -> StartChoices | None:
+        """Show the dialog and wait for the operator (before the session exists); None when cancelled."""
+        dlg = cls(parent, settings=settings)
+        return dlg.choices() if dlg.exec() == QDialog.DialogCode.Accepted else None
