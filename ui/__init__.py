@@ -1,1 +1,17 @@
-"""The desktop application (installed as hg_dagger.ui): operator console and review workspace. Nothing imports ui."""
+"""The desktop application (installed as hg_dagger.ui): operator console and review workspace. Nothing imports ui.
+
+The views read ``hg_dagger.control.live`` snapshots and send its commands; they never call the session.
+
+    main_window   MainWindow: the operator console assembled; HelpDialog
+    start_dialog  StartDialog -> StartChoices (plain dataclass): operator, task, backend, student, store
+    snapshots     SnapshotReader: newest Snapshot from a LatestSlot on a QTimer
+    view          LiveView: the camera frame
+    plots         GatePlot, ProgressPlot, ActionPlots (ring buffers keyed by seq)
+    gate          GateLight, HandoverBanner
+    controls      EStopPanel, EpisodeControls (mode selector included)
+    device_panel  DevicePanel (hot-plug list, live axes), CalibrationDialog
+    health        LoopHealthPanel
+    rounds        RoundsPanel, StatusLine
+    keys          KeyboardBridge: window keys -> KeyEvent / EStop / ReleaseKeys
+    style         what each colour means
+"""

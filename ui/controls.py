@@ -76,6 +76,8 @@ class EStopPanel(QWidget):
         self.commands.put(EStop(source="app", reason="e-stop button"))
 
     def show_snapshot(self, snap: Snapshot) -> None:
+        if snap.operator:
+            self.operator = snap.operator  # who clears a latched e-stop is recorded
         if snap.estop != self.latched:
             self.latched = snap.estop
             self._paint()
