@@ -145,11 +145,16 @@ def test_gate_light_names_state_and_colour(qtbot, live):
     expected = {"autonomous": style.AUTONOMOUS, "warning": style.WARNING, "human": style.HUMAN,
                 "safe_stop": style.SAFETY, "expert": style.EXPERT, "returning": style.POLICY}
     for i, (state, colour) in enumerate(expected.items(), start=1):
-        publish_and_wait(qtbot, slot, reader, snap(i, control_state=state, gate_reason=f"why {state}"))
+        publish_and_wait(qtbot, slot, reader, snap(i, phase="running", control_state=state, gate_reason=f"why {state}"))
         assert light.state == state and light.colour == colour
         assert light.headline.text() == style.STATES[state][0] and light.reason.text() == f"why {state}"
-    publish_and_wait(qtbot, slot, reader, snap(20, control_state="safe_stop", estop=("pedal", "foot down")))
-    assert light.reason.text() == "e-stop: foot down"
+    publish_and_wait(qtbot, slot, reader, snap(20, phase="estopped", control_state="safe_stop",
+                                               estop=("pedal", "foot down")))
+    assert light.reason.text() == "e-stop: foot down" and light.colour == style.SAFETY
+    publish_and_wait(qtbot, slot, reader, snap(21, phase="idle", control_state="autonomous"))
+    assert light.headline.text() == "IDLE" and light.colour == style.NEUTRAL  # not a green "autonomous"
+    publish_and_wait(qtbot, slot, reader, snap(22, phase="error", message="env failed: no GL"))
+    assert light.headline.text() == "ERROR" and light.reason.text() == "env failed: no GL"
 
 
 def test_handover_banner_flashes_counts_and_hides(qtbot, live):

@@ -38,6 +38,9 @@ class GateLight(QFrame):
         self.set_state("autonomous", "")
 
     def show_snapshot(self, snap: Snapshot) -> None:
+        if snap.phase in style.PHASES and snap.estop is None:
+            self.set_state(snap.phase, snap.message)  # nothing is in control: say what the loop is doing
+            return
         reason = snap.gate_reason
         if snap.estop is not None:
             reason = f"e-stop: {snap.estop[1]}" if snap.estop[1] else "e-stop latched"

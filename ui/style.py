@@ -26,6 +26,14 @@ STATES: dict[str, tuple[str, str]] = {
     "safe_stop": ("SAFE STOP", SAFETY),
     "expert": ("EXPERT IN CONTROL", EXPERT),
 }
+# loop phases in which no control state applies: shown instead of a stale one
+PHASES: dict[str, tuple[str, str]] = {
+    "idle": ("IDLE", NEUTRAL),
+    "paused": ("PAUSED", NEUTRAL),
+    "training": ("TRAINING NEXT STUDENT", NEUTRAL),
+    "stopped": ("STOPPED", NEUTRAL),
+    "error": ("ERROR", SAFETY),
+}
 
 # health levels -> colour
 LEVELS = {"ok": OK, "warn": WARNING, "bad": SAFETY}
@@ -35,7 +43,7 @@ BASE_FONT_PT = 11
 
 def state_style(state: str) -> tuple[str, str]:
     """Headline and colour of a control state (an unknown state reads as itself, in grey)."""
-    return STATES.get(state, (state.upper().replace("_", " ") or "-", NEUTRAL))
+    return STATES.get(state) or PHASES.get(state) or (state.upper().replace("_", " ") or "-", NEUTRAL)
 
 
 def filled(colour: str, *, text: str = TEXT_ON_COLOUR, radius: int = 8, pt: int | None = None) -> str:
