@@ -38,7 +38,10 @@ def test_device_operator_grab_is_a_takeover_only_while_the_policy_drives_and_est
     kb.press("escape")
     t = op.poll(obs, np.array([HUMAN, AUTO], np.uint8), active)
     assert not t.takeover.any() and t.estop_by == "device:keyboard"
-    assert op.device_state(0)["connected"] and op.device_state(1) == {"kind": "none"}
+    state = op.device_state(0)
+    assert state["connected"] and op.device_state(1) == {"kind": "none"}
+    assert state["axes"][1] == -1.0 and state["axes"][0] == 0.0, "the panel's axes: 'd' is y-"
+    assert len(state["deadzone"]) == 7 and "escape" not in state["buttons"] and "estop" in state["buttons"]
 
 
 def test_expert_operator_answers_every_row_with_its_labels(env):

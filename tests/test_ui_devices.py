@@ -68,12 +68,12 @@ def test_live_axes_and_state(qtbot, live):
     reader.snapshot.connect(panel.show_snapshot)
     panel.show()
     raw = np.array([0.5, -1.0, 0.05, 0, 0, 0, 1.0], np.float32)
-    dev = DeviceState(device_id="gamepad:0300abcd", kind="gamepad", connected=True, engaged=True, raw=raw,
-                      buttons=("takeover", "hold"), deadzone=0.1)
+    dev = DeviceState(device_id="gamepad:0300abcd", kind="gamepad", connected=True, engaged=True, axes=raw,
+                      buttons=("takeover", "hold"), deadzone=(0.1,) * 6 + (0.0,))
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=1, device=dev))
     assert [b.value for b in panel.bars] == pytest.approx(raw.tolist())
     assert [b.name for b in panel.bars] == ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
-    assert panel.bars[0].deadzone == pytest.approx(0.1)
+    assert panel.bars[0].deadzone == pytest.approx(0.1) and panel.bars[6].deadzone == 0.0
     assert panel.ident.text() == "gamepad: gamepad:0300abcd" and panel.link.text() == "connected"
     assert panel.engaged.text() == "ENGAGED" and style.HUMAN in panel.engaged.styleSheet()
     assert panel.buttons.text() == "Buttons: takeover, hold"

@@ -188,9 +188,9 @@ class DevicePanel(QGroupBox):
             if prev is None or prev.engaged != d.engaged:
                 self.engaged.setText("ENGAGED" if d.engaged else "not engaged")
                 self.engaged.setStyleSheet(style.filled(style.HUMAN, radius=4) if d.engaged else "")
-            raw = d.raw if d.raw is not None else np.zeros(len(self.bars), np.float32)
+            axes = d.axes if d.axes is not None else np.zeros(len(self.bars), np.float32)
             for i, bar in enumerate(self.bars):
-                bar.set(float(raw[i]) if i < len(raw) else 0.0, d.deadzone)
+                bar.set(float(axes[i]) if i < len(axes) else 0.0, float(d.deadzone[i]) if i < len(d.deadzone) else 0.0)
             text = "Buttons: " + (", ".join(d.buttons) if d.buttons else "none")
             if self.buttons.text() != text:
                 self.buttons.setText(text)

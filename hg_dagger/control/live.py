@@ -171,9 +171,9 @@ class DeviceState:
     kind: str = ""  # keyboard | gamepad | spacemouse | synthetic | expert | none
     connected: bool = False
     engaged: bool = False
-    raw: np.ndarray | None = None  # float32 [7] the last raw command
+    axes: np.ndarray | None = None  # float32 [7] the last command after calibration, in [-1, 1]
     buttons: tuple[str, ...] = ()
-    deadzone: float = 0.0
+    deadzone: tuple[float, ...] = (0.0,) * 7  # per axis, in the units of ``axes``
 
 
 @dataclass(frozen=True)

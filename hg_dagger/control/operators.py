@@ -184,9 +184,9 @@ class DeviceOperator(Operator):
         cmd = self._last[row]
         return {"device_id": self.device_id(row), "kind": getattr(dev.config, "type", self.kind),
                 "connected": bool(dev.connected), "engaged": bool(cmd is not None and cmd.engaged),
-                "raw": None if cmd is None else np.array(cmd.raw, np.float32),
+                "axes": None if cmd is None else np.array(dev.normalized(cmd.raw), np.float32),
                 "buttons": tuple(sorted(cmd.buttons)) if cmd is not None else (),
-                "deadzone": float(np.max(getattr(getattr(dev.config, "processing", None), "deadzone", 0.0)))}
+                "deadzone": tuple(float(v) for v in dev.deadzone)}
 
 
 class SyntheticOperators(DeviceOperator):

@@ -1,0 +1,382 @@
+"""The control thread of a live front end: ticks a Session at a fixed rate, publishes Snapshots, drains Commands.
+
+    loop = ControlLoop(build)          # build() -> Session, called in the control thread (GL contexts live there)
+    loop.start(); loop.commands.put(StartEpisodes(3)); snap = loop.slot.read(); ...; loop.stop()
+
+The schedule is absolute (tick k starts at t0 + k * period): a slow tick never shifts later ticks,
+it skips the slots it overran and counts them as missed. The thread never waits on a reader;
+readers never take a lock the thread needs. Between episodes (or paused) the loop keeps its rate,
+drains commands, polls the device for the panel and renders the view, so the operator always
+sees a live scene.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.contract.clock import NO_TIME, now_ns
+from hg_dagger.contract.enums import ActionSource, ControlState, EndReason
+from hg_dagger.control import live
+from hg_dagger.errors import HgDaggerError
+
+log = logging.getLogger(__name__)
+
+_WINDOW = 256  # ticks in the health window
+
+
+class _Health:
+    """Sliding-window loop figures; updated in the control thread only."""
+
+    def __init__(self, target_hz: float):
+        self.target_hz = target_hz
+        self.starts: deque[int] = deque(maxlen=_WINDOW)
+        self.jitter: deque[float] = deque(maxlen=_WINDOW)
+        self.busy: deque[float] = deque(maxlen=_WINDOW)
+        self.latency: deque[float] = deque(maxlen=_WINDOW)
+        self.missed = 0
+        self.ticks = 0
+
+    def tick(self, start_ns: int, scheduled_ns: int, busy_ns: int) -> None:
+        self.starts.append(start_ns)
+        self.jitter.append(abs(start_ns - scheduled_ns) / 1e6)
+        self.busy.append(busy_ns / 1e6)
+        self.ticks += 1
+
+    def snapshot(self, rec_queue: int, rec_dropped: int) -> live.LoopHealth:
+        hz = 0.0
+        if len(self.starts) >= 2:
+            span = (self.starts[-1] - self.starts[0]) / 1e9
+            hz = (len(self.starts) - 1) / span if span > 0 else 0.0
+        lat = np.asarray(self.latency, np.float64)
+        return live.LoopHealth(
+            target_hz=self.target_hz, achieved_hz=hz,
+            jitter_p99_ms=float(np.percentile(self.jitter, 99)) if self.jitter else 0.0,
+            missed_ticks=self.missed,
+            latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            latency_p99_ms=float(np.percentile(lat, 99)) if lat.size else float("nan"),
+            tick_ms_p99=float(np.percentile(self.busy, 99)) if self.busy else 0.0,
+            recorder_queue=rec_queue, recorder_dropped=rec_dropped, ticks=self.ticks)
+
+
+class ControlLoop:
+    """Owns one Session in its own thread; views talk to it only through ``slot`` and ``commands``."""
+
+    def __init__(self, build: Callable[[], Any], *, rate_hz: float | None = None, view_size: int = 256,
+                 view_hz: float = 30.0, store: str = "", on_command: Callable[[Any, live.Command], bool] | None = None,
+                 name: str = "hg-dagger-control"):
+        self._build = build
+        self._rate_hz = rate_hz
+        self.view_size = view_size
+        self.view_hz = view_hz
+        self.store = store
+        self.on_command = on_command  # app hook for commands the loop does not know (returns True if handled)
+        self.slot = live.LatestSlot()
+        self.commands = live.CommandQueue()
+        self.session = None
+        self.error: str = ""
+        self._stop = threading.Event()
+        self._paused = False
+        self._seq = 0
+        self._frame: np.ndarray | None = None
+        self._last_frame_ns = 0
+        self._message = ""
+        self._discarded = 0
+        self._rounds: list[dict[str, Any]] = []
+        self._round_base: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    # ---- lifecycle (any thread) ------------------------------------------------------------
+
+    def start(self) -> ControlLoop:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Quit: open episodes end as operator aborts, the recorder and env close, the thread ends."""
+        if self._thread.is_alive():
+            self.commands.put(live.Quit())
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._stop.set()
+                self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # ---- the thread -------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self.session = self._build()
+        except Exception as exc:  # noqa: BLE001 - shown to the operator, the thread ends
+            self.error = _describe(exc)
+            log.error("could not start the session: %s", self.error)
+            self.slot.publish(live.Snapshot(seq=1, phase="error", message=self.error, store=self.store))
+            return
+        s = self.session
+        m = s.mapping
+        hz = float(self._rate_hz or m.control_hz)
+        period = int(round(1e9 / hz))
+        self.health = _Health(hz)
+        self._round_base = self._counts()
+        t0 = time.monotonic_ns()
+        k = 0
+        try:
+            while not self._stop.is_set():
+                scheduled = t0 + k * period
+                now = time.monotonic_ns()
+                if now < scheduled:
+                    _sleep_until(scheduled)
+                start = time.monotonic_ns()
+                self._one_tick()
+                busy = time.monotonic_ns() - start
+                self.health.tick(start, scheduled, busy)
+                k += 1
+                behind = (time.monotonic_ns() - (t0 + k * period)) // period
+                if behind > 0:  # overran whole periods: skip their slots, count them
+                    self.health.missed += int(behind)
+                    k += int(behind)
+        except Exception as exc:  # noqa: BLE001 - an unexpected fault: save what we have, say what happened
+            self.error = _describe(exc)
+            log.exception("control loop stopped")
+        finally:
+            self._shutdown()
+
+    def _one_tick(self) -> None:
+        s = self.session
+        for cmd in self.commands.drain():
+            self._handle(cmd)
+            if self._stop.is_set():
+                return
+        ticked = False
+        if s.running and not self._paused:
+            s.tick()
+            ticked = True
+            last = s.last
+            if last is not None and not last.paused:
+                lat = (int(last.t_action_apply[0]) - int(last.t_obs[0])) / 1e6
+                if last.t_action_apply[0] != NO_TIME and last.t_obs[0] != NO_TIME:
+                    self.health.latency.append(lat)
+        elif not s.running:
+            s.poll_idle()  # devices stay live for the panel between episodes
+        self._render(ticked)
+        self._publish()
+
+    def _render(self, ticked: bool) -> None:
+        t = now_ns()
+        if self.view_hz <= 0 or t - self._last_frame_ns < 1e9 / self.view_hz * 0.9:
+            return
+        try:
+            frame = self.session.env.render_view(0, self.view_size)
+        except Exception as exc:  # noqa: BLE001 - a view failure must not stop the robot loop
+            log.warning("view camera failed, view off: %s", exc)
+            self.view_hz = 0
+            frame = None
+        self._frame = frame
+        self._last_frame_ns = t
+
+    def _shutdown(self) -> None:
+        s = self.session
+        try:
+            if s is not None:
+                s.close_all("app closed")
+        except Exception as exc:  # noqa: BLE001
+            self.error = self.error or _describe(exc)
+            log.exception("closing episodes failed")
+        finally:
+            try:
+                if s is not None:
+                    s.rec.close()
+            finally:
+                if s is not None:
+                    s.env.close()
+                    s.close_operators()
+        self._publish(phase="stopped" if not self.error else "error")
+
+    # ---- commands ---------------------------------------------------------------------------
+
+    def _handle(self, cmd: live.Command) -> None:
+        s = self.session
+        try:
+            match cmd:
+                case live.Quit():
+                    self._stop.set()
+                case live.StartEpisodes(episodes=n):
+                    if s.running:
+                        s.add_episodes(n)
+                    else:
+                        s.start(n)
+                    self._paused = False
+                case live.Pause(paused=p):
+                    self._paused = p
+                case live.ResetEpisode(reason=why):
+                    self._end(EndReason.ENV_RESET, False, why)
+                case live.AbortEpisode(reason=why):
+                    self._end(EndReason.OPERATOR_ABORT, False, why)
+                case live.MarkOutcome(success=ok):
+                    self._end(EndReason.SUCCESS if ok else EndReason.FAILURE, ok, "operator verdict")
+                case live.DiscardEpisode(reason=why):
+                    if s.running:
+                        s.discard_episode(0, why)
+                        self._discarded += 1
+                case live.EStop(source=src, reason=why):
+                    s.estop(src, why)
+                case live.ClearEStop(by=who):
+                    s.clear_estop(who)
+                case live.TakeOver():
+                    s.press("takeover")
+                case live.HandBack():
+                    s.press("return")
+                case live.KeyEvent(key=key, down=down):
+                    s.key(key, down)
+                case live.ReleaseKeys():
+                    s.release_keys()
+                case live.SetMode(mode=mode):
+                    s.set_mode(mode)
+                case live.SetDevice(device=name):
+                    s.set_device(name)
+                case live.SwapStudent(checkpoint=path, calibration=unc):
+                    self._swap_student(path, unc)
+                case _:
+                    if self.on_command is None or not self.on_command(self, cmd):
+                        raise HgDaggerError(f"unknown command {type(cmd).__name__}")
+            self._message = ""
+        except HgDaggerError as exc:
+            self._message = str(exc)
+            log.warning("%s: %s", type(cmd).__name__, exc)
+
+    def _end(self, reason: EndReason, success: bool, why: str) -> None:
+        if self.session.running:
+            self.session.end_episode(0, reason, success)
+
+    def _swap_student(self, path: str, calibration: tuple[float, ...]) -> None:
+        """A new student from the next episode on (closing the previous student's round), with the
+        confidence gate recalibrated on the new student's uncertainty where samples came with it."""
+        from hg_dagger.policy import Student
+
+        s = self.session
+        student = Student.load(path, s.mapping)
+        self._close_round()
+        s.set_student(student)
+        cal = None
+        if calibration and s.gates.confidence is not None and s.gates.confidence.spec.calibration is not None:
+            cal = s.gates.calibrate(np.asarray(calibration, np.float32))
+        self._message = f"new student {student.version}" + (
+            f", confidence gate recalibrated (trigger {cal['trigger']:.3g})" if cal else "")
+
+    def _counts(self) -> dict[str, Any]:
+        sm = self.session.summary
+        return {"episodes": sm.episodes, "successes": sm.successes, "steps": sm.steps,
+                "human_steps": sm.human_steps, "context_switches": sm.context_switches,
+                "policy_version": self.session.student.version}
+
+    def _close_round(self) -> None:
+        now, base = self._counts(), self._round_base or self._counts()
+        eps = now["episodes"] - base["episodes"]
+        steps = now["steps"] - base["steps"]
+        if eps > 0:
+            self._rounds.append({
+                "round": len(self._rounds), "policy_version": base["policy_version"], "episodes": eps,
+                "success_rate": (now["successes"] - base["successes"]) / eps,
+                "intervention_rate": (now["human_steps"] - base["human_steps"]) / steps if steps else 0.0,
+                "human_labels": now["human_steps"] - base["human_steps"],
+                "context_switches": now["context_switches"] - base["context_switches"],
+            })
+        self._round_base = now
+
+    # ---- snapshots --------------------------------------------------------------------------
+
+    def rounds(self) -> list[dict[str, Any]]:
+        """Finished rounds and the round in progress (read in the control thread or after stop)."""
+        out = list(self._rounds)
+        base = self._round_base
+        if base is not None and self.session is not None:
+            now = self._counts()
+            eps = now["episodes"] - base["episodes"]
+            steps = now["steps"] - base["steps"]
+            if eps > 0:
+                out.append({"round": len(self._rounds), "policy_version": base["policy_version"], "episodes": eps,
+                            "success_rate": (now["successes"] - base["successes"]) / eps,
+                            "intervention_rate": (now["human_steps"] - base["human_steps"]) / steps if steps else 0.0,
+                            "human_labels": now["human_steps"] - base["human_steps"],
+                            "context_switches": now["context_switches"] - base["context_switches"],
+                            "current": True})
+        return out
+
+    def _publish(self, phase: str | None = None) -> None:
+        s = self.session
+        self._seq += 1
+        sm = s.summary
+        counters = live.Counters(episodes=sm.episodes, successes=sm.successes, windows=sm.windows,
+                                 human_steps=sm.human_steps, gate_triggers=sm.gate_triggers,
+                                 context_switches=sm.context_switches, estops=sm.estops, steps=sm.steps,
+                                 discarded=self._discarded)
+        safety = s.safety
+        estop = (safety.estop_source or "", safety.estop_reason or "") if safety.estopped else None
+        if phase is None:
+            phase = "estopped" if estop else ("paused" if self._paused else ("running" if s.running else "idle"))
+        rec = s.rec
+        health = self.health.snapshot(rec.queue_len, rec.stats.dropped_steps) if hasattr(self, "health") else live.LoopHealth()
+        kw: dict[str, Any] = {}
+        last = s.last
+        if last is not None:
+            r = 0
+            state = ControlState.from_code(int(last.control_state[r])).value
+            kw = dict(
+                control_state=state, gate_level=int(last.gate_level[r]), gate_reason=last.gate_reason[r],
+                t_request_ns=_t(last.t_request[r]), confidence=float(last.confidence[r]),
+                uncertainty=float(last.uncertainty[r]), progress=float(last.progress[r]),
+                policy_action=live.as_array(last.policy_action[r]), human_action=live.as_array(last.operator_action[r]),
+                applied_action=live.as_array(last.applied_action[r]),
+                action_source=ActionSource.from_code(int(last.action_source[r])).value,
+                t_obs=_t(last.t_obs[r]), t_policy=_t(last.t_policy[r]), t_action_apply=_t(last.t_action_apply[r]),
+                t_handover=_t(last.t_handover[r]), episode_step=int(last.step[r]),
+            )
+        if safety.estopped:
+            kw["control_state"] = ControlState.SAFE_STOP.value
+        conf = s.gates.confidence
+        thresholds = {}
+        if conf is not None:
+            thresholds = {"warn": conf.warn, "trigger": conf.trigger, "gate": conf.name}
+        snap = live.Snapshot(
+            seq=self._seq, t_ns=now_ns(), task=s.mapping.task_id, mode=s.mode, phase=phase,
+            message=self.error or self._message, thresholds=thresholds,
+            action_names=tuple(s.mapping.action.names), episode_id=s.eids[0],
+            policy_version=s.student.version, estop=estop, counters=counters, health=health,
+            device=s.device_state(), frame=self._frame, store=self.store, operator=s.operator_name,
+            rounds=tuple(self.rounds()), **kw)
+        self.slot.publish(snap)
+
+
+def _t(v) -> int | None:
+    v = int(v)
+    return None if v == NO_TIME else v
+
+
+def _sleep_until(t_ns: int) -> None:
+    """Sleep to ``t_ns`` (monotonic): coarse sleep, then a short spin for the last half millisecond."""
+    while True:
+        left = t_ns - time.monotonic_ns()
+        if left <= 0:
+            return
+        if left > 1_500_000:
+            time.sleep((left - 1_000_000) / 1e9)
+        elif left > 200_000:
+            time.sleep(0.0001)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, HgDaggerError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,355 @@
+"""The operator app: one window over one ControlLoop, plus the jobs around it (first student, rounds).
+
+The window only reads snapshots and sends commands (hg_dagger.control.live); the session lives in
+the control thread that ControlLoop starts (it builds the env there, so MuJoCo's GL context
+belongs to the thread that renders). Training runs in a spawned process (hg_dagger.learn.rounds);
+when it finishes, the new student is swapped in with a SwapStudent command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from PyQt6 import QtCore, QtWidgets
+
+from hg_dagger.control import live
+from hg_dagger.control.loop import ControlLoop
+
+log = logging.getLogger(__name__)
+
+MODES = ("human_gated", "expert", "student_only", "teleop")
+
+
+@dataclass(frozen=True)
+class AppOptions:
+    """Everything needed to open a session (from the command line or the start dialog)."""
+
+    task: str = "fetch_pick_place"
+    store: str = ""  # default: runs/app/<task>/store.zarr
+    student: str = ""  # checkpoint; default: this task's newest app student, else a bootstrapped one
+    operator: str = "device"  # device | synthetic | expert | none
+    device: str = "keyboard"  # for operator 'device': a name in configs/devices or a path
+    mode: str = "human_gated"
+    name: str = ""  # operator pseudonym
+    robot: str = ""  # HOST:PORT of `hg-dagger bridge serve`; empty = embedded simulator
+    token_file: str = ""
+    episodes: int = 0  # start this many episodes at once (scripted runs)
+    quit_when_done: bool = False
+    rate_hz: float | None = None
+    view_size: int = 256
+    seed: int = 0
+    train_steps: int = 1500
+    bootstrap_demos: int = 6
+    bootstrap_steps: int = 600
+    home: str = "runs/app"  # where stores and students go by default
+
+    @property
+    def task_dir(self) -> Path:
+        return Path(self.home) / self.task
+
+    @property
+    def store_url(self) -> str:
+        return self.store or str(self.task_dir / "store.zarr")
+
+
+def newest_student(opts: AppOptions) -> str:
+    """The newest checkpoint the app trained for this task ("" if none yet)."""
+    found = sorted(opts.task_dir.glob("students/*/student.pt"), key=lambda p: p.stat().st_mtime)
+    return str(found[-1]) if found else ""
+
+
+def build_session(opts: AppOptions, student_path: str):
+    """The session the options describe (called in the control thread)."""
+    from hg_dagger.control.build import build_session as wire
+    from hg_dagger.control.build import make_run_env
+    from hg_dagger.control.run_config import load_run_config
+    from hg_dagger.policy import Student
+    from hg_dagger.store import EpisodeStore
+
+    overrides: dict[str, Any] = {"operator.type": "expert" if opts.mode == "expert" else opts.operator,
+                                 "operator.name": opts.name or None, "seed": opts.seed,
+                                 "num_envs": None if opts.robot else 1}
+    if opts.operator == "device":
+        overrides["operator.device"] = opts.device
+    if opts.operator == "none":
+        overrides["operator.type"] = None
+    if opts.robot:
+        from hg_dagger.cli.run import _endpoint
+
+        overrides["robot.host"], overrides["robot.port"] = _endpoint(opts.robot)
+        overrides["robot.token_file"] = opts.token_file or None
+    cfg = load_run_config(None, opts.task, **overrides)
+    env = make_run_env(cfg)
+    try:
+        student = Student.load(student_path, env.mapping)
+        store = EpisodeStore.create(opts.store_url, exist_ok=True)
+    except BaseException:
+        env.close()
+        raise
+    rec = store.recorder()
+    try:
+        session = wire(cfg, rec, student, env=env)
+        session.set_mode(opts.mode)
+        if cfg.calibrate_steps and cfg.robot is None:
+            session.calibrate(cfg.calibrate_steps)
+    except BaseException:
+        rec.close()
+        env.close()
+        raise
+    return session
+
+
+class OperatorApp(QtCore.QObject):
+    """Opens the window on a running ControlLoop and runs the jobs the operator starts from it."""
+
+    finished = QtCore.pyqtSignal(int)
+
+    def __init__(self, opts: AppOptions, settings: QtCore.QSettings | None = None):
+        super().__init__()
+        self.opts = opts
+        self.settings = settings or QtCore.QSettings("hg-dagger", "hg-dagger")
+        self.loop: ControlLoop | None = None
+        self.window = None
+        self.student_path = opts.student or newest_student(opts)
+        self.job = None
+        self.exit_code = 0
+        self._poll = QtCore.QTimer(self)
+        self._poll.setInterval(100)
+        self._poll.timeout.connect(self._on_poll)
+        self._progress: QtWidgets.QProgressDialog | None = None
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Ask what is missing (pseudonym, task, backend), make a first student if there is none, open."""
+        opts = self._complete(self.opts)
+        if opts is None:
+            self._finish(1, "")
+            return
+        self.opts = opts
+        self.student_path = opts.student or newest_student(opts)
+        if self.student_path:
+            self._launch()
+            return
+        from hg_dagger.learn.rounds import BackgroundJob, bootstrap_student
+
+        log.info("no student for %s yet: a first one from %d planner demonstrations", opts.task, opts.bootstrap_demos)
+        self.job = BackgroundJob(bootstrap_student, task=opts.task, store=opts.store_url,
+                                 out_dir=str(opts.task_dir / "students" / "round-00"), demos=opts.bootstrap_demos,
+                                 steps=opts.bootstrap_steps, seed=opts.seed)
+        self._job_kind = "bootstrap"
+        self._progress = QtWidgets.QProgressDialog(
+            f"No student for {opts.task} yet: recording planner demonstrations and training a first, deliberately "
+            "weak student, so the gates have something to catch.", "Cancel", 0, 100)
+        self._progress.setWindowTitle("hg-dagger: first student")
+        self._progress.setMinimumDuration(0)
+        self._progress.setMinimumWidth(460)
+        self._progress.canceled.connect(self._cancel_bootstrap)
+        self._progress.show()
+        self._poll.start()
+
+    def _complete(self, o: AppOptions) -> AppOptions | None:
+        """Defaults for a scripted run; the start dialog for whatever a person must choose."""
+        s = self.settings
+        o = replace(o, operator=o.operator or "device", device=o.device or "keyboard",
+                    mode=o.mode or ("student_only" if o.operator == "none" else "human_gated"))
+        if o.quit_when_done or (o.name and o.task):
+            return replace(o, task=o.task or s.value("start/task", "fetch_pick_place", type=str),
+                           name=o.name or o.operator)
+        from hg_dagger.ui.start_dialog import StartDialog
+
+        choices = StartDialog.ask(settings=s)
+        if choices is None:
+            return None
+        return replace(o, name=choices.operator, task=choices.task, robot=choices.robot or o.robot,
+                       token_file=choices.token_file or o.token_file, student=choices.student or o.student,
+                       store=choices.store or o.store)
+
+    def _cancel_bootstrap(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            self.job = None
+        self._finish(1, "cancelled before the first student was ready")
+
+    def _launch(self) -> None:
+        from hg_dagger.ui.main_window import MainWindow
+
+        o, path = self.opts, self.student_path
+        self.loop = ControlLoop(lambda: build_session(o, path), rate_hz=o.rate_hz, view_size=o.view_size,
+                                store=o.store_url)
+        self.window = MainWindow(self.loop.slot, self.loop.commands, settings=self.settings)
+        self.window.setWindowTitle(f"hg-dagger - {o.task} - {o.name}")
+        self.window.train_requested.connect(self._ask_train)
+        self.window.show()
+        self.loop.start()
+        if o.episodes:
+            self.loop.commands.put(live.StartEpisodes(o.episodes))
+        self._watch = QtCore.QTimer(self)
+        self._watch.setInterval(100)
+        self._watch.timeout.connect(self._on_watch)
+        self._watch.start()
+
+    def _on_watch(self) -> None:
+        """Scripted runs close when their episodes are done; every run ends when the control thread does."""
+        loop = self.loop
+        snap = loop.slot.read()
+        if snap.phase == "error" and not self._reported:
+            self._reported = True
+            if self.opts.quit_when_done:
+                self.window.close()
+            else:
+                QtWidgets.QMessageBox.critical(self.window, "hg-dagger", snap.message)
+        if (self.opts.quit_when_done and self.opts.episodes and snap.phase in ("idle", "estopped")
+                and snap.counters.episodes >= self.opts.episodes and self.window.isVisible()):
+            self.window.close()
+        if not loop.alive and loop.session is not None or not loop.alive and loop.error:
+            self._watch.stop()
+            if self.window.isVisible():
+                self.window.close()
+            self._finish(*self._report())
+
+    _reported = False
+
+    def _report(self) -> tuple[int, str]:
+        """The run's summary and, for a scripted run, the store's validation."""
+        loop = self.loop
+        if loop.error:
+            return 2, loop.error
+        sm = loop.session.summary
+        line = (f"{self.opts.store_url}: {sm.episodes} episodes ({sm.successes} successful), {sm.steps} steps, "
+                f"{sm.windows} correction windows, {sm.human_steps} operator steps")
+        if not self.opts.quit_when_done:
+            return 0, line
+        from hg_dagger.store import EpisodeStore, validate_store
+
+        bad = [str(v) for v in validate_store(EpisodeStore.open(self.opts.store_url))]
+        if bad:
+            return 1, line + f"\nvalidate: {len(bad)} violation(s)\n  " + "\n  ".join(bad[:20])
+        return 0, line + "\nvalidate: ok"
+
+    def _on_poll(self) -> None:
+        job = self.job
+        if job is None:
+            return
+        for p in job.poll():
+            self._show_progress(p.stage, p.fraction)
+        if not job.done:
+            return
+        self.job = None
+        kind = self._job_kind
+        if job.error:
+            if kind == "bootstrap":
+                self._finish(2, f"could not make a first student: {job.error}")
+            else:
+                self._training_done(None, job.error)
+            return
+        if kind == "bootstrap":
+            if self._progress is not None:
+                self._progress.canceled.disconnect(self._cancel_bootstrap)  # closing it would say "canceled"
+                self._progress.close()
+                self._progress = None
+            self.student_path = job.result["checkpoint"]
+            self._launch()
+        else:
+            self._training_done(job.result, "")
+
+    def _show_progress(self, stage: str, fraction: float) -> None:
+        if self._progress is not None:
+            self._progress.setLabelText(f"{stage}...")
+            self._progress.setValue(int(100 * fraction))
+        elif self.window is not None:
+            self.window.set_training_progress(stage, fraction)
+
+    # ---- rounds ----------------------------------------------------------------------------
+
+    def _ask_train(self) -> None:
+        box = QtWidgets.QMessageBox(self.window)
+        box.setWindowTitle("Train the next student")
+        box.setText("Train the next student on every trainable label in the store.\n\n"
+                    "Keep the control loop running while it trains, or pause it?")
+        keep = box.addButton("Keep running", QtWidgets.QMessageBox.ButtonRole.AcceptRole)
+        box.addButton("Pause while training", QtWidgets.QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QtWidgets.QMessageBox.StandardButton.Cancel)
+        box.exec()
+        if box.buttonRole(box.clickedButton()) == QtWidgets.QMessageBox.ButtonRole.RejectRole:
+            return
+        self.train_next(keep_running=box.clickedButton() is keep)
+
+    def train_next(self, keep_running: bool = True) -> None:
+        """Train the next student on the store's trainable labels in a background process."""
+        from hg_dagger.learn.rounds import BackgroundJob, train_round
+
+        if self.job is not None:
+            return
+        o = self.opts
+        k = len(list(o.task_dir.glob("students/round-*"))) if o.task_dir.exists() else 0
+        if not keep_running and self.loop is not None:
+            self.loop.commands.put(live.Pause(True))
+        self._paused_for_training = not keep_running
+        self.job = BackgroundJob(train_round, store=o.store_url, task=o.task,
+                                 out_dir=str(o.task_dir / "students" / f"round-{k:02d}"), resume=self.student_path,
+                                 steps=o.train_steps, seed=o.seed + k)
+        self._job_kind = "train"
+        self._poll.start()
+        if self.window is not None:
+            self.window.set_training_progress("starting", 0.0)
+
+    def _training_done(self, result: dict | None, error: str) -> None:
+        if self.window is not None:
+            self.window.set_training_done(error or f"new student {result['version']} ({result['labels']} labels)")
+        if result is not None and self.loop is not None:
+            self.student_path = result["checkpoint"]
+            self.loop.commands.put(live.SwapStudent(result["checkpoint"], tuple(result.get("calibration", ()))))
+        if getattr(self, "_paused_for_training", False) and self.loop is not None:
+            self.loop.commands.put(live.Pause(False))
+
+    # ---- end -------------------------------------------------------------------------------
+
+    def _finish(self, code: int, message: str = "") -> None:
+        if message:
+            print(("error: " if code else "") + message, file=sys.stderr if code else sys.stdout)
+        self.exit_code = code
+        if self.job is not None:
+            self.job.cancel()
+        if self.loop is not None:
+            self.loop.stop()
+        self.finished.emit(code)
+
+
+_QT_NOISE = ("propagateSizeHints",)  # the offscreen platform says this for every window: not for people
+
+
+def _qt_message(mode, context, message: str) -> None:
+    if any(n in message for n in _QT_NOISE):
+        return
+    level = {QtCore.QtMsgType.QtDebugMsg: logging.DEBUG, QtCore.QtMsgType.QtInfoMsg: logging.INFO,
+             QtCore.QtMsgType.QtWarningMsg: logging.WARNING}.get(mode, logging.ERROR)
+    logging.getLogger("qt").log(level, "%s", message)
+
+
+def display_available() -> bool:
+    """A screen to open a window on (or Qt told to draw offscreen)."""
+    if os.environ.get("QT_QPA_PLATFORM", "").startswith(("offscreen", "minimal", "vnc")):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def run_app(opts: AppOptions, *, argv: list[str] | None = None) -> int:
+    """Open the app and run until it is closed (or, with quit_when_done, until its episodes are done)."""
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(argv or ["hg-dagger"])
+    app.setApplicationName("hg-dagger")
+    app.setOrganizationName("hg-dagger")
+    app.setQuitOnLastWindowClosed(False)  # the progress dialog closes before the main window opens
+    QtCore.qInstallMessageHandler(_qt_message)
+    op = OperatorApp(opts)
+    op.finished.connect(lambda code: app.exit(code))
+    QtCore.QTimer.singleShot(0, op.start)
+    code = app.exec()
+    return op.exit_code or code
+
+
