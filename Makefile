@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-SYSTEM_PACKAGES := libosmesa6 libegl1 libgl1 libegl-mesa0 libgles2 xvfb xauth
+SYSTEM_PACKAGES := libosmesa6 libegl1 libgl1 libegl-mesa0 libgles2 xvfb xauth libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-render-util0 libxcb-xinerama0 libxcb-shape0
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 

@@ -118,3 +118,26 @@ def test_a_build_error_is_shown_not_raised(tmp_path, loop_factory):
 def test_unknown_command_is_refused_at_the_queue():
     with pytest.raises(TypeError):
         live.CommandQueue().put("start")
+
+
+def test_the_tick_decides_on_an_observation_sampled_at_its_start(tmp_path, loop_factory):
+    """A simulator is frozen between ticks: observe() gives the same state stamped now, so the live loop's
+    obs -> apply latency is the tick's own work, not the wait for the next slot."""
+    build = toy_builder(str(tmp_path / "direct.zarr"), calibrate=0)
+    s = build()
+    s.start(1)
+    s.tick()
+    before_obs, before_t = {k: v.copy() for k, v in s.obs.items()}, s.t_obs.copy()
+    assert s.refresh_obs()
+    assert all(np.array_equal(before_obs[k], s.obs[k]) for k in before_obs)
+    assert s.t_obs[0] > before_t[0]
+    s.close_all("test")
+    s.rec.close()
+    s.env.close()
+
+    store = str(tmp_path / "s.zarr")
+    loop = loop_factory(toy_builder(store, calibrate=0), rate_hz=20, store=store, view_hz=0)
+    loop.commands.put(live.StartEpisodes(1))
+    snap = loop.slot.wait_for(lambda s: s.phase == "running" and s.health.ticks >= 30, WAIT)
+    assert snap is not None
+    assert snap.health.latency_p50_ms < 25.0, "a 50 ms period: the obs must not wait a whole slot"

@@ -8,6 +8,7 @@ when it finishes, the new student is swapped in with a SwapStudent command.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 from PyQt6 import QtCore, QtWidgets
 
 from hg_dagger.control import live
-from hg_dagger.control.loop import ControlLoop
+from hg_dagger.control.loop import ControlProcess
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class OperatorApp(QtCore.QObject):
         super().__init__()
         self.opts = opts
         self.settings = settings or QtCore.QSettings("hg-dagger", "hg-dagger")
-        self.loop: ControlLoop | None = None
+        self.loop: ControlProcess | None = None
         self.window = None
         self.student_path = opts.student or newest_student(opts)
         self.job = None
@@ -180,8 +181,8 @@ class OperatorApp(QtCore.QObject):
         from hg_dagger.ui.main_window import MainWindow
 
         o, path = self.opts, self.student_path
-        self.loop = ControlLoop(lambda: build_session(o, path), rate_hz=o.rate_hz, view_size=o.view_size,
-                                store=o.store_url)
+        self.loop = ControlProcess(functools.partial(build_session, o, path), rate_hz=o.rate_hz,
+                                   view_size=o.view_size, store=o.store_url)
         self.window = MainWindow(self.loop.slot, self.loop.commands, settings=self.settings)
         self.window.setWindowTitle(f"hg-dagger - {o.task} - {o.name}")
         self.window.train_requested.connect(self._ask_train)
@@ -207,7 +208,7 @@ class OperatorApp(QtCore.QObject):
         if (self.opts.quit_when_done and self.opts.episodes and snap.phase in ("idle", "estopped")
                 and snap.counters.episodes >= self.opts.episodes and self.window.isVisible()):
             self.window.close()
-        if not loop.alive and loop.session is not None or not loop.alive and loop.error:
+        if not loop.alive:
             self._watch.stop()
             if self.window.isVisible():
                 self.window.close()
@@ -220,9 +221,10 @@ class OperatorApp(QtCore.QObject):
         loop = self.loop
         if loop.error:
             return 2, loop.error
-        sm = loop.session.summary
-        line = (f"{self.opts.store_url}: {sm.episodes} episodes ({sm.successes} successful), {sm.steps} steps, "
-                f"{sm.windows} correction windows, {sm.human_steps} operator steps")
+        sm = loop.summary or {}
+        line = (f"{self.opts.store_url}: {sm.get('episodes', 0)} episodes ({sm.get('successes', 0)} successful), "
+                f"{sm.get('steps', 0)} steps, {sm.get('windows', 0)} correction windows, "
+                f"{sm.get('human_steps', 0)} operator steps")
         if not self.opts.quit_when_done:
             return 0, line
         from hg_dagger.store import EpisodeStore, validate_store

@@ -70,17 +70,18 @@ class ControlLoop:
 
     def __init__(self, build: Callable[[], Any], *, rate_hz: float | None = None, view_size: int = 256,
                  view_hz: float = 30.0, store: str = "", on_command: Callable[[Any, live.Command], bool] | None = None,
-                 name: str = "hg-dagger-control"):
+                 name: str = "hg-dagger-control", slot: live.LatestSlot | None = None, commands=None):
         self._build = build
         self._rate_hz = rate_hz
         self.view_size = view_size
         self.view_hz = view_hz
         self.store = store
         self.on_command = on_command  # app hook for commands the loop does not know (returns True if handled)
-        self.slot = live.LatestSlot()
-        self.commands = live.CommandQueue()
+        self.slot = slot if slot is not None else live.LatestSlot()
+        self.commands = commands if commands is not None else live.CommandQueue()
         self.session = None
         self.error: str = ""
+        self.summary: dict[str, Any] | None = None  # the session's RunSummary once the loop has ended
         self._stop = threading.Event()
         self._paused = False
         self._seq = 0
@@ -90,7 +91,7 @@ class ControlLoop:
         self._discarded = 0
         self._rounds: list[dict[str, Any]] = []
         self._round_base: dict[str, Any] | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
 
     # ---- lifecycle (any thread) ------------------------------------------------------------
 
@@ -116,7 +117,8 @@ class ControlLoop:
 
     # ---- the thread -------------------------------------------------------------------------
 
-    def _main(self) -> None:
+    def run(self) -> None:
+        """The loop itself, in the calling thread (``start`` runs it in a thread of its own)."""
         try:
             self.session = self._build()
         except Exception as exc:  # noqa: BLE001 - shown to the operator, the thread ends
@@ -125,6 +127,7 @@ class ControlLoop:
             self.slot.publish(live.Snapshot(seq=1, phase="error", message=self.error, store=self.store))
             return
         s = self.session
+        _single_threaded_torch()
         m = s.mapping
         hz = float(self._rate_hz or m.control_hz)
         period = int(round(1e9 / hz))
@@ -161,6 +164,7 @@ class ControlLoop:
                 return
         ticked = False
         if s.running and not self._paused:
+            s.refresh_obs()  # decide on a sample taken now, not at the end of the last tick
             s.tick()
             ticked = True
             last = s.last
@@ -202,6 +206,8 @@ class ControlLoop:
                 if s is not None:
                     s.env.close()
                     s.close_operators()
+        if s is not None:
+            self.summary = s.summary.as_dict()
         self._publish(phase="stopped" if not self.error else "error")
 
     # ---- commands ---------------------------------------------------------------------------
@@ -359,6 +365,16 @@ class ControlLoop:
         self.slot.publish(snap)
 
 
+def _single_threaded_torch() -> None:
+    """One intra-op thread for the student: a batch of one is fastest that way, and a second thread
+    waiting on a busy core turns a 0.3 ms act() into tens of milliseconds at p99."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def _t(v) -> int | None:
     v = int(v)
     return None if v == NO_TIME else v
@@ -380,3 +396,135 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, HgDaggerError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The same loop in a process of its own
+# ---------------------------------------------------------------------------------------------
+
+
+class _QueueCommands:
+    """CommandQueue over a multiprocessing queue (the parent puts, the control process drains)."""
+
+    def __init__(self, q):
+        self._q = q
+
+    def put(self, cmd: live.Command) -> None:
+        if not isinstance(cmd, live.Command):
+            raise TypeError(f"not a live Command: {cmd!r}")
+        self._q.put(cmd)
+
+    def drain(self) -> list[live.Command]:
+        import queue
+
+        out = []
+        while True:
+            try:
+                out.append(self._q.get_nowait())
+            except queue.Empty:
+                return out
+            except (EOFError, OSError):  # the app is gone: stop safely
+                return out + [live.Quit()]
+
+
+class ControlProcess:
+    """A ControlLoop in a spawned process, with the same ``slot`` / ``commands`` seam.
+
+    The window's drawing and the control loop then never share an interpreter lock: nothing the
+    GUI does (drawing, a slow dialog, garbage collection) can delay a tick. Snapshots come back over
+    a pipe, sent by a thread of the child that never blocks the control thread (latest value only);
+    commands go the other way over a queue. ``build`` must be picklable (a top-level function or a
+    functools.partial of one). When the app dies, the child sees the pipe break and quits cleanly.
+    """
+
+    def __init__(self, build: Callable[[], Any], **loop_kwargs: Any):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._cmd_q = ctx.Queue()
+        self._recv, send = ctx.Pipe(duplex=False)
+        self.slot = live.LatestSlot()
+        self.commands = _QueueCommands(self._cmd_q)
+        self.store = loop_kwargs.get("store", "")
+        self.error = ""
+        self.summary: dict[str, Any] | None = None
+        self._proc = ctx.Process(target=_child_main, args=(build, loop_kwargs, self._cmd_q, send), daemon=True,
+                                 name="hg-dagger-control")
+        self._send_end = send
+        self._receiver = threading.Thread(target=self._receive, name="hg-dagger-snapshots", daemon=True)
+
+    def start(self) -> ControlProcess:
+        self._proc.start()
+        self._send_end.close()  # only the child writes
+        self._receiver.start()
+        return self
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                kind, payload = self._recv.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "snapshot":
+                self.slot.publish(payload)
+            elif kind == "final":
+                self.summary, self.error = payload["summary"], payload["error"] or self.error
+        if self._proc.exitcode not in (0, None) and not self.error:
+            self.error = f"the control process ended with exit code {self._proc.exitcode}"
+            self.slot.publish(live.Snapshot(seq=self.slot.read().seq + 1, phase="error", message=self.error,
+                                            store=self.store))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._proc.is_alive():
+            self.commands.put(live.Quit())
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(5)
+        self._receiver.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive() or self._receiver.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._proc.join(timeout)
+        self._receiver.join(timeout)
+
+
+def _child_main(build, loop_kwargs, cmd_q, conn) -> None:
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the app, which asks this process to quit
+    sys.setswitchinterval(0.0005)  # the control thread gets the interpreter back quickly from the writer threads
+    commands = _QueueCommands(cmd_q)
+    loop = ControlLoop(build, commands=commands, **loop_kwargs)
+    stop_sending = threading.Event()
+
+    def send() -> None:
+        seq = -1
+        while not stop_sending.is_set():
+            snap = loop.slot.wait_for(lambda s, last=seq: s.seq != last, 0.2)
+            if snap is None or snap.seq == seq:
+                continue
+            seq = snap.seq
+            try:
+                conn.send(("snapshot", snap))
+            except (OSError, ValueError):  # the app is gone
+                commands._q.put(live.Quit())
+                return
+
+    sender = threading.Thread(target=send, name="hg-dagger-snapshot-sender", daemon=True)
+    sender.start()
+    try:
+        loop.run()
+    finally:
+        stop_sending.set()
+        sender.join(2)
+        try:
+            conn.send(("snapshot", loop.slot.read()))
+            conn.send(("final", {"summary": loop.summary, "error": loop.error}))
+        except (OSError, ValueError):
+            pass
+        conn.close()

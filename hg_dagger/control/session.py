@@ -532,6 +532,22 @@ class Session:
 
     # ---- episodes --------------------------------------------------------------------------
 
+    def refresh_obs(self) -> bool:
+        """Sample the observation again just before a tick (live loops): over the bridge, the robot's state
+        now; for a simulator, frozen between ticks, the same state stamped now. The env's signals of the
+        last step stay. False when the env cannot observe without stepping (the last step's obs stays)."""
+        got = self.env.observe()
+        if got is None:
+            return False
+        obs, info = got
+        self.obs = {k: np.array(v, copy=True) for k, v in obs.items()}
+        self.t_obs = np.asarray(info["t_obs"], np.int64).copy()
+        align = info.get("alignment_error_ms")
+        if align is not None:
+            self.t_obs_align_ms = np.asarray(align, np.float32).copy()
+        self._env_info = {**self._env_info, **{k: info[k] for k in ("estop", "sensor_loss") if k in info}}
+        return True
+
     def _take_obs(self, obs, info, rows: np.ndarray) -> None:
         self.obs = {k: np.array(v, copy=True) for k, v in obs.items()}
         t = info.get("t_obs")

@@ -76,6 +76,13 @@ class VecEnv(ABC):
     def step(self, action: np.ndarray) -> StepResult:
         """Apply one raw action per row. Call ``check_action`` first."""
 
+    def observe(self) -> tuple[Obs, dict] | None:
+        """Every row's current observation without stepping, with info["t_obs"] (and fault flags where
+        the backend has them), or None when the backend cannot. Live loops call it at the start of a
+        tick so the decision acts on a fresh sample: a robot's state moves between ticks; a
+        simulator's is frozen, so its last observation is its current one."""
+        return None
+
     def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
         """The scene of ``row`` as a person would watch it: uint8 [size, size, 3] RGB, upright.
 

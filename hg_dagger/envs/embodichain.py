@@ -124,6 +124,12 @@ class EmbodiChainEnv(VecEnv):
         self._last_obs = self._to_numpy(td)
         return self._last_obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
 
+    def observe(self) -> tuple[Obs, dict] | None:
+        if self._last_obs is None:
+            return None
+        return ({k: v.copy() for k, v in self._last_obs.items()},
+                {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)})
+
     def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
         """The camera sensor's latest frame of ``row`` fitted to [size, size, 3]; None without an image key."""
         check_view_args(row, size, self.num_envs, where=self.task_id)

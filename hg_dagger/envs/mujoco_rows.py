@@ -236,6 +236,12 @@ class MujocoRowsEnv(VecEnv):
     def _alloc(self) -> Obs:
         return {name: np.empty(shape, dtype) for name, shape, dtype in self._keys}
 
+    def observe(self) -> tuple[Obs, dict] | None:
+        if not hasattr(self, "_last_obs"):
+            return None
+        return ({k: v.copy() for k, v in self._last_obs.items()},
+                {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)})
+
     def reset(self, seed=None, env_ids=None) -> tuple[Obs, dict]:
         rows = rows_of(env_ids, self.num_envs, where=self.task_id)
         seeds = row_seeds(seed, rows, where=self.task_id)

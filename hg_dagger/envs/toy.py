@@ -151,6 +151,9 @@ class ToyReachEnv(VecEnv):
             "target": self._target.astype(np.float32),
         }
 
+    def observe(self) -> tuple[Obs, dict]:
+        return self._obs(), {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
+
     def reset(self, seed=None, env_ids=None) -> tuple[Obs, dict]:
         rows = rows_of(env_ids, self.num_envs, where=self.task_id)
         self._sample(rows, row_seeds(seed, rows, where=self.task_id))

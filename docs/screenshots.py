@@ -1,0 +1,103 @@
+"""Regenerate the screenshots in docs/images/ from the real app window.
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python docs/screenshots.py [--task fetch_pick_place]
+
+Opens the operator app on the embedded task with the in-window keyboard, starts an episode, and
+grabs the window: the student driving, a gate asking for the operator, the operator correcting
+(keys sent as the window would send them), and the rounds tab. Needs a display (Xvfb is fine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from PyQt6 import QtCore, QtWidgets
+
+from hg_dagger.control import live
+from hg_dagger.ui.application import AppOptions, OperatorApp
+
+OUT = Path(__file__).resolve().parent / "images"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="fetch_pick_place")
+    p.add_argument("--student", default="", help="checkpoint (default: bootstrap a first student in a temp folder)")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--timeout", type=float, default=300.0)
+    args = p.parse_args()
+    if not os.environ.get("DISPLAY"):
+        print("no DISPLAY: run under xvfb-run (see the docstring)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    home = tempfile.mkdtemp(prefix="hg-dagger-shots-")
+    app = QtWidgets.QApplication(["hg-dagger"])
+    app.setQuitOnLastWindowClosed(False)
+    settings = QtCore.QSettings(str(Path(home) / "settings.ini"), QtCore.QSettings.Format.IniFormat)
+    opts = AppOptions(task=args.task, student=args.student, name="op-07", operator="device", device="keyboard",
+                      home=home, bootstrap_demos=6, bootstrap_steps=600)
+    op = OperatorApp(opts, settings)
+    shots: list[str] = []
+    state = {"phase": "wait-window", "t": 0}
+
+    def grab(name: str) -> None:
+        path = out / f"{name}.png"
+        op.window.grab().save(str(path))
+        shots.append(str(path))
+        print(f"wrote {path}")
+
+    def step() -> None:
+        state["t"] += 1
+        if state["t"] * 0.1 > args.timeout:
+            print("timed out waiting for the app", file=sys.stderr)
+            app.exit(1)
+            return
+        if op.window is None or op.loop is None:
+            return
+        snap = op.loop.slot.read()
+        cmd = op.loop.commands.put
+        ph = state["phase"]
+        if ph == "wait-window" and snap.phase == "idle" and snap.seq > 5:
+            op.window.resize(1500, 940)
+            cmd(live.StartEpisodes(3))
+            state["phase"] = "autonomous"
+        elif ph == "autonomous" and snap.phase == "running" and snap.episode_step >= 20:
+            grab("console-autonomous")
+            state["phase"] = "wait-gate"
+        elif ph == "wait-gate" and snap.control_state == "handover_requested":
+            state["phase"], state["mark"] = "banner", state["t"]
+        elif ph == "banner" and state["t"] - state["mark"] >= 8:
+            grab("console-handover-requested")
+            for key in ("space", "w"):
+                cmd(live.KeyEvent(key, True))
+            state["phase"], state["mark"] = "human", state["t"]
+        elif ph == "human" and snap.control_state == "human" and state["t"] - state["mark"] >= 15:
+            grab("console-human")
+            for key in ("w", "space"):
+                cmd(live.KeyEvent(key, False))
+            state["phase"] = "rounds"
+        elif ph == "rounds" and snap.control_state in ("autonomous", "warning", "returning"):
+            op.window.tabs.setCurrentWidget(op.window.rounds)
+            grab("console-rounds")
+            op.window.close()
+            state["phase"] = "closing"
+        elif ph == "wait-gate" and snap.phase == "idle" and snap.counters.episodes >= 3:
+            cmd(live.StartEpisodes(3))  # no gate fired yet: keep going
+
+    timer = QtCore.QTimer()
+    timer.timeout.connect(step)
+    timer.start(100)
+    op.finished.connect(lambda code: app.exit(code))
+    QtCore.QTimer.singleShot(0, op.start)
+    code = app.exec()
+    print(f"{len(shots)} screenshots")
+    return code if len(shots) == 4 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
