@@ -12,7 +12,7 @@ from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.live import LatestSlot, Snapshot
 from hg_dagger.ui import style
 from hg_dagger.ui.gate import GateLight, HandoverBanner
-from hg_dagger.ui.plots import ActionPlots, GatePlot, History, ProgressPlot
+from hg_dagger.ui.plots import ActionPlots, GatePlot, GrowingRange, History, ProgressPlot
 from hg_dagger.ui.snapshots import SnapshotReader
 from hg_dagger.ui.view import PLACEHOLDER, LiveView
 
@@ -92,6 +92,88 @@ def test_history_ring_adds_a_seq_once_and_keeps_ten_seconds():
     assert list(v[:, 0]) == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0] and x[-1] == 0.0 and x[0] == -10.0
     h.add(1, 0, [5.0])  # a seq going back is a new run
     assert len(h) == 1
+
+
+def test_growing_range_grows_never_shrinks_and_waits_its_interval():
+    clock = [0]
+    r = GrowingRange(interval_s=0.5, margin=0.1, clock=lambda: clock[0])
+    assert r.range is None and r.apply() is None
+    r.add([np.nan, np.inf])  # nothing finite: nothing to fit
+    assert r.apply() is None
+    r.add([-1.0, 1.0])
+    assert r.apply() == pytest.approx((-1.2, 1.2))  # the first range is set at once, with a margin
+    r.add([0.5, -0.5])
+    assert not r.pending and r.apply() is None  # inside: no change, so no axis redraw
+    clock[0] = 100_000_000
+    r.add([3.0])
+    assert r.pending and r.apply() is None and r.due_in() == pytest.approx(0.4)  # too soon after the last change
+    clock[0] = 600_000_000
+    lo, hi = r.apply()
+    assert lo == pytest.approx(-1.2) and hi == pytest.approx(3.0 + 0.42)  # only the side that needed it grew
+    r.add([0.0])
+    assert r.apply() is None and r.range == (lo, hi)  # never shrinks
+    r.reset()
+    r.add([0.1, 0.2])
+    assert r.apply() == pytest.approx((0.09, 0.21))  # a new episode fits afresh, at once
+    score = GrowingRange(include=(0.0,), clock=lambda: clock[0])
+    score.add([0.3, 0.5])
+    lo, hi = score.apply()
+    assert lo < 0.0 < 0.3 < 0.5 < hi  # an included value is always on show
+    flat = GrowingRange(clock=lambda: clock[0])
+    flat.add([2.0, 2.0])
+    assert flat.apply() == pytest.approx((1.0, 3.0))  # a flat line gets a span of its own scale
+    flat.reset()
+    flat.add([0.0])
+    lo, hi = flat.apply()
+    assert lo < 0.0 < hi < 0.01  # so small actions that follow are not drawn flat
+
+
+def y_range(plot_item) -> tuple[float, float]:
+    return tuple(plot_item.getViewBox().viewRange()[1])
+
+
+def test_action_plot_range_grows_within_an_episode_and_refits_on_the_next(qtbot, live):
+    slot, reader = live
+    acts = ActionPlots()
+    qtbot.addWidget(acts)
+    reader.snapshot.connect(acts.show_snapshot)
+    small = np.array([0.5, -0.5, 0.1, 1.0], np.float32)
+    for i in range(1, 4):
+        publish_and_wait(qtbot, slot, reader, snap(i, episode_id="ep-1", policy_action=small * i / 3,
+                                                  applied_action=small * i / 3))
+    # the first action sets the range at once; the later, larger ones widen it within the interval
+    qtbot.waitUntil(lambda: y_range(acts.plots[0])[1] >= 0.5 and not acts.yranges[0].pending, timeout=5000)
+    lo, hi = y_range(acts.plots[0])
+    assert lo < 0.5 / 3 and 0.5 <= hi < 1.0
+    publish_and_wait(qtbot, slot, reader, snap(4, episode_id="ep-1", policy_action=small * 0.5,
+                                              applied_action=small * 0.5))
+    assert y_range(acts.plots[0]) == (lo, hi)  # actions inside the range leave it as it is
+    other = y_range(acts.plots[1])
+    big = small.copy()
+    big[0] = 3.0
+    publish_and_wait(qtbot, slot, reader, snap(5, episode_id="ep-1", policy_action=big, applied_action=small))
+    # grows within the interval, even with no further snapshot
+    qtbot.waitUntil(lambda: y_range(acts.plots[0])[1] >= 3.0, timeout=5000)
+    assert y_range(acts.plots[0])[0] == lo and y_range(acts.plots[1]) == other  # each dim has its own range
+    publish_and_wait(qtbot, slot, reader, snap(300, episode_id="ep-1", policy_action=small * 0.5,
+                                              applied_action=small * 0.5))
+    assert y_range(acts.plots[0])[1] >= 3.0  # the big action scrolled out, but within an episode it never shrinks
+    # a new episode, the old one's actions scrolled out of the 10 s window: the range fits the new actions
+    publish_and_wait(qtbot, slot, reader, snap(400, episode_id="ep-2", policy_action=small * 0.1,
+                                              applied_action=small * 0.1))
+    lo2, hi2 = y_range(acts.plots[0])
+    assert lo2 <= 0.05 <= hi2 < 0.5
+
+
+def test_gate_plot_range_holds_the_score_the_confidence_and_the_thresholds(qtbot, live):
+    slot, reader = live
+    plot = GatePlot()
+    qtbot.addWidget(plot)
+    reader.snapshot.connect(plot.show_snapshot)
+    publish_and_wait(qtbot, slot, reader, snap(1, uncertainty=0.02, confidence=0.9,
+                                              thresholds={"warn": 0.05, "trigger": 1.4}))
+    lo, hi = y_range(plot.plot.getPlotItem())
+    assert lo <= 0.0 and hi >= 1.4  # the trigger line is on screen, not just the curves
 
 
 def test_gate_plot_thresholds_and_curves(qtbot, live):

@@ -2,17 +2,22 @@
 
 Each plot keeps a ring buffer keyed by ``snap.seq`` (a snapshot is added once, however often the timer
 sees it) and redraws by ``setData`` on curves made once; nothing new is created per frame.
+
+Drawing is kept cheap because the window shares the CPU (and the interpreter lock) with the control
+loop: x always spans the last ``WINDOW_S`` seconds, y ranges are fixed or grow to fit (a
+``GrowingRange``, changed at most every ``RANGE_INTERVAL_S``) instead of auto-ranging every frame, and
+the axes with their grid are cached as pixmaps, so a frame redraws the curves and little else.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PyQt6.QtCore import Qt
-from PyQt6.QtWidgets import QSizePolicy, QSplitter, QVBoxLayout, QWidget
+from PyQt6.QtCore import Qt, QTimer
+from PyQt6.QtWidgets import QGraphicsItem, QSizePolicy, QSplitter, QVBoxLayout, QWidget
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.live import Snapshot
@@ -20,6 +25,8 @@ from hg_dagger.ui import style
 
 WINDOW_S = 10.0
 CAPACITY = 2048
+RANGE_INTERVAL_S = 0.5  # a growing y range changes at most this often (each change redraws its axis)
+RANGE_MARGIN = 0.05  # share of the span added on each side when a range grows, so it rarely grows again
 
 
 class History:
@@ -76,6 +83,77 @@ class History:
         return x[keep], self.v[idx][keep]
 
 
+class GrowingRange:
+    """A y range that grows to fit every value it is shown and never shrinks until ``reset``.
+
+    Auto-ranging every frame redraws the axis (ticks, labels, grid) every frame; this range changes
+    only when a value falls outside it, and then at most once per ``interval_s`` (a value that arrives
+    sooner waits in ``pending`` until ``due_in`` says it may be applied). A growth adds ``margin`` of
+    the new span on each side. ``include`` values (e.g. 0 for a score) are always inside.
+    """
+
+    def __init__(self, *, include: Iterable[float] = (), interval_s: float = RANGE_INTERVAL_S,
+                 margin: float = RANGE_MARGIN, clock: Callable[[], int] = now_ns):
+        self.include = tuple(float(v) for v in include)
+        self.interval_ns = int(interval_s * 1e9)
+        self.margin = margin
+        self.clock = clock
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the range (a new episode): the next values set it afresh, at once."""
+        self.lo: float | None = None
+        self.hi: float | None = None
+        self._want: tuple[float, float] | None = None
+        self._changed_ns: int | None = None
+
+    @property
+    def range(self) -> tuple[float, float] | None:
+        return None if self.lo is None else (self.lo, self.hi)
+
+    @property
+    def pending(self) -> bool:
+        """Values outside the range are waiting for the interval to pass."""
+        return self._want is not None
+
+    def add(self, values: np.ndarray | Sequence[float]) -> None:
+        """Note values to fit (non-finite ones are ignored)."""
+        v = np.asarray(values, np.float64).reshape(-1)
+        v = v[np.isfinite(v)]
+        if v.size == 0:
+            return
+        lo, hi = float(v.min()), float(v.max())
+        if self.lo is not None and lo >= self.lo and hi <= self.hi:
+            return
+        if self._want is not None:
+            lo, hi = min(lo, self._want[0]), max(hi, self._want[1])
+        self._want = (lo, hi)
+
+    def due_in(self) -> float:
+        """Seconds until a pending growth may be applied (0 when it may be now)."""
+        if self._want is None or self._changed_ns is None:
+            return 0.0
+        return max(0.0, (self._changed_ns + self.interval_ns - self.clock()) / 1e9)
+
+    def apply(self) -> tuple[float, float] | None:
+        """The new (lo, hi) when the range grew now; None when it did not (nothing new, or too soon)."""
+        if self._want is None or self.due_in() > 0:
+            return None
+        lo, hi = self._want
+        self._want = None
+        lo, hi = min((lo, *self.include)), max((hi, *self.include))
+        if self.lo is not None:
+            lo, hi = min(lo, self.lo), max(hi, self.hi)
+        span = hi - lo
+        pad = self.margin * span if span > 0 else max(0.5 * abs(hi), 1e-3)  # a flat line: a span of its scale
+        # grow only the sides that need it: a side already covering the data stays where it is
+        new_lo = self.lo if self.lo is not None and lo >= self.lo else lo - pad
+        new_hi = self.hi if self.hi is not None and hi <= self.hi else hi + pad
+        self.lo, self.hi = new_lo, new_hi
+        self._changed_ns = self.clock()
+        return self.lo, self.hi
+
+
 def _snap_time(snap: Snapshot) -> int:
     return snap.t_ns if snap.t_ns > 0 else now_ns()
 
@@ -87,30 +165,86 @@ def _number(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _setup_plot(p: pg.PlotItem) -> None:
+    """Grid, a fixed x window and no auto-range; axes (which draw the grid) cached as pixmaps, so a new
+    curve does not replay every tick label and grid line."""
+    p.showGrid(x=True, y=True, alpha=0.25)
+    p.setXRange(-WINDOW_S, 0, padding=0)
+    p.enableAutoRange(enable=False)
+    p.setMouseEnabled(x=False, y=True)
+    p.setMenuEnabled(False)
+    for name in ("left", "bottom"):
+        p.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+
+def _cache_legend(legend: pg.LegendItem) -> None:
+    """The legend sits over the curves; cache it (and its samples and labels) so it is blitted, not drawn."""
+    for item in (legend, *legend.childItems()):
+        item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+
+class Curve(pg.PlotCurveItem):
+    """A curve whose data bounds take one plain pass over the data (pyqtgraph's general version costs
+    several NaN-aware reductions and a warnings context per call, for every curve every frame)."""
+
+    def dataBounds(self, ax, frac=1.0, orthoRange=None):  # noqa: N803 - pyqtgraph's signature
+        if frac != 1.0 or orthoRange is not None:
+            return super().dataBounds(ax, frac, orthoRange)
+        d = self.xData if ax == 0 else self.yData
+        if d is None or len(d) == 0:
+            return None, None
+        d = d[np.isfinite(d)]
+        return (None, None) if d.size == 0 else (float(d.min()), float(d.max()))
+
+
+def _curve(p: pg.PlotItem, colour: str, name: str, *, dashed: bool = False, width: int = 1) -> Curve:
+    pen = pg.mkPen(colour, width=width, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
+    # a solid line drawn as separate segments skips building a QPainterPath in Python; a dash pattern
+    # needs the one path to run on across points
+    c = Curve(pen=pen, name=name, connect="finite", segmentedLineMode="off" if dashed else "on")
+    p.addItem(c)
+    return c
+
+
 def _plot_widget(title: str) -> pg.PlotWidget:
     w = pg.PlotWidget(background="w")
     w.setTitle(title, color="#222", size="11pt")
-    w.showGrid(x=True, y=True, alpha=0.25)
-    w.setXRange(-WINDOW_S, 0, padding=0)
-    w.setMouseEnabled(x=False, y=True)
-    w.setMenuEnabled(False)
+    _setup_plot(w.getPlotItem())
     w.setLabel("bottom", "s")
     w.setMinimumHeight(90)
     return w
 
 
+class _RangeTimer:
+    """Applies a widget's pending range growths when they fall due, even if no new snapshot comes."""
+
+    def __init__(self, parent: QWidget, apply: Callable[[], None]):
+        self.timer = QTimer(parent)
+        self.timer.setSingleShot(True)
+        self.timer.timeout.connect(apply)
+
+    def schedule(self, ranges: Iterable[GrowingRange]) -> None:
+        waits = [r.due_in() for r in ranges if r.pending]
+        if waits and not self.timer.isActive():
+            self.timer.start(max(1, math.ceil(min(waits) * 1000)))
+
+
 class GatePlot(QWidget):
     """The confidence gate's score (ensemble uncertainty) and the policy's confidence over the last ~10 s,
-    with the gate's warn and trigger thresholds as labelled horizontal lines."""
+    with the gate's warn and trigger thresholds as labelled horizontal lines. The y range starts at 0 and
+    grows to fit the score, the confidence and the thresholds; it is refitted at each new episode."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.history = History(2)
+        self.yrange = GrowingRange(include=(0.0,))
+        self._episode: str | None = None
         self.plot = _plot_widget("Gate: uncertainty vs thresholds")
-        self.plot.addLegend(offset=(8, 8))
-        self.uncertainty = self.plot.plot(pen=pg.mkPen(style.POLICY, width=2), name="uncertainty")
-        self.confidence = self.plot.plot(
-            pen=pg.mkPen(style.POLICY, width=1, style=Qt.PenStyle.DashLine), name="confidence")
+        item = self.plot.getPlotItem()
+        legend = item.addLegend(offset=(8, 8))
+        self.uncertainty = _curve(item, style.POLICY, "uncertainty", width=2)
+        self.confidence = _curve(item, style.POLICY, "confidence", dashed=True)
+        _cache_legend(legend)
         self.lines: dict[str, pg.InfiniteLine] = {}
         for key, colour in (("warn", style.WARNING), ("trigger", style.SAFETY)):
             line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
@@ -118,6 +252,7 @@ class GatePlot(QWidget):
             line.setVisible(False)
             self.plot.addItem(line, ignoreBounds=True)
             self.lines[key] = line
+        self._timer = _RangeTimer(self, self._apply_range)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.plot)
@@ -126,8 +261,22 @@ class GatePlot(QWidget):
         self.set_thresholds(snap.thresholds)
         if self.history.add(snap.seq, _snap_time(snap), (snap.uncertainty, snap.confidence)):
             x, v = self.history.window()
-            self.uncertainty.setData(x, v[:, 0], connect="finite")
-            self.confidence.setData(x, v[:, 1], connect="finite")
+            self.uncertainty.setData(x, v[:, 0])
+            self.confidence.setData(x, v[:, 1])
+            if snap.episode_id != self._episode or len(self.history) == 1:
+                self._episode = snap.episode_id
+                self.yrange.reset()
+                self.yrange.add(v)  # refit to what is on show
+            else:
+                self.yrange.add(v[-1])
+        self.yrange.add([line.value() for line in self.lines.values() if line.isVisible()])
+        self._apply_range()
+
+    def _apply_range(self) -> None:
+        r = self.yrange.apply()
+        if r is not None:
+            self.plot.setYRange(*r, padding=0)
+        self._timer.schedule((self.yrange,))
 
     def set_thresholds(self, thresholds: dict) -> None:
         for key, line in self.lines.items():
@@ -149,7 +298,7 @@ class ProgressPlot(QWidget):
         self.history = History(1)
         self.plot = _plot_widget("Task progress")
         self.plot.setYRange(0, 1.05, padding=0)
-        self.curve = self.plot.plot(pen=pg.mkPen(style.AUTONOMOUS, width=2), name="progress")
+        self.curve = _curve(self.plot.getPlotItem(), style.AUTONOMOUS, "progress", width=2)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.plot)
@@ -157,7 +306,7 @@ class ProgressPlot(QWidget):
     def show_snapshot(self, snap: Snapshot) -> None:
         if self.history.add(snap.seq, _snap_time(snap), (snap.progress,)):
             x, v = self.history.window()
-            self.curve.setData(x, v[:, 0], connect="finite")
+            self.curve.setData(x, v[:, 0])
 
 
 def _vec(a: np.ndarray | None, n: int) -> np.ndarray:
@@ -173,7 +322,8 @@ def _vec(a: np.ndarray | None, n: int) -> np.ndarray:
 
 class ActionPlots(QWidget):
     """One small plot per action dim (titled by ``snap.action_names``) with the policy (blue), human
-    (orange, gaps where there is no human command) and applied (dark) action."""
+    (orange, gaps where there is no human command) and applied (dark) action. Each dim's y range grows
+    to fit its actions (the raw action bounds are not in the snapshot) and is refitted per episode."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -183,32 +333,33 @@ class ActionPlots(QWidget):
         self.layout_widget.setBackground("w")
         self.layout_widget.setMinimumHeight(100)
         self.plots: list[pg.PlotItem] = []
-        self.curves: list[dict[str, pg.PlotDataItem]] = []
+        self.curves: list[dict[str, Curve]] = []
+        self.yranges: list[GrowingRange] = []
+        self._episode: str | None = None
+        self._timer = _RangeTimer(self, self._apply_ranges)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.layout_widget)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
     def _build(self, names: tuple[str, ...]) -> None:
-
         self.layout_widget.clear()
         self.plots, self.curves = [], []
+        self.yranges = [GrowingRange() for _ in names]
         self.names = names
         cols = 2 if len(names) > 3 else 1
         for i, name in enumerate(names):
             p = self.layout_widget.addPlot(row=i // cols, col=i % cols, title=name)
-            p.showGrid(x=True, y=True, alpha=0.25)
-            p.setXRange(-WINDOW_S, 0, padding=0)
-            p.setMouseEnabled(x=False, y=True)
-            p.setMenuEnabled(False)
-            if i == 0:
-                p.addLegend(offset=(4, 4))
+            _setup_plot(p)
+            legend = p.addLegend(offset=(4, 4)) if i == 0 else None
             self.plots.append(p)
             self.curves.append({
-                "policy": p.plot(pen=pg.mkPen(style.POLICY, width=2), name="policy"),
-                "human": p.plot(pen=pg.mkPen(style.HUMAN, width=2), name="human"),
-                "applied": p.plot(pen=pg.mkPen(style.APPLIED, width=1, style=Qt.PenStyle.DashLine), name="applied"),
+                "policy": _curve(p, style.POLICY, "policy"),
+                "human": _curve(p, style.HUMAN, "human"),
+                "applied": _curve(p, style.APPLIED, "applied", dashed=True),
             })
+            if legend is not None:
+                _cache_legend(legend)
 
     def show_snapshot(self, snap: Snapshot) -> None:
         n = len(snap.action_names)
@@ -224,12 +375,29 @@ class ActionPlots(QWidget):
         if n == 0:
             return
         row = np.concatenate([_vec(snap.policy_action, n), _vec(snap.human_action, n), _vec(snap.applied_action, n)])
-        if self.history.add(snap.seq, _snap_time(snap), row):
-            x, v = self.history.window()
-            for i, curves in enumerate(self.curves):
-                curves["policy"].setData(x, v[:, i], connect="finite")
-                curves["human"].setData(x, v[:, n + i], connect="finite")
-                curves["applied"].setData(x, v[:, 2 * n + i], connect="finite")
+        if not self.history.add(snap.seq, _snap_time(snap), row):
+            return
+        x, v = self.history.window()
+        refit = snap.episode_id != self._episode or len(self.history) == 1
+        self._episode = snap.episode_id
+        for i, curves in enumerate(self.curves):
+            cols = v[:, i::n]  # policy, human, applied of dim i
+            curves["policy"].setData(x, cols[:, 0])
+            curves["human"].setData(x, cols[:, 1])
+            curves["applied"].setData(x, cols[:, 2])
+            if refit:
+                self.yranges[i].reset()
+                self.yranges[i].add(cols)
+            else:
+                self.yranges[i].add(cols[-1])
+        self._apply_ranges()
+
+    def _apply_ranges(self) -> None:
+        for p, r in zip(self.plots, self.yranges, strict=True):
+            new = r.apply()
+            if new is not None:
+                p.setYRange(*new, padding=0)
+        self._timer.schedule(self.yranges)
 
 
 class PlotsPanel(QSplitter):
@@ -244,6 +412,7 @@ class PlotsPanel(QSplitter):
         for w in (self.gate, self.progress, self.actions):
             self.addWidget(w)
         self.setStretchFactor(2, 2)
+        self.setSizes([250, 200, 450])  # proportions until the operator moves a handle (saved by the window)
 
     def show_snapshot(self, snap: Snapshot) -> None:
         self.gate.show_snapshot(snap)
