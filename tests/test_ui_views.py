@@ -165,6 +165,18 @@ def test_action_plot_range_grows_within_an_episode_and_refits_on_the_next(qtbot,
     assert lo2 <= 0.05 <= hi2 < 0.5
 
 
+def test_human_curve_empties_when_no_human_command_is_in_the_window(qtbot, live):
+    slot, reader = live
+    acts = ActionPlots()
+    qtbot.addWidget(acts)
+    reader.snapshot.connect(acts.show_snapshot)
+    publish_and_wait(qtbot, slot, reader, snap(1, human_action=np.full(4, 0.7, np.float32)))
+    publish_and_wait(qtbot, slot, reader, snap(2))
+    assert acts.curves[0]["human"].getData()[1][0] == pytest.approx(0.7)
+    publish_and_wait(qtbot, slot, reader, snap(300))  # 15 s later: the correction has scrolled out
+    assert len(acts.curves[0]["human"].getData()[0]) == 0 and len(acts.curves[0]["policy"].getData()[0]) == 1
+
+
 def test_gate_plot_range_holds_the_score_the_confidence_and_the_thresholds(qtbot, live):
     slot, reader = live
     plot = GatePlot()

@@ -79,6 +79,10 @@ def test_window_shows_a_snapshot_everywhere(qtbot, window, qtlog):
     assert len(win.rounds.success.getData()[0]) == 1
     publish_and_wait(qtbot, win, slot, running(2, control_state="human"))
     assert not win.banner.isVisible() and win.controls.hand_back.isEnabled()
+    for step in (7, 1234567):  # the status labels keep a steady size, yet a longer text is never cut off
+        publish_and_wait(qtbot, win, slot, running(2 + step, control_state="human", episode_step=step))
+        assert st.episode.text().endswith(f"step {step}")
+        assert st.episode.width() >= st.episode.fontMetrics().horizontalAdvance(st.episode.text())
     publish_and_wait(qtbot, win, slot, running(3, phase="estopped", estop=("app", "button"), control_state="safe_stop"))
     win.set_training_progress("training", 0.5)
     qtbot.wait(50)

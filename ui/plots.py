@@ -187,6 +187,15 @@ class Curve(pg.PlotCurveItem):
     """A curve whose data bounds take one plain pass over the data (pyqtgraph's general version costs
     several NaN-aware reductions and a warnings context per call, for every curve every frame)."""
 
+    def show_data(self, x: np.ndarray, y: np.ndarray, *, sparse: bool = False) -> None:
+        """``setData``; a ``sparse`` curve (the human command: NaN while nobody corrects) with nothing to
+        draw is emptied once and then left alone, instead of being rebuilt and painted every frame."""
+        if sparse and not np.isfinite(y).any():
+            if self.xData is not None and len(self.xData):
+                self.setData(x=np.zeros(0), y=np.zeros(0))
+            return
+        self.setData(x=x, y=y)
+
     def dataBounds(self, ax, frac=1.0, orthoRange=None):  # noqa: N803 - pyqtgraph's signature
         if frac != 1.0 or orthoRange is not None:
             return super().dataBounds(ax, frac, orthoRange)
@@ -199,9 +208,7 @@ class Curve(pg.PlotCurveItem):
 
 def _curve(p: pg.PlotItem, colour: str, name: str, *, dashed: bool = False, width: int = 1) -> Curve:
     pen = pg.mkPen(colour, width=width, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
-    # a solid line drawn as separate segments skips building a QPainterPath in Python; a dash pattern
-    # needs the one path to run on across points
-    c = Curve(pen=pen, name=name, connect="finite", segmentedLineMode="off" if dashed else "on")
+    c = Curve(pen=pen, name=name, connect="finite")
     p.addItem(c)
     return c
 
@@ -250,6 +257,8 @@ class GatePlot(QWidget):
             line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
                                    label=key, labelOpts={"position": 0.08, "color": colour, "anchors": [(0, 1), (0, 1)]})
             line.setVisible(False)
+            for item in (line, line.label):  # drawn over by the curves every frame: blit, not redraw
+                item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             self.plot.addItem(line, ignoreBounds=True)
             self.lines[key] = line
         self._timer = _RangeTimer(self, self._apply_range)
@@ -261,8 +270,8 @@ class GatePlot(QWidget):
         self.set_thresholds(snap.thresholds)
         if self.history.add(snap.seq, _snap_time(snap), (snap.uncertainty, snap.confidence)):
             x, v = self.history.window()
-            self.uncertainty.setData(x, v[:, 0])
-            self.confidence.setData(x, v[:, 1])
+            self.uncertainty.show_data(x, v[:, 0])
+            self.confidence.show_data(x, v[:, 1])
             if snap.episode_id != self._episode or len(self.history) == 1:
                 self._episode = snap.episode_id
                 self.yrange.reset()
@@ -306,7 +315,7 @@ class ProgressPlot(QWidget):
     def show_snapshot(self, snap: Snapshot) -> None:
         if self.history.add(snap.seq, _snap_time(snap), (snap.progress,)):
             x, v = self.history.window()
-            self.curve.setData(x, v[:, 0])
+            self.curve.show_data(x, v[:, 0])
 
 
 def _vec(a: np.ndarray | None, n: int) -> np.ndarray:
@@ -382,9 +391,9 @@ class ActionPlots(QWidget):
         self._episode = snap.episode_id
         for i, curves in enumerate(self.curves):
             cols = v[:, i::n]  # policy, human, applied of dim i
-            curves["policy"].setData(x, cols[:, 0])
-            curves["human"].setData(x, cols[:, 1])
-            curves["applied"].setData(x, cols[:, 2])
+            curves["policy"].show_data(x, cols[:, 0])
+            curves["human"].show_data(x, cols[:, 1], sparse=True)
+            curves["applied"].show_data(x, cols[:, 2])
             if refit:
                 self.yranges[i].reset()
                 self.yranges[i].add(cols)

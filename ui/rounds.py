@@ -168,3 +168,16 @@ class StatusLine:
         for label, text in texts.items():
             if label.text() != text:
                 label.setText(text)
+                if label is not self.message:
+                    _hold_size(label)
+
+
+def _hold_size(label: QLabel) -> None:
+    """Fix a label's size, growing it when its text needs more room but never shrinking it.
+
+    A fixed-size widget's new text posts no layout request, so the step counter ticking every frame does
+    not re-lay-out and repaint the whole status bar (and the window behind it)."""
+    hint = label.sizeHint()
+    w, h = max(hint.width(), label.minimumWidth()), hint.height()
+    if (w, h) != (label.maximumWidth(), label.maximumHeight()) or label.minimumHeight() != h:
+        label.setFixedSize(w, h)
