@@ -19,7 +19,7 @@ from typing import Any
 from PyQt6 import QtCore, QtWidgets
 
 from hg_dagger.control import live
-from hg_dagger.control.loop import ControlProcess
+from hg_dagger.control.loop import ControlLoop, ControlProcess
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class AppOptions:
     bootstrap_demos: int = 6
     bootstrap_steps: int = 600
     home: str = "runs/app"  # where stores and students go by default
+    control_process: bool = True  # the control loop in a process of its own (False: a thread of the app)
 
     @property
     def task_dir(self) -> Path:
@@ -114,7 +115,7 @@ class OperatorApp(QtCore.QObject):
         super().__init__()
         self.opts = opts
         self.settings = settings or QtCore.QSettings("hg-dagger", "hg-dagger")
-        self.loop: ControlProcess | None = None
+        self.loop: ControlProcess | ControlLoop | None = None
         self.window = None
         self.student_path = opts.student or newest_student(opts)
         self.job = None
@@ -181,8 +182,9 @@ class OperatorApp(QtCore.QObject):
         from hg_dagger.ui.main_window import MainWindow
 
         o, path = self.opts, self.student_path
-        self.loop = ControlProcess(functools.partial(build_session, o, path), rate_hz=o.rate_hz,
-                                   view_size=o.view_size, store=o.store_url)
+        kind = ControlProcess if o.control_process else ControlLoop
+        self.loop = kind(functools.partial(build_session, o, path), rate_hz=o.rate_hz, view_size=o.view_size,
+                         store=o.store_url)
         self.window = MainWindow(self.loop.slot, self.loop.commands, settings=self.settings)
         self.window.setWindowTitle(f"hg-dagger - {o.task} - {o.name}")
         self.window.train_requested.connect(self._ask_train)

@@ -26,6 +26,8 @@ def register(sub) -> None:
                    "(scripted runs, CI); prints the summary and validates the store")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", type=float, help="control rate in Hz (default: the task's)")
+    p.add_argument("--control-thread", action="store_true", help="run the control loop in a thread of the app "
+                   "instead of a process of its own (debugging; the window then shares the interpreter with it)")
     p.add_argument("--headless-fallback", choices=("demo", "error"), default="demo",
                    help="without a display: run the headless demo (default) or fail")
     p.set_defaults(func=_app)
@@ -51,5 +53,6 @@ def _app(args) -> int:
     opts = AppOptions(task=args.task or "", store=args.store or "", student=args.student or "",
                       operator=args.operator or "", device=args.device or "", mode=args.mode or "",
                       name=args.name or "", robot=args.robot or "", token_file=args.token_file or "",
-                      episodes=args.episodes, quit_when_done=args.quit_when_done, rate_hz=args.rate, seed=args.seed)
+                      episodes=args.episodes, quit_when_done=args.quit_when_done, rate_hz=args.rate, seed=args.seed,
+                      control_process=not args.control_thread)
     return run_app(opts)

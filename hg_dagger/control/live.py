@@ -156,6 +156,7 @@ class LoopHealth:
     target_hz: float = 0.0
     achieved_hz: float = 0.0
     jitter_p99_ms: float = 0.0  # |actual tick start - scheduled start|
+    jitter_recent_max_ms: float = 0.0  # the largest start delay over about the last second
     missed_ticks: int = 0  # scheduled ticks skipped because a tick overran
     latency_p50_ms: float = float("nan")  # t_obs -> t_action_apply
     latency_p99_ms: float = float("nan")

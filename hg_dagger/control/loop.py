@@ -55,9 +55,11 @@ class _Health:
             span = (self.starts[-1] - self.starts[0]) / 1e9
             hz = (len(self.starts) - 1) / span if span > 0 else 0.0
         lat = np.asarray(self.latency, np.float64)
+        recent = list(self.jitter)[-max(2, int(self.target_hz)):]
         return live.LoopHealth(
             target_hz=self.target_hz, achieved_hz=hz,
             jitter_p99_ms=float(np.percentile(self.jitter, 99)) if self.jitter else 0.0,
+            jitter_recent_max_ms=max(recent) if recent else 0.0,
             missed_ticks=self.missed,
             latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
             latency_p99_ms=float(np.percentile(lat, 99)) if lat.size else float("nan"),
@@ -128,6 +130,7 @@ class ControlLoop:
             return
         s = self.session
         _single_threaded_torch()
+        self._warm_up()
         m = s.mapping
         hz = float(self._rate_hz or m.control_hz)
         period = int(round(1e9 / hz))
@@ -155,6 +158,16 @@ class ControlLoop:
             log.exception("control loop stopped")
         finally:
             self._shutdown()
+
+    def _warm_up(self) -> None:
+        """The first render (a GL context) and the first student call (torch's lazy setup) happen before
+        the schedule starts, so they never show up as a late first tick."""
+        s = self.session
+        if self.view_hz > 0:
+            self._render(False)
+        obs = s.env.observe()
+        if obs is not None:
+            s.student.act(obs[0])
 
     def _one_tick(self) -> None:
         s = self.session
@@ -214,6 +227,7 @@ class ControlLoop:
 
     def _handle(self, cmd: live.Command) -> None:
         s = self.session
+        self._message = ""
         try:
             match cmd:
                 case live.Quit():
@@ -257,7 +271,6 @@ class ControlLoop:
                 case _:
                     if self.on_command is None or not self.on_command(self, cmd):
                         raise HgDaggerError(f"unknown command {type(cmd).__name__}")
-            self._message = ""
         except HgDaggerError as exc:
             self._message = str(exc)
             log.warning("%s: %s", type(cmd).__name__, exc)

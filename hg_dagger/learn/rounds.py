@@ -109,7 +109,8 @@ def _stepper(report: Report, stage: str) -> Callable[[int, int], None]:
 
 def train_round(*, store: str, task: str, out_dir: str, resume: str | None = None, steps: int = 1500,
                 seed: int = 0, report: Report) -> dict[str, Any]:
-    """The next student from every trainable label of ``task`` in ``store`` (warm-started from ``resume``)."""
+    """The next student from every trainable label of ``task`` in ``store``, starting from the weights of
+    the student at ``resume`` (a checkpoint from anywhere: its replay is not needed)."""
     import torch
 
     from hg_dagger.learn.train import TrainConfig, train_from_store
@@ -117,7 +118,7 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
     torch.set_num_threads(1)
     report("loading labels", 0.0)
     cfg = TrainConfig(steps=steps, seed=seed)
-    result = train_from_store(store, task, out_dir, train_cfg=cfg, resume=resume, progress=False,
+    result = train_from_store(store, task, out_dir, train_cfg=cfg, warm_start=resume, progress=False,
                               on_step=_stepper(report, "training"))
     report("calibrating the confidence gate", 0.0)
     unc = autonomous_uncertainty(store, result["checkpoint"], task)

@@ -301,9 +301,13 @@ def train_from_store(
     resume: str | Path | None = None,
     progress: bool = True,
     on_step: Callable[[int, int], None] | None = None,
+    warm_start: str | Path | None = None,
 ) -> dict[str, Any]:
     """`hg-dagger train`: all trainable labels of a task in a store -> a student checkpoint.
 
+    ``resume`` continues a training run (its optimizer and replay, whose episodes must be in this store);
+    ``warm_start`` starts from a student checkpoint's weights and round, wherever it was trained, with
+    a fresh optimizer and this store's labels (the next round of a live session).
     ``on_step(done, total)`` is called after every gradient step (progress for a front end)."""
     from hg_dagger.envs import load_mapping
     from hg_dagger.store import EpisodeStore
@@ -314,8 +318,13 @@ def train_from_store(
     out.mkdir(parents=True, exist_ok=True)
     replay_cfg = replay_cfg or ReplayConfig()
     loader = store_loader(store, mapping)
+    if resume and warm_start:
+        raise ConfigError("give resume (continue a training run) or warm_start (start from a student), not both")
     if resume:
         trainer = Trainer.resume(resume, mapping, loader, train_cfg)
+    elif warm_start:
+        seed = (train_cfg or TrainConfig()).seed
+        trainer = Trainer(Student.load(warm_start, mapping), train_cfg or TrainConfig(), Replay(replay_cfg, seed=seed))
     else:
         sc = student_cfg or StudentConfig()
         student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden,

@@ -1,0 +1,193 @@
+"""The whole app, driven through its real window: start an episode, a gate fires, the operator takes over
+(Qt key events on toy_reach; posted pygame joystick events on fetch_pick_place), corrects, hands back,
+ends the episode, trains the next student; then the store is checked."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pygame
+import pytest
+from device_helpers import VirtualPads
+from PyQt6 import QtCore
+from PyQt6.QtCore import Qt
+
+from hg_dagger.contract import ActionSource, EventKind, LabelMask
+from hg_dagger.learn.rounds import bootstrap_student
+from hg_dagger.store import EpisodeStore, validate_store
+from hg_dagger.ui.application import AppOptions, OperatorApp
+
+WAIT_MS = 180_000
+
+
+@pytest.fixture(scope="module")
+def toy_student(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toy-student")
+    res = bootstrap_student(task="toy_reach", store=str(d / "demos.zarr"), out_dir=str(d / "boot"), demos=3, steps=80,
+                            report=lambda *_: None)
+    return res["checkpoint"]
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return QtCore.QSettings(str(tmp_path / "ui.ini"), QtCore.QSettings.Format.IniFormat)
+
+
+def wait_snap(qtbot, op, predicate, timeout=WAIT_MS):
+    """Wait (processing Qt events) until the newest snapshot satisfies ``predicate``; return it."""
+    box = {}
+
+    def check():
+        snap = op.loop.slot.read()
+        assert snap.phase != "error", snap.message
+        assert predicate(snap)
+        box["snap"] = snap
+
+    qtbot.waitUntil(check, timeout=timeout)
+    return box["snap"]
+
+
+def close_app(qtbot, op):
+    codes = []
+    op.finished.connect(codes.append)
+    op.window.close()
+    qtbot.waitUntil(lambda: bool(codes), timeout=60_000)
+    return codes[0]
+
+
+def check_correction(store_url: str, operator: str, policy_version: str):
+    """One human window bound to its episode, human_command next to applied_action, labels trainable."""
+    st = EpisodeStore.open(store_url)
+    assert list(validate_store(st)) == []
+    (info,) = [i for i in st.episodes() if i.start.mode.value == "human_gated" and i.start.policy_version ==
+               policy_version]
+    assert info.complete and info.start.operator == operator
+    layer = st.labels(info.episode_id)
+    human_windows = [w for w in layer.windows if w.source == ActionSource.HUMAN]
+    assert human_windows, "the correction is a window bound to its episode"
+    w = human_windows[0]
+    assert w.parent_episode_id == info.episode_id and w.handover_end > w.handover_start
+    td = st.load(info.episode_id, fields=["action_source", "human_command", "applied_action", "t_action_apply",
+                                            "t_obs", "t_policy"])
+    src = td["action_source"].numpy()
+    human = np.flatnonzero(src == ActionSource.HUMAN.code)
+    assert human.size >= 5
+    assert np.isfinite(td["human_command"].numpy()[human]).all(), "the raw command is kept next to the applied one"
+    assert np.isfinite(td["applied_action"].numpy()[human]).all()
+    t_apply = td["t_action_apply"].numpy()
+    assert w.t_handover == int(t_apply[w.handover_start]), "t_handover: the first applied human step"
+    assert (td["t_obs"].numpy() <= td["t_policy"].numpy()).all() and (td["t_policy"].numpy() <= t_apply).all()
+    mask = layer.mask
+    assert (mask[human] == LabelMask.TRAINABLE.code).any()
+    assert not (mask[src == ActionSource.POLICY.code] == LabelMask.TRAINABLE.code).any()
+    kinds = [e.kind for e in info.end.events]
+    assert EventKind.GATE_TRIGGER in kinds and EventKind.HANDOVER_START in kinds and EventKind.HANDOVER_END in kinds
+    return info
+
+
+def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tmp_path, settings, toy_student):
+    store = str(tmp_path / "store.zarr")
+    opts = AppOptions(task="toy_reach", store=store, student=toy_student, operator="device", device="keyboard",
+                      name="op-qt", home=str(tmp_path / "home"), train_steps=60)
+    op = OperatorApp(opts, settings)
+    op.start()
+    assert op.window is not None and op.loop is not None
+    qtbot.addWidget(op.window)
+    win = op.window
+    wait_snap(qtbot, op, lambda s: s.phase == "idle" and s.seq > 2)
+    assert win.controls.start.isEnabled()
+    qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
+    wait_snap(qtbot, op, lambda s: s.phase == "running" and s.episode_step >= 5)
+    assert win.view.isVisible()
+
+    qtbot.keyPress(win, Qt.Key.Key_Space)  # hold to intervene: grabbing the device is a takeover
+    qtbot.keyPress(win, Qt.Key.Key_W)
+    first = wait_snap(qtbot, op, lambda s: s.control_state == "human" and s.action_source == "human")
+    qtbot.waitUntil(lambda: "HUMAN" in win.gate.headline.text().upper(), timeout=10_000)
+    wait_snap(qtbot, op, lambda s: s.episode_step >= first.episode_step + 10)
+    snap = op.loop.slot.read()
+    assert snap.device.engaged and snap.device.axes[0] == pytest.approx(1.0)  # 'w' is x+
+    qtbot.keyRelease(win, Qt.Key.Key_W)
+    qtbot.keyRelease(win, Qt.Key.Key_Space)  # let go: control returns to the policy
+    wait_snap(qtbot, op, lambda s: s.control_state in ("autonomous", "warning", "returning")
+              and s.action_source == "policy")
+
+    # the GUI thread blocked for 200 ms: the control loop does not notice
+    before = op.loop.slot.read()
+    time.sleep(0.2)
+    end = time.perf_counter() + 0.1
+    while time.perf_counter() < end:
+        pass
+    after = wait_snap(qtbot, op, lambda s: s.health.ticks >= before.health.ticks + 10)
+    assert after.health.missed_ticks == before.health.missed_ticks, "no tick missed while the GUI was blocked"
+    assert after.health.jitter_recent_max_ms < 20.0, "no tick started late by half a period or more"
+
+    qtbot.mouseClick(win.controls.success, Qt.MouseButton.LeftButton)
+    done = wait_snap(qtbot, op, lambda s: s.counters.episodes == 1 and s.phase == "idle")
+    assert done.counters.successes == 1 and done.counters.windows >= 1 and done.counters.human_steps >= 10
+
+    # the next student: trained in the background, swapped in, its round shown
+    old = done.policy_version
+    op.train_next(keep_running=True)
+    qtbot.waitUntil(lambda: op.job is None, timeout=WAIT_MS)
+    assert win.rounds.message.text().startswith("new student"), win.rounds.message.text()
+    new = wait_snap(qtbot, op, lambda s: "new student" in s.message)
+    qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
+    new = wait_snap(qtbot, op, lambda s: s.phase == "running" and s.policy_version != old)
+    assert new.rounds and new.rounds[0]["policy_version"] == old and new.rounds[0]["human_labels"] >= 10
+    assert close_app(qtbot, op) == 0
+
+    info = check_correction(store, "op-qt", old)
+    st = EpisodeStore.open(store)
+    versions = {i.start.policy_version for i in st.episodes() if i.start.mode.value == "human_gated"}
+    assert versions == {old, new.policy_version}, "the second episode ran the new student"
+    assert info.start.policy_version == old
+
+
+@pytest.fixture
+def pads(monkeypatch, tmp_path):
+    monkeypatch.setenv("HG_DAGGER_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    p = VirtualPads()  # noqa: F811
+    yield p
+    p.detach_all()
+
+
+def post(kind: str, instance_id: int, **attrs) -> None:
+    pygame.event.post(pygame.event.Event(getattr(pygame, kind), instance_id=instance_id, joy=instance_id, **attrs))
+
+
+def test_fetch_pick_place_gamepad_events_take_over_and_hand_back(qtbot, tmp_path, settings, pads):
+    index = pads.attach()
+    iid = pygame.joystick.Joystick(index).get_instance_id()
+    store = str(tmp_path / "store.zarr")
+    boot = bootstrap_student(task="fetch_pick_place", store=store, out_dir=str(tmp_path / "boot"), demos=2, steps=100,
+                             report=lambda *_: None)
+    # the pad lives in this process's SDL, so the control loop runs in a thread here (same loop, same window)
+    opts = AppOptions(task="fetch_pick_place", store=store, student=boot["checkpoint"], operator="device",
+                      device="gamepad", name="op-pad", home=str(tmp_path / "home"), control_process=False)
+    op = OperatorApp(opts, settings)
+    op.start()
+    qtbot.addWidget(op.window)
+    win = op.window
+    wait_snap(qtbot, op, lambda s: s.phase == "idle" and s.device.connected)
+    qtbot.waitUntil(lambda: win.device.ident.text().startswith("gamepad"), timeout=10_000)
+    qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
+    wait_snap(qtbot, op, lambda s: s.phase == "running" and s.episode_step >= 5)
+    assert op.loop.slot.read().frame.shape == (256, 256, 3)
+
+    post("JOYBUTTONDOWN", iid, button=4)  # LB held: hold to intervene, grabbing is a takeover
+    post("JOYAXISMOTION", iid, axis=4, value=-0.8)  # right stick up: z+
+    first = wait_snap(qtbot, op, lambda s: s.control_state == "human" and s.action_source == "human")
+    wait_snap(qtbot, op, lambda s: s.episode_step >= first.episode_step + 10)
+    snap = op.loop.slot.read()
+    assert snap.human_action[2] > 0.1 and snap.applied_action[2] > 0.1, "z+ reaches the applied action"
+    post("JOYAXISMOTION", iid, axis=4, value=0.0)
+    post("JOYBUTTONUP", iid, button=4)  # released: back to the policy
+    wait_snap(qtbot, op, lambda s: s.control_state in ("autonomous", "warning", "returning")
+              and s.action_source == "policy")
+    qtbot.mouseClick(win.controls.failure, Qt.MouseButton.LeftButton)
+    wait_snap(qtbot, op, lambda s: s.counters.episodes == 1 and s.phase == "idle")
+    assert close_app(qtbot, op) == 0
+    info = check_correction(store, "op-pad", boot["version"])
+    assert info.end.end_reason.value == "failure"
