@@ -26,7 +26,7 @@ from hg_dagger.ui import style
 WINDOW_S = 10.0
 CAPACITY = 2048
 RANGE_INTERVAL_S = 0.5  # a growing y range changes at most this often (each change redraws its axis)
-RANGE_MARGIN = 0.05  # share of the span added on each side when a range grows, so it rarely grows again
+RANGE_MARGIN = 0.1  # share of the span added on each side when a range grows, so it rarely grows again
 
 
 class History:
@@ -173,6 +173,7 @@ def _setup_plot(p: pg.PlotItem) -> None:
     p.enableAutoRange(enable=False)
     p.setMouseEnabled(x=False, y=True)
     p.setMenuEnabled(False)
+    p.hideButtons()  # no "auto-range" corner button: one click would bring back auto-ranging every frame
     for name in ("left", "bottom"):
         p.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
