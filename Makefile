@@ -1,4 +1,5 @@
-# Two entry points: `make run` (install + the main job) and `make test` (install dev deps + the whole suite).
+# Two entry points: `make run` (install + the operator app; the headless demo without a display) and
+# `make test` (install dev deps + the whole suite).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ export PYOPENGL_PLATFORM ?= egl
 .PHONY: run test install install-dev system-deps clean
 
 run: install
-	$(VENV)/bin/hg-dagger demo
+	$(VENV)/bin/hg-dagger app
 
 test: install-dev
 	QT_QPA_PLATFORM=offscreen SDL_VIDEODRIVER=dummy SDL_AUDIODRIVER=dummy $(PY) -m pytest
