@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+from PyQt6.QtCore import QPointF
 from PyQt6.QtWidgets import QWidget
 
 from hg_dagger.contract.clock import now_ns
@@ -154,6 +155,7 @@ def test_action_plot_range_grows_within_an_episode_and_refits_on_the_next(qtbot,
     publish_and_wait(qtbot, slot, reader, snap(5, episode_id="ep-1", policy_action=big, applied_action=small))
     # grows within the interval, even with no further snapshot
     qtbot.waitUntil(lambda: y_range(acts.plots[0])[1] >= 3.0, timeout=5000)
+    assert acts.curves[0]["policy"].boundingRect().contains(QPointF(0.0, 3.0))  # repainted where it now reaches
     assert y_range(acts.plots[0])[0] == lo and y_range(acts.plots[1]) == other  # each dim has its own range
     publish_and_wait(qtbot, slot, reader, snap(300, episode_id="ep-1", policy_action=small * 0.5,
                                               applied_action=small * 0.5))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PyQt6.QtCore import Qt, QTimer
+from PyQt6.QtCore import QRectF, Qt, QTimer
 from PyQt6.QtWidgets import QGraphicsItem, QSizePolicy, QSplitter, QVBoxLayout, QWidget
 
 from hg_dagger.contract.clock import now_ns
@@ -185,8 +185,16 @@ def _cache_legend(legend: pg.LegendItem) -> None:
 
 
 class Curve(pg.PlotCurveItem):
-    """A curve whose data bounds take one plain pass over the data (pyqtgraph's general version costs
-    several NaN-aware reductions and a warnings context per call, for every curve every frame)."""
+    """A curve cheap to bound: its data bounds take one plain pass over the data (pyqtgraph's general
+    version costs several NaN-aware reductions and a warnings context per call, for every curve every
+    frame), and its bounding rect is the visible view (the ViewBox clips to it anyway) instead of one
+    recomputed in data and pixel units at every new point."""
+
+    def boundingRect(self):
+        if self.xData is None or len(self.xData) == 0:
+            return QRectF()
+        vb = self.getViewBox()  # the curve sits in the ViewBox's data coordinates
+        return vb.viewRect() if isinstance(vb, pg.ViewBox) else super().boundingRect()
 
     def show_data(self, x: np.ndarray, y: np.ndarray, *, sparse: bool = False) -> None:
         """``setData``; a ``sparse`` curve (the human command: NaN while nobody corrects) with nothing to
