@@ -191,3 +191,30 @@ def test_fetch_pick_place_gamepad_events_take_over_and_hand_back(qtbot, tmp_path
     assert close_app(qtbot, op) == 0
     info = check_correction(store, "op-pad", boot["version"])
     assert info.end.end_reason.value == "failure"
+
+
+def run_cli(args: list[str], env_extra: dict, tmp_path, timeout: float = 600):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", "hg_dagger", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=timeout)
+
+
+def test_scripted_app_run_leaves_a_valid_store(tmp_path, toy_student):
+    store = str(tmp_path / "scripted.zarr")
+    r = run_cli(["app", "--task", "toy_reach", "--operator", "synthetic", "--episodes", "3", "--store", store,
+                 "--student", toy_student, "--quit-when-done"], {"QT_QPA_PLATFORM": "offscreen"}, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "3 episodes" in r.stdout and "validate: ok" in r.stdout
+    assert "Traceback" not in r.stderr and "propagateSizeHints" not in r.stderr
+    st = EpisodeStore.open(store)
+    assert len(st.episodes()) == 3 and list(validate_store(st)) == []
+
+
+def test_without_a_display_the_app_says_so(tmp_path):
+    r = run_cli(["app", "--headless-fallback", "error"], {}, tmp_path, timeout=120)
+    assert r.returncode == 2 and "no display" in r.stderr and "Traceback" not in r.stderr
