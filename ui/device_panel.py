@@ -7,6 +7,7 @@ a slow QTimer while the panel is visible; tests and other front ends may pass th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -48,7 +49,7 @@ class AxisBar(QWidget):
         return QSize(160, 18)
 
     def set(self, value: float, deadzone: float) -> None:
-        value = float(np.clip(value, -1.0, 1.0)) if np.isfinite(value) else 0.0
+        value = min(1.0, max(-1.0, float(value))) if math.isfinite(value) else 0.0  # plain floats: called per axis per frame
         if value != self.value or deadzone != self.deadzone:
             self.value, self.deadzone = value, deadzone
             self.update()

@@ -165,6 +165,24 @@ def _number(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
+class Axis(pg.AxisItem):
+    """An axis whose bounding rect (its own box joined with the view its grid spans) is kept until the
+    axis or the view moves or resizes; Qt asks for it several times per axis per frame."""
+
+    _br_key = None
+
+    def boundingRect(self):
+        view = self.linkedView()
+        key = (self.geometry(), None if view is None else view.geometry(), self.grid)
+        if key != self._br_key:
+            self._br_key, self._br = key, super().boundingRect()
+        return self._br
+
+
+def _axes() -> dict[str, Axis]:
+    return {"left": Axis("left"), "bottom": Axis("bottom")}
+
+
 def _setup_plot(p: pg.PlotItem) -> None:
     """Grid, a fixed x window and no auto-range; axes (which draw the grid) cached as pixmaps, so a new
     curve does not replay every tick label and grid line."""
@@ -223,7 +241,7 @@ def _curve(p: pg.PlotItem, colour: str, name: str, *, dashed: bool = False, widt
 
 
 def _plot_widget(title: str) -> pg.PlotWidget:
-    w = pg.PlotWidget(background="w")
+    w = pg.PlotWidget(background="w", axisItems=_axes())
     w.setTitle(title, color="#222", size="11pt")
     _setup_plot(w.getPlotItem())
     w.setLabel("bottom", "s")
@@ -316,7 +334,7 @@ class ProgressPlot(QWidget):
         self.history = History(1)
         self.plot = _plot_widget("Task progress")
         self.plot.setYRange(0, 1.05, padding=0)
-        self.curve = _curve(self.plot.getPlotItem(), style.AUTONOMOUS, "progress", width=2)
+        self.curve = _curve(self.plot.getPlotItem(), style.AUTONOMOUS, "progress")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.plot)
@@ -367,7 +385,7 @@ class ActionPlots(QWidget):
         self.names = names
         cols = 2 if len(names) > 3 else 1
         for i, name in enumerate(names):
-            p = self.layout_widget.addPlot(row=i // cols, col=i % cols, title=name)
+            p = self.layout_widget.addPlot(row=i // cols, col=i % cols, title=name, axisItems=_axes())
             _setup_plot(p)
             legend = p.addLegend(offset=(4, 4)) if i == 0 else None
             self.plots.append(p)
@@ -430,7 +448,6 @@ class PlotsPanel(QSplitter):
         for w in (self.gate, self.progress, self.actions):
             self.addWidget(w)
         self.setStretchFactor(2, 2)
-        self.setSizes([250, 200, 450])  # proportions until the operator moves a handle (saved by the window)
 
     def show_snapshot(self, snap: Snapshot) -> None:
         self.gate.show_snapshot(snap)
