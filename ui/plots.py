@@ -80,7 +80,7 @@ class History:
         t = self.t[idx]
         x = (t - t[-1]) / 1e9
         keep = x >= -seconds
-        return x[keep], self.v[idx][keep]
+        return x[keep], self.v[idx[keep]]  # copy only the rows on show, not the whole ring
 
 
 class GrowingRange:
