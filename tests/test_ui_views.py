@@ -279,3 +279,18 @@ def test_handover_banner_flashes_counts_and_hides(qtbot, live):
     assert banner.isVisible() and len(alerts) == 2
     publish_and_wait(qtbot, slot, reader, snap(6, control_state="autonomous"))  # request withdrawn
     assert not banner.isVisible()
+
+
+def test_progress_in_the_task_units_stays_in_view(qtbot, live):
+    """Fetch reports minus the object's distance to the goal (metres): negative values must be on screen."""
+    slot, reader = live
+    prog = ProgressPlot()
+    qtbot.addWidget(prog)
+    reader.snapshot.connect(prog.show_snapshot)
+    for i, p in enumerate((-0.31, -0.25, -0.12), start=1):
+        publish_and_wait(qtbot, slot, reader, snap(i, progress=p))
+    def in_view():
+        lo, hi = prog.plot.getPlotItem().viewRange()[1]
+        assert lo <= -0.31 and hi >= -0.12 and hi < 0.5
+
+    qtbot.waitUntil(in_view, timeout=5000)  # a growth falls due within the range's interval

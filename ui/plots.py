@@ -327,22 +327,39 @@ class GatePlot(QWidget):
 
 
 class ProgressPlot(QWidget):
-    """Task progress (0..1 where the task reports it) over the last ~10 s."""
+    """The task's progress signal over the last ~10 s (higher is better; its units are the task's, e.g.
+    minus the object's distance to the goal in metres), in a range that grows to fit each episode."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.history = History(1)
+        self.yrange = GrowingRange()
+        self._episode: str | None = None
         self.plot = _plot_widget("Task progress")
-        self.plot.setYRange(0, 1.05, padding=0)
         self.curve = _curve(self.plot.getPlotItem(), style.AUTONOMOUS, "progress")
+        self._timer = _RangeTimer(self, self._apply_range)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.plot)
 
     def show_snapshot(self, snap: Snapshot) -> None:
-        if self.history.add(snap.seq, _snap_time(snap), (snap.progress,)):
-            x, v = self.history.window()
-            self.curve.show_data(x, v[:, 0])
+        if not self.history.add(snap.seq, _snap_time(snap), (snap.progress,)):
+            return
+        x, v = self.history.window()
+        self.curve.show_data(x, v[:, 0])
+        if snap.episode_id != self._episode or len(self.history) == 1:
+            self._episode = snap.episode_id
+            self.yrange.reset()
+            self.yrange.add(v)
+        else:
+            self.yrange.add(v[-1])
+        self._apply_range()
+
+    def _apply_range(self) -> None:
+        r = self.yrange.apply()
+        if r is not None:
+            self.plot.setYRange(*r, padding=0)
+        self._timer.schedule([self.yrange])
 
 
 def _vec(a: np.ndarray | None, n: int) -> np.ndarray:
@@ -445,9 +462,9 @@ class PlotsPanel(QSplitter):
         self.gate = GatePlot()
         self.progress = ProgressPlot()
         self.actions = ActionPlots()
-        for w in (self.gate, self.progress, self.actions):
+        for i, (w, stretch) in enumerate(((self.gate, 1), (self.progress, 1), (self.actions, 2))):
             self.addWidget(w)
-        self.setStretchFactor(2, 2)
+            self.setStretchFactor(i, stretch)  # the per-dimension action plots get half the height
 
     def show_snapshot(self, snap: Snapshot) -> None:
         self.gate.show_snapshot(snap)
