@@ -77,9 +77,12 @@ class RecoveryOutcome(str, Enum):
 
 
 class ReviewStatus(str, Enum):
+    """A reviewer's verdict on a correction window; stored by value (new members are appended)."""
+
     PENDING = "pending"
     APPROVED = "approved"
     REJECTED = "rejected"
+    NEEDS_FIX = "needs_fix"  # sent back: the window's bounds or labels must be corrected before approval
 
 
 class Split(str, Enum):
