@@ -195,7 +195,10 @@ def _layers(st: EpisodeStore, episode_id: str, after: int = 0) -> list[LabelLaye
 def audit_trail(store: EpisodeStore | str | os.PathLike, window_id: str) -> list[AuditEntry]:
     """Every decision ever recorded on the window, oldest first, read from all of its episode's layers."""
     st = open_store(store)
-    row = find_window(st, window_id)
+    return _trail(st, find_window(st, window_id))
+
+
+def _trail(st: EpisodeStore, row: WindowRow) -> list[AuditEntry]:
     seen: set[tuple] = set()
     out = []
     for layer in _layers(st, row.episode_id):
@@ -225,7 +228,7 @@ def window_context(store: EpisodeStore | str | os.PathLike, window_id: str) -> d
             "windows_in_episode": len(layer.windows),
         },
         "qc": [q for q in layer.qc if q.window_id in (None, row.window_id)],
-        "trail": audit_trail(st, row.window_id),
+        "trail": _trail(st, row),
     }
 
 
