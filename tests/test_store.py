@@ -17,11 +17,13 @@ from hg_dagger.contract import (
     EndReason,
     LabelMask,
     LabelTarget,
+    ReplayStatus,
     ReviewDecision,
     ReviewStatus,
     Split,
     derive_labels,
 )
+from hg_dagger.contract.schema import ReplayCheck
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import EpisodeStore, validate_store
 
@@ -168,6 +170,58 @@ def test_label_layers_are_versions_never_overwrites(tmp_path):
     assert (again.load(eid)["label_mask"].numpy() == again.labels(eid, 4).mask).all()
     assert _files(path / "segments") == raw_before  # raw data untouched by labelling
     assert validate_store(again) == []
+
+
+def test_replay_check_is_a_label_layer_carried_over_and_read_back(tmp_path):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 7, 30, window=(10, 20))
+        rec.begin_episode(start(), fields())  # never committed
+    incomplete = next(i.episode_id for i in EpisodeStore.open(path).episodes(complete=False))
+    store = EpisodeStore.open(path, mode="a")
+    assert store.replay_check(eid) is None and store.replay_status(eid) == ReplayStatus.UNVERIFIED
+    assert store.replay_status(incomplete) == ReplayStatus.UNVERIFIED
+    check = ReplayCheck(status=ReplayStatus.REPLAY_MISMATCH, first_divergent_step=12, key="obs/state", error=0.5,
+                        steps_checked=12, checked_with={"seed": 7})
+    assert store.write_labels(eid, author="replay", replay=check) == 2
+    w = store.labels(eid).windows[0]
+    review = ReviewDecision(window_id=w.window_id, reviewer="r1", status=ReviewStatus.APPROVED)
+    assert store.write_labels(eid, author="r1", reviews=[review]) == 3  # the replay check is carried over
+    again = EpisodeStore.open(path)
+    assert again.labels(eid, 1).replay is None
+    assert again.labels(eid, 3).replay == check and again.replay_check(eid) == check
+    assert again.replay_status(eid) == ReplayStatus.REPLAY_MISMATCH
+    assert validate_store(again) == []
+    with pytest.raises(ContractError, match="step 30, outside the episode's 30 steps"):
+        store.write_labels(eid, author="replay", replay=check.model_copy(update={"first_divergent_step": 30}))
+    with pytest.raises(ContractError, match="incomplete"):
+        store.write_labels(incomplete, author="replay", replay=check)
+    with pytest.raises(ValueError, match="needs first_divergent_step and key"):
+        ReplayCheck(status=ReplayStatus.REPLAY_MISMATCH, key="obs/state")
+    with pytest.raises(ValueError, match="only meaningful for replay_mismatch"):
+        ReplayCheck(status=ReplayStatus.REPLAYABLE, first_divergent_step=3)
+
+
+def test_validate_names_a_replay_check_outside_its_episode(tmp_path):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 3, 10)
+    store = EpisodeStore.open(path, mode="a")
+    check = ReplayCheck(status=ReplayStatus.REPLAY_MISMATCH, first_divergent_step=4, key="obs/state", error=1.0)
+    v = store.write_labels(eid, author="replay", replay=check)
+    layer = path / "labels" / eid / f"v{v}.json"
+    data = json.loads(layer.read_text())
+    data["replay"]["first_divergent_step"] = 40  # written by something that skipped write_labels' checks
+    layer.write_text(json.dumps(data))
+    problems = [str(p) for p in validate_store(EpisodeStore.open(path))]
+    assert problems == [f"episode {eid} step 40 field 'replay': label layer v{v}: replay check diverges at step 40, "
+                        "outside the episode's 10 steps"]
+    data["replay"]["status"] = "maybe"
+    layer.write_text(json.dumps(data))
+    problems = [str(p) for p in validate_store(EpisodeStore.open(path))]
+    assert len(problems) == 1 and f"label layer {v} is corrupt" in problems[0] and "status" in problems[0]
 
 
 def test_committed_segments_are_never_rewritten(tmp_path):

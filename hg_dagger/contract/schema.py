@@ -211,6 +211,30 @@ class QCResult(_Model):
     flags: list[str] = Field(default_factory=list)
 
 
+class ReplayCheck(_Model):
+    """Whether an episode's recorded actions, re-run from its recorded initial state, reproduce its observations.
+
+    Training may only trust what it can re-check; replay_mismatch names where the re-run first left the record.
+    """
+
+    status: ReplayStatus
+    reason: str = ""  # why an episode is unverified or video_only
+    first_divergent_step: int | None = Field(default=None, ge=0)
+    key: str = ""  # the field that diverged first, e.g. "obs/observation"
+    error: float | None = None  # largest absolute difference beyond tolerance at that step
+    steps_checked: int = Field(default=0, ge=0)
+    checked_with: dict[str, Any] = Field(default_factory=dict)  # task version, mapping hash, tolerances, packages
+    t_wall: str = ""  # ISO time of the check, for audit only
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.status == ReplayStatus.REPLAY_MISMATCH and (self.first_divergent_step is None or not self.key):
+            raise ValueError("a replay_mismatch needs first_divergent_step and key")
+        if self.status != ReplayStatus.REPLAY_MISMATCH and self.first_divergent_step is not None:
+            raise ValueError(f"first_divergent_step is only meaningful for replay_mismatch, not {self.status.value}")
+        return self
+
+
 # --------------------------------------------------------------------------------------------
 # Episode metadata
 # --------------------------------------------------------------------------------------------

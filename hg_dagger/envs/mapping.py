@@ -161,6 +161,17 @@ class HumanAction(_Strict):
         return v
 
 
+class ReplayTolerance(_Strict):
+    """How closely a replayed episode must reproduce its stored observations (``hg-dagger replay``).
+
+    Not part of the mapping's hash or episode metadata: a tolerance judges recorded data, it does not change it."""
+
+    obs_atol: float = Field(default=1e-5, ge=0)  # absolute, per element of float observation keys
+    obs_rtol: float = Field(default=0.0, ge=0)  # relative to the stored value
+    image_atol: int = Field(default=0, ge=0, le=255)  # per pixel channel of uint8 camera keys
+    keys: dict[str, float] = Field(default_factory=dict)  # per observation key absolute tolerance overrides
+
+
 class Joints(_Strict):
     """Joint ordering of a joint-space observation key."""
 
@@ -191,6 +202,7 @@ class TaskMapping(_Strict):
     expert: ExpertAction = Field(default_factory=ExpertAction)
     human: HumanAction
     joints: Joints | None = None
+    replay: ReplayTolerance = Field(default_factory=ReplayTolerance)
 
     _source: str | None = PrivateAttr(default=None)
 
@@ -291,7 +303,7 @@ class TaskMapping(_Strict):
     @cached_property
     def hash(self) -> str:
         """Content hash of the mapping (sha256 of its canonical JSON, 16 hex chars)."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        text = json.dumps(self.model_dump(mode="json", exclude={"replay"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- observations
@@ -369,7 +381,7 @@ class TaskMapping(_Strict):
     # ---------------------------------------------------------------- metadata
     def as_metadata(self) -> dict[str, Any]:
         """Everything needed to rebuild the mapping, plus its hash (goes into EpisodeStart.mapping)."""
-        return {**self.model_dump(mode="json"), "hash": self.hash}
+        return {**self.model_dump(mode="json", exclude={"replay"}), "hash": self.hash}
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any]) -> TaskMapping:

@@ -1,6 +1,6 @@
 """Label layers: derived labels stored as numbered versions beside the raw steps, never overwritten.
 
-Version 1 is written by the recorder when an episode is committed; later versions (reviews, QC, edited windows)
+Version 1 is written by the recorder when an episode is committed; later versions (reviews, QC, replay checks, edited windows)
 by EpisodeStore.write_labels. Masks are stored run-length encoded as [[start, end, mask_code, target_code], ...].
 """
 
@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.enums import LabelMask, LabelTarget
-from hg_dagger.contract.schema import CorrectionWindow, ExpertCertification, QCResult, ReviewDecision
+from hg_dagger.contract.schema import (
+    CorrectionWindow,
+    ExpertCertification,
+    QCResult,
+    ReplayCheck,
+    ReviewDecision,
+)
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class LabelLayer:
     certifications: list[ExpertCertification] = field(default_factory=list)
     reviews: list[ReviewDecision] = field(default_factory=list)
     qc: list[QCResult] = field(default_factory=list)
+    replay: ReplayCheck | None = None  # None: never replayed (status unverified)
     created_wall: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -38,6 +45,7 @@ class LabelLayer:
             "certifications": [c.model_dump(mode="json") for c in self.certifications],
             "reviews": [r.model_dump(mode="json") for r in self.reviews],
             "qc": [q.model_dump(mode="json") for q in self.qc],
+            "replay": None if self.replay is None else self.replay.model_dump(mode="json"),
         }
 
     @classmethod
@@ -52,6 +60,7 @@ class LabelLayer:
             certifications=[ExpertCertification.model_validate(c) for c in d.get("certifications", [])],
             reviews=[ReviewDecision.model_validate(r) for r in d.get("reviews", [])],
             qc=[QCResult.model_validate(q) for q in d.get("qc", [])],
+            replay=None if d.get("replay") is None else ReplayCheck.model_validate(d["replay"]),
             created_wall=str(d.get("created_wall", "")),
         )
 

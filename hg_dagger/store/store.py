@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import zarr
 
-from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget
+from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget, ReplayStatus
 from hg_dagger.contract.labels import derive_labels, label_violations
 from hg_dagger.contract.schema import (
     SCHEMA_VERSION,
@@ -24,6 +24,7 @@ from hg_dagger.contract.schema import (
     ExpertCertification,
     FieldSpec,
     QCResult,
+    ReplayCheck,
     ReviewDecision,
 )
 from hg_dagger.errors import ContractError, StoreError
@@ -350,6 +351,7 @@ class EpisodeStore:
         reviews: Iterable[ReviewDecision] | None = None,
         qc: Iterable[QCResult] | None = None,
         mask: np.ndarray | None = None,
+        replay: ReplayCheck | None = None,
     ) -> int:
         """Add a label layer (never overwrites one); returns its version. Arguments left as None are carried over
         from the latest layer. Without a mask, mask and target follow contract.derive_labels; a given mask may
@@ -365,8 +367,10 @@ class EpisodeStore:
         certifications = prev.certifications if certifications is None else list(certifications)
         reviews = prev.reviews if reviews is None else list(reviews)
         qc = prev.qc if qc is None else list(qc)
+        replay = prev.replay if replay is None else replay
         n = rec.end.num_steps
         _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
+        _check_replay(episode_id, n, replay, ContractError)
         raw = self.read_steps(episode_id, [f for f in LABEL_INPUTS if f in rec.segment.fields])
         inputs = {k: raw.get(k, _fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
         derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode,
@@ -390,13 +394,25 @@ class EpisodeStore:
         while True:
             version = max(self.label_versions(episode_id)) + 1
             layer = LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
-                               certifications=certifications, reviews=reviews, qc=qc,
+                               certifications=certifications, reviews=reviews, qc=qc, replay=replay,
                                created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
             key = f"{layout.LABELS}/{episode_id}/v{version}.json"
             if layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True):
                 self._labelled = None
                 return version
             self._labelled = None
+
+    def replay_check(self, episode_id: str) -> ReplayCheck | None:
+        """The latest replay verification of an episode (from its latest label layer); None if never replayed."""
+        return self.labels(episode_id).replay
+
+    def replay_status(self, episode_id: str) -> ReplayStatus:
+        """The episode's current replay status: the latest check's, else the committed end record's (unverified)."""
+        check = self.replay_check(episode_id)
+        if check is not None:
+            return check.status
+        rec = self._record(episode_id)
+        return rec.end.replay_status if rec.committed else ReplayStatus.UNVERIFIED
 
     # ------------------------------------------------------------------ writing and batches
 
@@ -506,6 +522,13 @@ def _check_bindings(episode_id, n, windows, certifications, reviews, qc, error) 
     for q in qc:
         if q.episode_id != episode_id or (q.window_id is not None and q.window_id not in ids):
             raise error(f"episode {episode_id}: QC result does not belong to this episode or its windows")
+
+
+def _check_replay(episode_id, n, replay: ReplayCheck | None, error) -> None:
+    """A replay check's divergent step must be one of the episode's steps."""
+    if replay is not None and replay.first_divergent_step is not None and replay.first_divergent_step >= max(n, 1):
+        raise error(f"episode {episode_id}: replay check diverges at step {replay.first_divergent_step}, "
+                    f"outside the episode's {n} steps")
 
 
 def _fill_column(spec: FieldSpec | None, name: str, n: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from hg_dagger.contract.schema import step_fields
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import layout
 from hg_dagger.store.segment import SegmentView
-from hg_dagger.store.store import LABEL_INPUTS, EpisodeStore, _check_bindings, _fill_column
+from hg_dagger.store.store import LABEL_INPUTS, EpisodeStore, _check_bindings, _check_replay, _fill_column
 
 TIME_FIELDS = ("t_obs", "t_policy", "t_action_apply", "t_device")
 ORDERED_TIMES = ("t_obs", "t_policy", "t_action_apply")
@@ -218,6 +218,10 @@ def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callab
         _check_bindings(eid, n, layer.windows, layer.certifications, layer.reviews, layer.qc, collect)
     except _Collected as exc:
         bad(None, "labels", f"{where}: {_strip(str(exc), eid)}")
+    try:
+        _check_replay(eid, n, layer.replay, collect)
+    except _Collected as exc:
+        bad(layer.replay.first_divergent_step, "replay", f"{where}: {_strip(str(exc), eid)}")
     for w in layer.windows:
         owner = window_owner.setdefault(w.window_id, f"{eid} v{v}")
         if not owner.startswith(eid + " "):
