@@ -26,6 +26,7 @@ KINDS: dict[str, str] = {
     "run": "hg_dagger.control.session:RunConfig",
     "device": "hg_dagger.devices.configs:DeviceFile",
     "auto": "hg_dagger.learn.auto:AutoConfig",
+    "qc": "hg_dagger.review.qc:QCConfig",
 }
 
 

@@ -274,6 +274,13 @@ def test_incomplete_episodes_are_skipped_and_naming_one_is_an_error(tmp_path):
 # ------------------------------------------------------------------------------------------ config and CLI
 
 
+def test_shipped_config_holds_the_defaults_and_config_check_knows_its_kind():
+    from hg_dagger.config import CONFIG_DIR, check
+
+    path = CONFIG_DIR / "qc" / "default.yaml"
+    assert load_qc_config(path) == QCConfig() and check(path) == QCConfig()
+
+
 def test_config_file_is_validated_naming_the_key(tmp_path):
     good = tmp_path / "qc.yaml"
     good.write_text("kind: qc\nlatency_budget_ms: 50\nmax_clamped_fraction: 0.2\n")

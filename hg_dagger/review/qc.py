@@ -166,7 +166,7 @@ class QCSummary:
             f"{len(wins)} windows ({sum(r.passed for r in wins)} passed)",
             "failing checks: " + (", ".join(f"{c} {self.counts(False)[c]['failed']}+{self.counts(True)[c]['failed']}"
                                             for c in failed) or "none"),
-            f"reviews {rev.get('approved', 0)} approved/{rev.get('rejected', 0)} rejected/{rev.get('pending', 0)} pending",
+            "reviews " + "/".join(f"{rev.get(s.value, 0)} {s.value}" for s in ReviewStatus),
         ]
         if self.incomplete:
             parts.append(f"{len(self.incomplete)} incomplete skipped")
@@ -487,9 +487,7 @@ def _episode_result(ep: _Ep, cfg: QCConfig, wins: list[QCResult]) -> tuple[QCRes
     checks["review"] = statuses.get("approved", 0) == len(ep.layer.windows)
     figs.update({"reviews": {s.value: statuses.get(s.value, 0) for s in ReviewStatus},
                  "replay_training_authorized": authorized})
-    for s in ("pending", "rejected"):
-        if statuses.get(s):
-            flags.append(f"review_{s}")
+    flags += [f"review_{s.value}" for s in ReviewStatus if s != ReviewStatus.APPROVED and statuses.get(s.value)]
 
     passed = all(checks[c] for c in QUALITY_CHECKS)
     return QCResult(episode_id=info.episode_id, window_id=None, passed=passed, checks=checks, flags=flags), figs
@@ -509,7 +507,8 @@ def _window_result(ep: _Ep, w: CorrectionWindow, cfg: QCConfig) -> tuple[QCResul
     empty = e <= s
     no_policy = int((sel & valid & ~np.isfinite(d["policy_action"]).all(axis=1)).sum())
     no_applied = int((sel & valid & ~np.isfinite(d["applied_action"]).all(axis=1)).sum())
-    no_outcome = w.outcome == RecoveryOutcome.NONE
+    relabel = not human and w.outcome == RecoveryOutcome.NONE  # an automatic expert run relabels, recovers nothing
+    no_outcome = human and w.outcome == RecoveryOutcome.NONE
     for cond, flag in ((empty, "empty_window"), (no_policy, "missing_policy_action"),
                        (no_applied, "missing_applied_action"), (no_outcome, "missing_outcome"),
                        (ep.missing, "missing_fields")):
@@ -567,9 +566,9 @@ def _window_result(ep: _Ep, w: CorrectionWindow, cfg: QCConfig) -> tuple[QCResul
                  else (w.t_handover - t_first) / 1e6})
 
     # 5 recovery outcome
-    checks["recovery"] = w.outcome == RecoveryOutcome.RECOVERY_SUCCESS
+    checks["recovery"] = w.outcome == RecoveryOutcome.RECOVERY_SUCCESS or relabel
     figs["outcome"] = w.outcome.value
-    if w.outcome != RecoveryOutcome.RECOVERY_SUCCESS:
+    if not checks["recovery"]:
         flags.append(f"recovery_{w.outcome.value}")
 
     # 6 review / authorization
