@@ -287,6 +287,7 @@ def check_episode(store: EpisodeStore, info: EpisodeInfo, cfg: QCConfig) -> Epis
     ep = _Ep(info, store.labels(eid), d, missing, n, low, high, max_delta, cfg.budget_ns(info.start.control_hz))
     wins = [_window_result(ep, w, cfg) for w in ep.layer.windows]
     result, figs = _episode_result(ep, cfg, [r for r, _ in wins])
+    figs["replay_status"] = store.replay_status(eid).value  # reported beside the review state; `hg-dagger replay` sets it
     figures = {None: figs, **{r.window_id: f for r, f in wins}}
     return EpisodeQC(eid, [result, *(r for r, _ in wins)], figures)
 
