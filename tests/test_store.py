@@ -203,6 +203,22 @@ def test_replay_check_is_a_label_layer_carried_over_and_read_back(tmp_path):
         ReplayCheck(status=ReplayStatus.REPLAYABLE, first_divergent_step=3)
 
 
+def test_a_layer_written_meanwhile_by_another_handle_is_merged_not_dropped(tmp_path):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 5, 20, window=(5, 10))
+    replayer, reviewer = EpisodeStore.open(path, mode="a"), EpisodeStore.open(path, mode="a")
+    assert replayer.labels(eid).version == 1  # its view of the layers is now stale
+    w = reviewer.labels(eid).windows[0]
+    review = ReviewDecision(window_id=w.window_id, reviewer="r1", status=ReviewStatus.APPROVED)
+    assert reviewer.write_labels(eid, author="r1", reviews=[review]) == 2
+    check = ReplayCheck(status=ReplayStatus.REPLAYABLE, steps_checked=20)
+    assert replayer.write_labels(eid, author="replay", replay=check) == 3
+    latest = EpisodeStore.open(path).labels(eid)
+    assert latest.version == 3 and latest.reviews == [review] and latest.replay == check
+
+
 def test_validate_names_a_replay_check_outside_its_episode(tmp_path):
     path = tmp_path / "s"
     store = EpisodeStore.create(path)

@@ -362,17 +362,28 @@ class EpisodeStore:
         rec = self._record(episode_id)
         if not rec.committed:
             raise ContractError(f"episode {episode_id}: incomplete (never committed); it cannot be labelled")
-        prev = self.labels(episode_id)
-        windows = prev.windows if windows is None else list(windows)
-        certifications = prev.certifications if certifications is None else list(certifications)
-        reviews = prev.reviews if reviews is None else list(reviews)
-        qc = prev.qc if qc is None else list(qc)
-        replay = prev.replay if replay is None else replay
         n = rec.end.num_steps
-        _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
-        _check_replay(episode_id, n, replay, ContractError)
         raw = self.read_steps(episode_id, [f for f in LABEL_INPUTS if f in rec.segment.fields])
         inputs = {k: raw.get(k, _fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
+        given = {"windows": windows, "certifications": certifications, "reviews": reviews, "qc": qc}
+        while True:
+            # the new layer directly follows the one its carried-over parts come from: a layer another writer
+            # adds in between takes our number, and we merge again from it (nothing it holds is dropped)
+            prev = self.labels(episode_id)
+            kept = {k: (getattr(prev, k) if v is None else list(v)) for k, v in given.items()}
+            layer = self._new_layer(episode_id, rec, n, inputs, prev.version + 1, author, mask,
+                                    replay=prev.replay if replay is None else replay, **kept)
+            key = f"{layout.LABELS}/{episode_id}/v{layer.version}.json"
+            stored = layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True)
+            self._labelled = None
+            if stored:
+                return layer.version
+
+    def _new_layer(self, episode_id, rec, n, inputs, version, author, mask, *, windows, certifications, reviews, qc,
+                   replay) -> LabelLayer:
+        """A label layer checked against the bindings and the label rules (ContractError naming the episode)."""
+        _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
+        _check_replay(episode_id, n, replay, ContractError)
         derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode,
                                 quality_flags=rec.end.quality_flags)
         if mask is None:
@@ -391,16 +402,9 @@ class EpisodeStore:
                 raise ContractError(f"mask breaks the label rules: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
             trainable = new_mask == LabelMask.TRAINABLE.code
             new_target = np.where(trainable, derived.target, LabelTarget.NONE.code).astype(np.uint8)
-        while True:
-            version = max(self.label_versions(episode_id)) + 1
-            layer = LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
-                               certifications=certifications, reviews=reviews, qc=qc, replay=replay,
-                               created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
-            key = f"{layout.LABELS}/{episode_id}/v{version}.json"
-            if layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True):
-                self._labelled = None
-                return version
-            self._labelled = None
+        return LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
+                          certifications=certifications, reviews=reviews, qc=qc, replay=replay,
+                          created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
 
     def replay_check(self, episode_id: str) -> ReplayCheck | None:
         """The latest replay verification of an episode (from its latest label layer); None if never replayed."""
