@@ -91,6 +91,8 @@ def test_clean_gated_store_passes_and_a_rerun_writes_nothing(tmp_path, student):
     assert again.layers_written == 0 and again.unchanged == 3
     assert [EpisodeStore.open(url).label_versions(e.episode_id) for e in again.episodes] == [[1, 2]] * 3
     assert "0 layer(s) written, 3 unchanged" in again.line()
+    stricter = run_qc(url, config=QCConfig(latency_budget_ms=1e-6))  # other thresholds, other results
+    assert stricter.layers_written == 3 and not any(e.episode.passed for e in stricter.episodes)
 
 
 def test_review_decisions_and_recovery_outcomes_are_reported_beside_quality(tmp_path, student):
@@ -241,6 +243,29 @@ def test_unsigned_human_steps_misordered_times_and_invalid_steps_fail(tmp_path):
     assert not e.episode.checks["completeness"] and "unaccounted_invalid_steps" in e.episode.flags
     assert e.figures[None]["invalid_steps"] == 1 and e.figures[w.window_id]["misordered_times"] == 1
     assert e.episode_id == eid and not e.episode.passed
+
+
+def test_actions_outside_the_recorded_limits_and_clock_misalignment_fail(tmp_path):
+    steps = _steps(10, human=range(2, 8))
+    steps[4]["applied_action"] = np.full(sh.ACTION_DIM, 1.5, np.float32)  # beyond the mapping's bound and a jump
+    steps[6]["alignment_error_ms"] = np.float32(50.0)
+    store = EpisodeStore.create(str(tmp_path / "s"))
+    rec = store.recorder(flush_interval_s=0.05)
+    start = sh.start(mapping={"action": {"low": [-1.0] * sh.ACTION_DIM, "high": [1.0] * sh.ACTION_DIM}},
+                     gate_config={"safety": {"enabled": True, "limits": {"max_delta": [0.5] * sh.ACTION_DIM}}})
+    eid = rec.begin_episode(start, sh.fields())
+    for s in steps:
+        rec.put(eid, s)
+    rec.end_episode(eid, sh.end(10), windows=[_window(2, 8, steps[2]["t_action_apply"])(eid)])
+    rec.close()
+    (e,) = run_qc(tmp_path / "s", config=LOOSE).episodes
+    for r in e.results:
+        f = e.figures[r.window_id]
+        assert f["out_of_bounds"] == 1 and f["over_max_delta"] == 2  # into step 4 and back out of it
+        assert {"out_of_bounds", "over_max_delta", "alignment_error"} <= set(r.flags)
+        assert not r.checks["executability"] and not r.checks["time_alignment"] and not r.passed
+        assert r.checks["completeness"] and r.checks["label_consistency"]
+    assert e.figures[None]["alignment_error_max_ms"] == 50.0
 
 
 def test_failed_recovery_is_a_figure_not_a_quality_failure(tmp_path):
