@@ -16,7 +16,8 @@ from hg_dagger.contract.enums import ReplayStatus
 from hg_dagger.control.build import build_session
 from hg_dagger.control.run_config import load_run_config
 from hg_dagger.envs import load_mapping, make_env
-from hg_dagger.errors import StoreError
+from hg_dagger.envs.mapping import ReplayTolerance
+from hg_dagger.errors import ConfigError, StoreError
 from hg_dagger.learn.auto import AutoConfig, AutoRun
 from hg_dagger.policy import Student
 from hg_dagger.review.replay import replay_episode, replay_store
@@ -77,6 +78,11 @@ def test_a_perturbed_action_is_a_mismatch_at_that_step(toy_store):
     assert (check.first_divergent_step, check.key, check.steps_checked) == (k, "reward", k)
     assert check.error > 1e-3 and f"step {k}: reward differs" in check.reason
     assert replay_episode(store, info.episode_id, perturb={k: np.zeros_like(action)}).status == ReplayStatus.REPLAYABLE
+    loose = replay_episode(store, info.episode_id, perturb={k: _perturbation(action)},
+                           tolerance=ReplayTolerance(obs_atol=check.error * 2, keys={"qpos": 0.0}))
+    # the reward now passes; the joint angles of step k + 1, held to zero tolerance, do not
+    assert (loose.status, loose.first_divergent_step, loose.key) == (ReplayStatus.REPLAY_MISMATCH, k + 1, "obs/qpos")
+    assert loose.checked_with["tolerance"]["keys"] == {"qpos": 0.0}
 
 
 def test_fetch_pick_place_run_replays_and_a_perturbed_copy_does_not(tmp_path, capsys):
@@ -161,6 +167,8 @@ def test_robot_bridge_episodes_are_video_only_and_a_changed_task_is_not_replayed
     assert changed.hash in other.check.reason
     # the tolerances are not part of what was recorded: changing them keeps the hash
     assert mapping.model_copy(update={"replay": {"obs_atol": 1.0}}).hash == mapping.hash
+    with pytest.raises(ConfigError, match=r"replay.keys names \['nope'\], not observation keys"):
+        mapping.model_copy(update={"replay": {"keys": {"nope": 1.0}}})
 
 
 def test_bad_input_is_one_readable_line_and_writes_nothing(tmp_path, capsys):

@@ -215,6 +215,8 @@ class TaskMapping(_Strict):
         names = [k.name for k in self.observation]
         if len(set(names)) != len(names):
             raise ValueError(f"observation: duplicate key names in {names}")
+        if set(self.replay.keys) - set(names):
+            raise ValueError(f"replay.keys names {sorted(set(self.replay.keys) - set(names))}, not observation keys ({names})")
         if not any(k.flattened for k in self.observation):
             raise ValueError("observation: at least one key must be flattened for policies")
         for part, model in (("policy", self.policy), ("expert", self.expert), ("human", self.human)):
