@@ -161,6 +161,8 @@ def replay_episode(store, episode_id: str, *, perturb: Mapping[int, Any] | None 
     seed = start.initial_state.get("seed")
     if seed is None:
         return verdict(ReplayStatus.UNVERIFIED, "no recorded initial state")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        return verdict(ReplayStatus.UNVERIFIED, f"recorded initial_state seed {seed!r} is not an integer")
     try:
         from hg_dagger.envs import load_mapping
 
