@@ -12,7 +12,8 @@ control process (the app runs its ControlLoop in a process of its own). Three sc
 
 Printed per scenario: achieved control rate against the target, tick jitter p99 (start against
 schedule), missed ticks, time inside a tick p99, obs -> apply latency p50/p99, GUI frames per
-second (snapshots drawn), and each figure's ratio to the headless run.
+second (refresh timer turns completed; the window's 30 Hz refresh), snapshots drawn per second (at
+most the control rate), and each figure's ratio to the headless run.
 
     QT_QPA_PLATFORM=offscreen python benchmarks/bench_app.py [--seconds 30] [--quick] [--json out.json]
 """
@@ -56,11 +57,12 @@ def build(store: str, seed: int):
 
 def measure(loop, seconds: float, app=None, block: bool = False) -> dict:
     """Per-tick figures over the scenario from the loop's own schedule, and GUI frames drawn."""
-    frames = [0]
+    frames, polls = [0], [0]
     if app is not None:
         from PyQt6 import QtCore
 
         app.window.reader.snapshot.connect(lambda _s: frames.__setitem__(0, frames[0] + 1))
+        app.window.reader.timer.timeout.connect(lambda: polls.__setitem__(0, polls[0] + 1))
     snap0 = loop.slot.wait_for(lambda s: s.phase == "running", 120)
     assert snap0 is not None, loop.slot.read().message
     h0 = snap0.health
@@ -86,7 +88,8 @@ def measure(loop, seconds: float, app=None, block: bool = False) -> dict:
         "target_hz": h.target_hz, "achieved_hz": ticks / elapsed, "window_hz": h.achieved_hz,
         "jitter_p99_ms": h.jitter_p99_ms, "missed_ticks": h.missed_ticks - h0.missed_ticks,
         "tick_ms_p99": h.tick_ms_p99, "latency_p50_ms": h.latency_p50_ms, "latency_p99_ms": h.latency_p99_ms,
-        "gui_fps": frames[0] / elapsed if app is not None else 0.0, "episodes": snap.counters.episodes,
+        "gui_fps": polls[0] / elapsed if app is not None else 0.0,
+        "drawn_per_s": frames[0] / elapsed if app is not None else 0.0, "episodes": snap.counters.episodes,
         "handovers": snap.counters.context_switches, "recorder_dropped": h.recorder_dropped,
     }
 
@@ -131,7 +134,7 @@ def main() -> None:
     print(f"{TASK}, 25 Hz, 256 px live view, synthetic operator, {seconds:.0f} s per scenario, "
           f"load {os.getloadavg()[0]:.1f}")
     cols = ("achieved_hz", "jitter_p99_ms", "missed_ticks", "tick_ms_p99", "latency_p50_ms", "latency_p99_ms",
-            "gui_fps", "handovers")
+            "gui_fps", "drawn_per_s", "handovers")
     print(f"{'scenario':10s} " + " ".join(f"{c:>15s}" for c in cols))
     for k, r in res.items():
         print(f"{k:10s} " + " ".join(f"{r[c]:15.2f}" for c in cols))

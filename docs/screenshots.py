@@ -4,7 +4,8 @@
 
 Opens the operator app on the embedded task with the in-window keyboard, starts an episode, and
 grabs the window: the student driving, a gate asking for the operator, the operator correcting
-(keys sent as the window would send them), and the rounds tab. Needs a display (Xvfb is fine).
+(keys sent as the window would send them), and the rounds tab after the next student was trained
+and has run an episode. Needs a display (Xvfb is fine).
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ def main() -> int:
     def step() -> None:
         state["t"] += 1
         if state["t"] * 0.1 > args.timeout:
-            print("timed out waiting for the app", file=sys.stderr)
+            snap = op.loop.slot.read() if op.loop is not None else None
+            print(f"timed out waiting for the app in step {state['phase']!r}"
+                  + (f" (phase {snap.phase}, {snap.message!r})" if snap is not None else ""), file=sys.stderr)
+            if op.window is not None:
+                op.window.close()
             app.exit(1)
             return
         if op.window is None or op.loop is None:
@@ -82,7 +87,17 @@ def main() -> int:
                 cmd(live.KeyEvent(key, False))
             state["phase"] = "rounds"
         elif ph == "rounds" and snap.control_state in ("autonomous", "warning", "returning"):
+            cmd(live.MarkOutcome(False))  # the operator's verdict ends the episode
+            state["phase"] = "train"
+        elif ph == "train" and snap.counters.episodes >= 1 and op.job is None:
+            op.train_next(keep_running=True)  # the Rounds tab's button, without its question
             op.window.tabs.setCurrentWidget(op.window.rounds)
+            state["phase"] = "training"
+        elif ph == "training" and op.job is None and "new student" in snap.message:
+            state["phase"], state["episodes"] = "second", snap.counters.episodes
+            if snap.phase == "idle":
+                cmd(live.StartEpisodes(1))
+        elif ph == "second" and snap.counters.episodes >= state["episodes"] + 1:
             grab("console-rounds")
             op.window.close()
             state["phase"] = "closing"

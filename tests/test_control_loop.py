@@ -61,6 +61,7 @@ def test_synthetic_run_publishes_snapshots_and_leaves_a_valid_store(tmp_path, lo
     assert done is not None and done.counters.windows >= 1 and done.counters.human_steps > 0
     assert done.health.ticks > 0 and done.health.target_hz == 200 and done.health.achieved_hz > 0
     assert done.rounds and done.rounds[-1]["episodes"] == 2
+    assert done.control_state == "autonomous" and done.t_request_ns is None, "between episodes nothing is stale"
     assert np.all(np.diff([s.seq for s in seen]) >= 0), "snapshots arrive in order"
     loop.stop()
     assert loop.slot.read().phase == "stopped"

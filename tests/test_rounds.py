@@ -56,3 +56,30 @@ def test_train_round_reports_progress_in_process(tmp_path):
                       report=lambda s, f: got.append((s, f)))
     train = [f for s, f in got if s == "training"]
     assert train[-1] == 1.0 and len(train) >= 10 and res["labels"] > 0
+
+
+def test_calibration_samples_come_from_states_the_policy_drove(tmp_path):
+    from hg_dagger.contract import ActionSource, CollectionMode
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
+    from hg_dagger.learn.aggregate import flatten_td
+    from hg_dagger.learn.rounds import autonomous_uncertainty
+
+    store = str(tmp_path / "s.zarr")
+    boot = bootstrap_student(task="toy_reach", store=store, out_dir=str(tmp_path / "b"), demos=2, steps=20,
+                             report=lambda *_: None)
+    run_gated(load_run_config(None, "toy_reach", episodes=2, num_envs=1), store, student_path=boot["checkpoint"],
+              progress=False)
+    st = EpisodeStore.open(store)
+    policy_steps = other_steps = 0
+    for info in st.episodes():
+        src = flatten_td(st.load(info.episode_id, fields=["action_source"]))["action_source"]
+        mine = src == ActionSource.POLICY.code
+        if info.start.mode == CollectionMode.HUMAN_GATED:
+            policy_steps += int(mine.sum())
+        other_steps += int((~mine).sum()) + (int(mine.sum()) if info.start.mode != CollectionMode.HUMAN_GATED else 0)
+    assert policy_steps > 0
+    unc = autonomous_uncertainty(store, boot["checkpoint"], "toy_reach", min_steps=1)
+    assert len(unc) == policy_steps and np.isfinite(unc).all()
+    filled = autonomous_uncertainty(store, boot["checkpoint"], "toy_reach", min_steps=10**6)
+    assert len(filled) == min(5000, policy_steps + other_steps), "an early round fills up with other states"

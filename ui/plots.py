@@ -282,7 +282,7 @@ class GatePlot(QWidget):
         self.lines: dict[str, pg.InfiniteLine] = {}
         for key, colour in (("warn", style.WARNING), ("trigger", style.SAFETY)):
             line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
-                                   label=key, labelOpts={"position": 0.08, "color": colour, "anchors": [(0, 1), (0, 1)]})
+                                   label=key, labelOpts={"position": 0.35, "color": colour, "anchors": [(0, 1), (0, 1)]})
             line.setVisible(False)
             for item in (line, line.label):  # drawn over by the curves every frame: blit, not redraw
                 item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)

@@ -348,7 +348,7 @@ class ControlLoop:
         rec = s.rec
         health = self.health.snapshot(rec.queue_len, rec.stats.dropped_steps) if hasattr(self, "health") else live.LoopHealth()
         kw: dict[str, Any] = {}
-        last = s.last
+        last = s.last if s.eids[0] is not None else None  # between episodes the last tick says nothing
         if last is not None:
             r = 0
             state = ControlState.from_code(int(last.control_state[r])).value

@@ -126,9 +126,11 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
             "loss_last": result["loss_last"], "seconds": result["seconds"], "calibration": unc}
 
 
-def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps: int = 5000) -> list[float]:
+def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps: int = 5000,
+                           min_steps: int = 500) -> list[float]:
     """The student's uncertainty on the newest states where a policy acted on its own (human-gated
-    episodes, action_source policy): the samples the confidence gate's quantile rule needs."""
+    episodes, action_source policy): the samples the confidence gate's quantile rule needs. With fewer
+    than ``min_steps`` of those (an early round), the other recorded states of the task fill up."""
     import numpy as np
 
     from hg_dagger.contract import ActionSource, CollectionMode
@@ -143,17 +145,22 @@ def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps:
     keys = list(mapping.obs_spec())
     out: list[np.ndarray] = []
     n = 0
-    infos = [i for i in st.episodes() if i.complete and i.start.mode == CollectionMode.HUMAN_GATED
-             and i.start.task.task_id == task]
-    for info in reversed(infos):
-        flat = flatten_td(st.load(info.episode_id, fields=[f"obs/{k}" for k in keys] + ["action_source"]))
-        rows = flat["action_source"] == ActionSource.POLICY.code
-        if not rows.any():
-            continue
-        u = student.act({k: flat[f"obs/{k}"][rows] for k in keys}).uncertainty
-        out.append(np.asarray(u, np.float32))
-        n += int(rows.sum())
-        if n >= max_steps:
+    infos = [i for i in st.episodes() if i.complete and i.start.task.task_id == task
+             and i.start.mode != CollectionMode.EVAL]
+    gated = [i for i in infos if i.start.mode == CollectionMode.HUMAN_GATED]
+    for policy_only in (True, False):
+        for info in reversed(gated if policy_only else infos):
+            flat = flatten_td(st.load(info.episode_id, fields=[f"obs/{k}" for k in keys] + ["action_source"]))
+            src = flat["action_source"]
+            rows = src == ActionSource.POLICY.code if policy_only else src != ActionSource.POLICY.code
+            if not rows.any():
+                continue
+            u = student.act({k: flat[f"obs/{k}"][rows] for k in keys}).uncertainty
+            out.append(np.asarray(u, np.float32))
+            n += int(rows.sum())
+            if n >= max_steps:
+                break
+        if n >= min_steps:
             break
     return [float(x) for x in np.concatenate(out)[:max_steps]] if out else []
 
