@@ -294,3 +294,11 @@ def test_progress_in_the_task_units_stays_in_view(qtbot, live):
         assert lo <= -0.31 and hi >= -0.12 and hi < 0.5
 
     qtbot.waitUntil(in_view, timeout=5000)  # a growth falls due within the range's interval
+
+
+def test_a_nearly_flat_signal_is_shown_at_its_own_scale():
+    r = GrowingRange()
+    r.add([-0.321345, -0.32135])
+    lo, hi = r.apply()
+    assert hi - lo >= 0.1 * 0.32135, "noise in the sixth digit must not fill the plot"
+    assert lo <= -0.32135 and hi >= -0.321345

@@ -145,7 +145,9 @@ class GrowingRange:
         if self.lo is not None:
             lo, hi = min(lo, self.lo), max(hi, self.hi)
         span = hi - lo
-        pad = self.margin * span if span > 0 else max(0.5 * abs(hi), 1e-3)  # a flat line: a span of its scale
+        scale = max(abs(lo), abs(hi))
+        # a flat or nearly flat line gets a span of its own scale, so noise in the 6th digit is not magnified
+        pad = self.margin * span if span > 0.1 * scale else max(0.5 * scale, 1e-3)
         # grow only the sides that need it: a side already covering the data stays where it is
         new_lo = self.lo if self.lo is not None and lo >= self.lo else lo - pad
         new_hi = self.hi if self.hi is not None and hi <= self.hi else hi + pad

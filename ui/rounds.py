@@ -11,6 +11,7 @@ from PyQt6.QtCore import Qt, pyqtSignal
 from PyQt6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
@@ -49,6 +50,8 @@ class RoundsPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setWordWrap(False)
         self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.graph = pg.GraphicsLayoutWidget()
         self.graph.setBackground("w")
@@ -79,8 +82,8 @@ class RoundsPanel(QWidget):
         self.message = QLabel()
         self.message.setWordWrap(True)
         lay = QVBoxLayout(self)
-        lay.addWidget(self.table, 1)
-        lay.addWidget(self.graph, 1)
+        lay.addWidget(self.table, 3)  # the rounds themselves first; the plot is the trend
+        lay.addWidget(self.graph, 2)
         row = QHBoxLayout()
         row.addWidget(self.train)
         row.addWidget(self.progress, 1)
