@@ -134,8 +134,10 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     assert win.rounds.message.text().startswith("new student"), win.rounds.message.text()
     new = wait_snap(qtbot, op, lambda s: "new student" in s.message)
     qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
-    new = wait_snap(qtbot, op, lambda s: s.phase == "running" and s.policy_version != old)
-    assert new.rounds and new.rounds[0]["policy_version"] == old and new.rounds[0]["human_labels"] >= 10
+    new = wait_snap(qtbot, op, lambda s: s.phase == "running" and s.policy_version != old and len(s.rounds) == 2)
+    assert new.rounds[0]["policy_version"] == old and new.rounds[0]["human_labels"] >= 10
+    assert new.rounds[0]["episodes"] == 1 and new.rounds[1]["policy_version"] == new.policy_version
+    assert new.rounds[1]["current"] and not new.rounds[0]["current"]
     assert close_app(qtbot, op) == 0
 
     info = check_correction(store, "op-qt", old)

@@ -91,8 +91,7 @@ class ControlLoop:
         self._last_frame_ns = 0
         self._message = ""
         self._discarded = 0
-        self._rounds: list[dict[str, Any]] = []
-        self._round_base: dict[str, Any] | None = None
+        self._per_version: dict[str, dict[str, int]] = {}  # policy_version -> what it did, in order of first use
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
 
     # ---- lifecycle (any thread) ------------------------------------------------------------
@@ -135,7 +134,6 @@ class ControlLoop:
         hz = float(self._rate_hz or m.control_hz)
         period = int(round(1e9 / hz))
         self.health = _Health(hz)
-        self._round_base = self._counts()
         t0 = time.monotonic_ns()
         k = 0
         try:
@@ -171,9 +169,11 @@ class ControlLoop:
 
     def _one_tick(self) -> None:
         s = self.session
+        version, before = s.student.version, self._counts()  # the student acting now (a swap waits)
         for cmd in self.commands.drain():
             self._handle(cmd)
             if self._stop.is_set():
+                self._attribute(version, before)
                 return
         ticked = False
         if s.running and not self._paused:
@@ -187,6 +187,7 @@ class ControlLoop:
                     self.health.latency.append(lat)
         elif not s.running:
             s.poll_idle()  # devices stay live for the panel between episodes
+        self._attribute(version, before)
         self._render(ticked)
         self._publish()
 
@@ -286,7 +287,6 @@ class ControlLoop:
 
         s = self.session
         student = Student.load(path, s.mapping)
-        self._close_round()
         s.set_student(student)
         cal = None
         if calibration and s.gates.confidence is not None and s.gates.confidence.spec.calibration is not None:
@@ -294,43 +294,32 @@ class ControlLoop:
         self._message = f"new student {student.version}" + (
             f", confidence gate recalibrated (trigger {cal['trigger']:.3g})" if cal else "")
 
-    def _counts(self) -> dict[str, Any]:
+    def _counts(self) -> dict[str, int]:
         sm = self.session.summary
         return {"episodes": sm.episodes, "successes": sm.successes, "steps": sm.steps,
-                "human_steps": sm.human_steps, "context_switches": sm.context_switches,
-                "policy_version": self.session.student.version}
+                "human_labels": sm.human_steps, "context_switches": sm.context_switches}
 
-    def _close_round(self) -> None:
-        now, base = self._counts(), self._round_base or self._counts()
-        eps = now["episodes"] - base["episodes"]
-        steps = now["steps"] - base["steps"]
-        if eps > 0:
-            self._rounds.append({
-                "round": len(self._rounds), "policy_version": base["policy_version"], "episodes": eps,
-                "success_rate": (now["successes"] - base["successes"]) / eps,
-                "intervention_rate": (now["human_steps"] - base["human_steps"]) / steps if steps else 0.0,
-                "human_labels": now["human_steps"] - base["human_steps"],
-                "context_switches": now["context_switches"] - base["context_switches"],
-            })
-        self._round_base = now
+    def _attribute(self, version: str, before: dict[str, int]) -> None:
+        """What this tick did (commands included) goes to the student that acted in it."""
+        now = self._counts()
+        if now == before and version in self._per_version:
+            return
+        acc = self._per_version.setdefault(version, dict.fromkeys(before, 0))
+        for k, v in now.items():
+            acc[k] += v - before[k]
 
     # ---- snapshots --------------------------------------------------------------------------
 
     def rounds(self) -> list[dict[str, Any]]:
-        """Finished rounds and the round in progress (read in the control thread or after stop)."""
-        out = list(self._rounds)
-        base = self._round_base
-        if base is not None and self.session is not None:
-            now = self._counts()
-            eps = now["episodes"] - base["episodes"]
-            steps = now["steps"] - base["steps"]
-            if eps > 0:
-                out.append({"round": len(self._rounds), "policy_version": base["policy_version"], "episodes": eps,
-                            "success_rate": (now["successes"] - base["successes"]) / eps,
-                            "intervention_rate": (now["human_steps"] - base["human_steps"]) / steps if steps else 0.0,
-                            "human_labels": now["human_steps"] - base["human_steps"],
-                            "context_switches": now["context_switches"] - base["context_switches"],
-                            "current": True})
+        """One row per student, in the order they acted: success, intervention rate, human labels."""
+        out = []
+        for i, (version, acc) in enumerate(self._per_version.items()):
+            eps, steps = acc["episodes"], acc["steps"]
+            out.append({"round": i, "policy_version": version, "episodes": eps,
+                        "success_rate": acc["successes"] / eps if eps else 0.0,
+                        "intervention_rate": acc["human_labels"] / steps if steps else 0.0,
+                        "human_labels": acc["human_labels"], "context_switches": acc["context_switches"],
+                        "current": version == self.session.student.version})
         return out
 
     def _publish(self, phase: str | None = None) -> None:
