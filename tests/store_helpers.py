@@ -42,6 +42,8 @@ def step(seed: int, t: int, *, image: bool = False, source: ActionSource = Actio
         "obs/state": np.arange(state_dim, dtype=np.float32) + seed * 100 + t,
         "reward": np.float32(t),
     }
+    if source == ActionSource.HUMAN:
+        s["human_command"] = np.full(7, (seed + t) / 100, np.float32)  # the contract: human steps keep the raw command
     if image:
         s["obs/rgb"] = np.full((16, 16, 3), (seed * 7 + t) % 256, np.uint8)
     return s

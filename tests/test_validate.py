@@ -178,3 +178,76 @@ def test_action_source_codes_use_the_contract(tmp_path):
             rec.put(eid, step(0, t, source=src))
         rec.end_episode(eid, end(len(ActionSource)))
     assert validate_store(EpisodeStore.open(path)) == []
+
+
+@pytest.fixture(scope="module")
+def gated_store(tmp_path_factory):
+    """A real human-gated recording: toy_reach driven by the synthetic operator (at least one window)."""
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
+
+    path = tmp_path_factory.mktemp("gated") / "s.zarr"
+    run_gated(load_run_config(None, "toy_reach", episodes=2, num_envs=1), str(path), progress=False)
+    store = EpisodeStore.open(path)
+    with_window = [i.episode_id for i in store.episodes() if store.labels(i.episode_id).windows]
+    assert with_window, "the synthetic operator corrected nothing"
+    return path, with_window[0]
+
+
+def _copy(src, tmp_path):
+    import shutil
+
+    dst = tmp_path / "s.zarr"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_recorded_gated_store_passes_the_window_and_human_step_checks(gated_store):
+    path, eid = gated_store
+    store = EpisodeStore.open(path)
+    assert validate_store(store) == []
+    w = store.labels(eid).windows[0]
+    d = store.read_steps(eid, ["t_action_apply", "action_source", "human_command", "policy_action"])
+    assert w.t_handover == d["t_action_apply"][w.handover_start]
+    human = d["action_source"] == ActionSource.HUMAN.code
+    assert human.any() and np.isfinite(d["human_command"][human]).all() and np.isfinite(d["policy_action"][human]).all()
+
+
+def test_window_t_handover_must_be_its_first_applied_step(gated_store, tmp_path, capsys):
+    path = _copy(gated_store[0], tmp_path)
+    eid = gated_store[1]
+    store = EpisodeStore.open(path, mode="a")
+    w = store.labels(eid).windows[0]
+    late = w.model_copy(update={"t_handover": w.t_handover + 1_000_000})
+    version = store.write_labels(eid, author="foreign", windows=[late])
+    found = [v for v in validate_store(EpisodeStore.open(path)) if v.field == "t_handover"]
+    assert [(v.episode_id, v.step) for v in found] == [(eid, w.handover_start)]
+    assert f"label layer v{version}: window {w.window_id} t_handover={late.t_handover}" in found[0].message
+    assert main(["validate", str(path)]) == 1
+    assert f"episode {eid} step {w.handover_start} field 't_handover'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("missing", ["human_command", "policy_action"])
+def test_human_step_needs_its_command_and_the_policy_action(gated_store, tmp_path, missing):
+    """A copy of a recorded episode, written through the recorder with one field absent at the human steps."""
+    path = _copy(gated_store[0], tmp_path)
+    eid = gated_store[1]
+    store = EpisodeStore.open(path, mode="a")
+    info, specs = store.info(eid), store.fields(eid)
+    data = store.read_steps(eid, list(specs))
+    layer = store.labels(eid)
+    human = np.flatnonzero(data["action_source"] == ActionSource.HUMAN.code)
+    copy = info.start.model_copy(update={"episode_id": "c" * 32})
+    with store.recorder() as rec:
+        rec.begin_episode(copy, specs)
+        for t in range(info.num_steps):
+            s = {k: v[t] for k, v in data.items()}
+            if t in human:
+                s[missing] = np.full_like(s[missing], np.nan)  # NaN: the contract's "absent"
+            rec.put(copy.episode_id, s)
+        rec.end_episode(copy.episode_id, info.end.model_copy(update={"events": []}),
+                        windows=[w.model_copy(update={"parent_episode_id": copy.episode_id, "window_id": "d" * 32})
+                                 for w in layer.windows])
+    found = [v for v in validate_store(EpisodeStore.open(path)) if v.field == missing]
+    assert {v.episode_id for v in found} == {copy.episode_id}
+    assert found[0].step == int(human[0]) and f"human step without {missing}" in found[0].message

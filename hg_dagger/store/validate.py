@@ -178,6 +178,17 @@ def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Vio
             for s in np.flatnonzero(np.isinf(v.reshape(n, -1)).any(axis=1))[:5]:
                 bad(s, name, "inf value (absent values are NaN, never inf)")
 
+    source = col.get("action_source")
+    if source is not None:
+        human = source == ActionSource.HUMAN.code
+        for name, what in (("human_command", "the raw device command"), ("policy_action", "the student's action")):
+            v = col.get(name)
+            if v is None:
+                continue
+            missing = human & ~np.isfinite(v.reshape(n, -1)).any(axis=1)
+            for s in np.flatnonzero(missing)[:5]:
+                bad(s, name, f"human step without {name} ({what} is recorded at every human step)")
+
     start = info.start
     if start.parent_episode_id is not None:
         parent = by_id.get(start.parent_episode_id)
@@ -226,6 +237,14 @@ def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callab
         owner = window_owner.setdefault(w.window_id, f"{eid} v{v}")
         if not owner.startswith(eid + " "):
             bad(w.handover_start, "windows", f"{where}: window id {w.window_id} also used by episode {owner.split()[0]}")
+    applied_t = col.get("t_action_apply")
+    for w in layer.windows:
+        if applied_t is None or w.t_handover == NO_TIME or w.handover_end <= w.handover_start or w.handover_start >= n:
+            continue
+        first = int(applied_t[w.handover_start])
+        if w.t_handover != first:
+            bad(w.handover_start, "t_handover", f"{where}: window {w.window_id} t_handover={w.t_handover} is not "
+                                                f"t_action_apply={first} of its first applied step {w.handover_start}")
     mask, target = layer.mask, layer.target
     for s in np.flatnonzero(mask >= len(LabelMask))[:5]:
         bad(s, "label_mask", f"{where}: {int(mask[s])} is not a LabelMask code")
