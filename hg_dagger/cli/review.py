@@ -1,4 +1,4 @@
-"""hg-dagger review list|show|approve|reject|needs-fix: reviewers' decisions on correction windows."""
+"""hg-dagger review list|show|approve|reject|needs-fix|open: reviewers' decisions on correction windows."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def register(sub) -> None:
                            help="approve without training authorization (default)")
         d.add_argument("--json", action="store_true", help="print the decision as JSON")
         d.set_defaults(func=_decide, status=status, authorize=False)
+
+    op = rsub.add_parser("open", help="the review workspace: browse windows, scrub their episodes, decide")
+    op.add_argument("stores", metavar="STORE", nargs="+", help="one or more store paths")
+    op.add_argument("--reviewer", help="reviewer pseudonym (asked in a dialog when missing)")
+    op.set_defaults(func=_open)
 
 
 def _list(args) -> int:
@@ -113,3 +118,9 @@ def _decide(args) -> int:
         print(f"{args.store}: window {row.window_id} (episode {row.episode_id}) {row.status.value}"
               f"{', training authorized' if row.authorized else ''} by {row.reviewer}; label layer v{version}")
     return 0
+
+
+def _open(args) -> int:
+    from hg_dagger.ui.review_main import run_review
+
+    return run_review(args.stores, args.reviewer)

@@ -1,0 +1,202 @@
+"""The review workspace on stores recorded for real (toy_reach, synthetic operator, an eager gate): the window
+table, the episode timeline coloured by action source, scrubbing, and decisions made through the buttons."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PyQt6.QtCore import Qt
+
+from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.review.decisions import audit_trail, list_windows
+from hg_dagger.store import EpisodeStore
+from hg_dagger.ui import style
+from hg_dagger.ui.review import ReviewWorkspace
+
+REVIEWER = "rev-7"
+WAIT = 60_000  # ms; generous, the machine is shared
+EAGER = {"name": "eager", "task": "toy_reach",
+         "gates": [{"type": "confidence", "trigger": 1e-9, "debounce_ticks": 1}]}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Two toy_reach episodes from the real gated session with the synthetic operator; several windows."""
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
+
+    path = tmp_path_factory.mktemp("review_ui") / "store"
+    cfg = load_run_config(None, "toy_reach", episodes=2, num_envs=1, calibrate_steps=0, gates=EAGER,
+                          **{"operator.return_after_steps": 12})
+    run_gated(cfg, str(path), progress=False)
+    assert len(list_windows(path)) >= 2
+    return path
+
+
+@pytest.fixture
+def store(recorded, tmp_path):
+    path = tmp_path / "store"
+    shutil.copytree(recorded, path)
+    return str(path)
+
+
+@pytest.fixture
+def workspace(qtbot, store):
+    ws = ReviewWorkspace([store], REVIEWER)
+    qtbot.addWidget(ws)
+    ws.show()
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    yield ws
+    ws.close()
+
+
+def _select(qtbot, ws, row_index: int):
+    row = ws.browser.visible_rows()[row_index]
+    ws.browser.select(row.window_id)
+    qtbot.waitUntil(lambda: ws.shown is not None and ws.shown.window_id == row.window_id
+                    and ws.episode.data is not None and ws.episode.data.episode_id == row.window.episode_id,
+                    timeout=WAIT)
+    qtbot.waitUntil(lambda: ws.worker.pending == 0, timeout=WAIT)
+    return row
+
+
+def test_table_lists_every_window_with_filters_and_counts(workspace, store):
+    ws = workspace
+    expected = list_windows(store)
+    rows = ws.browser.visible_rows()
+    assert [r.window_id for r in rows] == [r.window_id for r in expected]
+    assert ws.browser.model.rowCount() == len(expected)
+    assert ws.browser.counts.text().startswith(f"{len(expected)} window(s): {len(expected)} pending")
+    assert all(r.qc == "no QC" and r.replay == "unverified" and r.window.operator == "synthetic" for r in rows)
+    ws.browser.set_filter("status", "approved")
+    assert ws.browser.visible_rows() == []
+    ws.browser.set_filter("status", "pending")
+    assert len(ws.browser.visible_rows()) == len(expected)
+    # sorting by a column reorders the rows
+    ws.browser.table.sortByColumn(6, Qt.SortOrder.DescendingOrder)  # steps
+    starts = [(r.window.handover_start, r.window.handover_end) for r in ws.browser.visible_rows()]
+    assert starts == sorted(starts, reverse=True)
+
+
+def test_timeline_colours_markers_and_scrubbing(qtbot, workspace, store):
+    ws = workspace
+    row = _select(qtbot, ws, 0)
+    eid = row.window.episode_id
+    source = EpisodeStore.open(store).read_steps(eid, ["action_source"])["action_source"]
+    colours = ws.episode.timeline.colours
+    assert len(colours) == len(source)
+    human = np.flatnonzero(source == 1)
+    policy = np.flatnonzero(source == 0)
+    assert human.size and policy.size
+    assert {colours[i] for i in human} == {style.HUMAN}
+    assert {colours[i] for i in policy} == {style.POLICY}
+    assert all(source[s] == 1 for s in range(row.window.handover_start, row.window.handover_end))
+    assert (row.window.handover_start, row.window.handover_end, "window") in ws.episode.timeline.regions
+    info = EpisodeStore.open(store).info(eid)
+    gates = {e.step for e in info.end.events if e.kind.value == "gate_trigger"}
+    assert gates and gates <= {s for s, k in ws.episode.timeline.markers if k == "gate_trigger"}
+    np.testing.assert_array_equal(ws.episode.plots.human_steps, human)
+    assert len(ws.episode.plots.cursors) == len(ws.episode.data.action_names) == 2
+    # the slider moves the timeline cursor, the plot cursors and the observation text
+    ws.episode.slider.setValue(10)
+    assert ws.episode.step == 10
+    assert ws.episode.timeline.cursor.value() == pytest.approx(10.5)
+    assert all(c.value() == pytest.approx(10) for c in ws.episode.plots.cursors)
+    qpos = EpisodeStore.open(store).read_steps(eid, ["obs/qpos"])["obs/qpos"]
+    assert f"qpos: {qpos[10][0]:+.3f}" in ws.episode.frame.text()
+    # keys: Right, Left, and Space plays at the recorded rate until Space again
+    ws.episode.setFocus()
+    qtbot.keyClick(ws.episode, Qt.Key.Key_Right)
+    assert ws.episode.step == 11 and all(c.value() == pytest.approx(11) for c in ws.episode.plots.cursors)
+    qtbot.keyClick(ws.episode, Qt.Key.Key_Left)
+    qtbot.keyClick(ws.episode, Qt.Key.Key_Left)
+    assert ws.episode.step == 9 and ws.episode.slider.value() == 9
+    qtbot.keyClick(ws.episode, Qt.Key.Key_Space)
+    assert ws.episode.playing and ws.episode.timer.interval() == round(1000 / info.start.control_hz)
+    qtbot.waitUntil(lambda: ws.episode.step >= 12, timeout=WAIT)
+    qtbot.keyClick(ws.episode, Qt.Key.Key_Space)
+    assert not ws.episode.playing
+    assert ws.episode.timeline.cursor.value() == pytest.approx(ws.episode.step + 0.5)
+
+
+def test_approve_and_reject_through_the_buttons(qtbot, workspace, store):
+    ws = workspace
+    panel = ws.panel
+    first = _select(qtbot, ws, 0)
+    panel.authorize.setChecked(True)
+    panel.reason.setPlainText("clean recovery")
+    qtbot.mouseClick(panel.approve_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
+    assert panel.table.rowCount() == 1 and panel.table.item(0, 2).text() == REVIEWER
+    assert panel.table.item(0, 3).text() == "approved" and panel.table.item(0, 4).text() == "yes"
+    table_row = next(r for r in ws.browser.model.rows if r.window_id == first.window_id)
+    assert table_row.window.status == ReviewStatus.APPROVED and table_row.window.authorized
+
+    second = _select(qtbot, ws, 1)
+    # an empty reason is refused in the panel and nothing is written
+    qtbot.mouseClick(panel.reject_button, Qt.MouseButton.LeftButton)
+    assert "reason is required" in panel.message.text()
+    assert audit_trail(store, second.window_id) == []
+    panel.reason.setPlainText("operator overshot the target")
+    qtbot.mouseClick(panel.reject_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
+
+    a = audit_trail(store, first.window_id)
+    r = audit_trail(store, second.window_id)
+    assert [(e.decision.reviewer, e.decision.status, e.decision.replay_training_authorized) for e in a] == [
+        (REVIEWER, ReviewStatus.APPROVED, True)]
+    assert [(e.decision.reviewer, e.decision.status, e.decision.notes) for e in r] == [
+        (REVIEWER, ReviewStatus.REJECTED, "operator overshot the target")]
+    st = EpisodeStore.open(store)
+    reviews = {d.window_id: d for e in st.episodes() for d in st.labels(e.episode_id).reviews}
+    assert reviews[first.window_id].reviewer == reviews[second.window_id].reviewer == REVIEWER
+    ws.browser.set_filter("status", "rejected")
+    assert [x.window_id for x in ws.browser.visible_rows()] == [second.window_id]
+    assert ws.browser.counts.text().startswith("1 window(s): 1 rejected")
+
+    # a later decision on the same window: the trail keeps both, oldest first
+    ws.browser.set_filter("status", "")
+    _select(qtbot, ws, 1)
+    panel.reason.setPlainText("gripper timing needs a second look")
+    qtbot.mouseClick(panel.fix_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(panel.trail) == 2 and ws.worker.pending == 0, timeout=WAIT)
+    assert [panel.table.item(i, 3).text() for i in range(2)] == ["rejected", "needs_fix"]
+
+
+def test_api_errors_are_shown_in_the_panel(qtbot, workspace, store):
+    ws = workspace
+    _select(qtbot, ws, 0)
+    shutil.rmtree(store)  # the store disappears under the reviewer
+    qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: ws.worker.pending == 0 and not ws.panel.busy, timeout=WAIT)
+    assert store in ws.panel.message.text()
+    assert ws.panel.approve_button.isEnabled()
+
+
+def test_two_stores_and_a_missing_one(qtbot, store, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(store, other)
+    ws = ReviewWorkspace([store, str(other), str(tmp_path / "missing")], REVIEWER)
+    qtbot.addWidget(ws)
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    n = len(list_windows(store))
+    assert len(ws.browser.visible_rows()) == 2 * n
+    assert {r.store for r in ws.browser.visible_rows()} == {store, str(other)}
+    assert not ws.browser.table.isColumnHidden(2)
+    assert len(ws.errors) == 1 and "missing" in ws.errors[0] and "missing" in ws.status.text()
+    ws.close()
+
+
+def test_cli_open_refuses_a_missing_store(tmp_path):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    r = subprocess.run([sys.executable, "-m", "hg_dagger", "review", "open", str(tmp_path / "nope"), "--reviewer", "x"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "nope" in errors[0]

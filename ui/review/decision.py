@@ -1,0 +1,170 @@
+"""The decision panel: approve (optionally authorizing training), reject or send back the selected window,
+with a reason, and the window's audit trail. Every verdict goes through ``decisions.decide``."""
+
+from __future__ import annotations
+
+from PyQt6.QtCore import pyqtSignal
+from PyQt6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
+
+from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.errors import HgDaggerError
+from hg_dagger.review.decisions import AuditEntry, audit_trail, decide
+from hg_dagger.ui import style
+from hg_dagger.ui.review.model import ReviewRow
+from hg_dagger.ui.review.worker import StoreWorker
+
+TRAIL_COLUMNS = ("layer", "time", "reviewer", "decision", "authorized", "reason")
+
+
+class DecisionPanel(QGroupBox):
+    """Records verdicts for one reviewer; emits ``decided(store, WindowRow)`` after each stored decision."""
+
+    decided = pyqtSignal(str, object)
+
+    def __init__(self, reviewer: str, worker: StoreWorker, parent=None):
+        super().__init__("Decision", parent)
+        self.reviewer = reviewer
+        self.worker = worker
+        self.busy = False
+        self.row: ReviewRow | None = None
+        self.trail: list[AuditEntry] = []
+        self.current = QLabel("no window selected")
+        self.current.setWordWrap(True)
+        self.reason = QPlainTextEdit()
+        self.reason.setPlaceholderText("reason (required to reject or send back)")
+        self.reason.setMaximumHeight(70)
+        self.authorize = QCheckBox("training authorized")
+        self.approve_button = QPushButton("Approve")
+        self.reject_button = QPushButton("Reject")
+        self.fix_button = QPushButton("Needs fix")
+        self.approve_button.setStyleSheet(f"color: {style.OK}; font-weight: bold;")
+        self.reject_button.setStyleSheet(f"color: {style.SAFETY}; font-weight: bold;")
+        self.fix_button.setStyleSheet(f"color: {style.WARNING}; font-weight: bold;")
+        self.approve_button.clicked.connect(lambda: self.submit(ReviewStatus.APPROVED))
+        self.reject_button.clicked.connect(lambda: self.submit(ReviewStatus.REJECTED))
+        self.fix_button.clicked.connect(lambda: self.submit(ReviewStatus.NEEDS_FIX))
+        self.message = QLabel("")
+        self.message.setWordWrap(True)
+        self.table = QTableWidget(0, len(TRAIL_COLUMNS))
+        self.table.setHorizontalHeaderLabels(TRAIL_COLUMNS)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setStretchLastSection(True)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.approve_button)
+        buttons.addWidget(self.authorize)
+        buttons.addStretch(1)
+        buttons.addWidget(self.reject_button)
+        buttons.addWidget(self.fix_button)
+        lay = QVBoxLayout(self)
+        lay.addWidget(QLabel(f"reviewer: <b>{reviewer}</b>"))
+        lay.addWidget(self.current)
+        lay.addWidget(self.reason)
+        lay.addLayout(buttons)
+        lay.addWidget(self.message)
+        lay.addWidget(QLabel("audit trail (oldest first)"))
+        lay.addWidget(self.table, 1)
+        self._enable(False)
+
+    def _enable(self, on: bool) -> None:
+        for w in (self.approve_button, self.reject_button, self.fix_button, self.authorize, self.reason):
+            w.setEnabled(on)
+
+    def set_row(self, row: ReviewRow | None) -> None:
+        """Show a window (its state and audit trail), or nothing."""
+        self.row = row
+        self._enable(row is not None)
+        self.message.setText("")
+        if row is None:
+            self.current.setText("no window selected")
+            self.trail = []
+            self._fill_trail()
+            return
+        w = row.window
+        self.current.setText(f"window <b>{w.short_id}</b> steps [{w.handover_start}, {w.handover_end}) of episode "
+                             f"{w.episode_id[:12]}: <b>{w.status.value}</b>"
+                             + (", training authorized" if w.authorized else "")
+                             + (f" (by {w.reviewer})" if w.reviewer else ""))
+        self.refresh_trail()
+
+    def refresh_trail(self) -> None:
+        """Read the shown window's audit trail in the background (the store is re-read for new layers)."""
+        row = self.row
+        if row is None:
+            return
+
+        def read(worker):
+            st = worker.store(row.store)
+            st.refresh()
+            return audit_trail(st, row.window_id)
+
+        def done(trail):
+            if self.row is not None and self.row.key == row.key:
+                self.trail = trail
+                self._fill_trail()
+
+        self.worker.submit(read, done, self._failed)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.busy = False
+        self._enable(self.row is not None)
+        self._error(str(exc) if isinstance(exc, HgDaggerError) else f"{type(exc).__name__}: {exc}")
+
+    def _fill_trail(self) -> None:
+        self.table.setRowCount(len(self.trail))
+        for i, e in enumerate(self.trail):
+            d = e.decision
+            cells = (f"v{e.version}", d.t_wall or e.created_wall, d.reviewer, d.status.value,
+                     "yes" if d.replay_training_authorized else "no", d.notes)
+            for j, text in enumerate(cells):
+                self.table.setItem(i, j, QTableWidgetItem(str(text)))
+        self.table.resizeColumnsToContents()
+
+    def _error(self, text: str) -> None:
+        self.message.setStyleSheet(f"color: {style.SAFETY};")
+        self.message.setText(text)
+
+    def submit(self, status: ReviewStatus) -> bool:
+        """Record a verdict on the shown window; problems are shown in the panel. True when sent to the store."""
+        if self.row is None:
+            self._error("select a window first")
+            return False
+        reason = self.reason.toPlainText().strip()
+        if status != ReviewStatus.APPROVED and not reason:
+            verb = "reject" if status == ReviewStatus.REJECTED else "send back"
+            self._error(f"a reason is required to {verb} a window")
+            self.reason.setFocus()
+            return False
+        if self.busy:
+            return False
+        authorize = status == ReviewStatus.APPROVED and self.authorize.isChecked()
+        row, reviewer = self.row, self.reviewer
+
+        def done(result):
+            new, version = result
+            self.busy = False
+            self.reason.clear()
+            self.authorize.setChecked(False)
+            self.decided.emit(row.store, new)  # the workspace updates the table and shows the row again
+            self.message.setStyleSheet(f"color: {style.OK};")
+            self.message.setText(f"{new.status.value}{', training authorized' if new.authorized else ''}: "
+                                 f"label layer v{version}")
+
+        self.busy = True
+        self._enable(False)
+        self.message.setStyleSheet("")
+        self.message.setText("recording...")
+        self.worker.submit(lambda _w: decide(row.store, row.window_id, status, reviewer, reason, authorize),
+                           done, self._failed)
+        return True
