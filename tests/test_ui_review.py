@@ -200,3 +200,42 @@ def test_cli_open_refuses_a_missing_store(tmp_path):
     assert "Traceback" not in r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "nope" in errors[0]
+
+
+def test_qc_verdicts_fill_the_qc_column_and_filter(qtbot, store):
+    from hg_dagger.review.qc import QCConfig, run_qc
+
+    summary = run_qc(store, config=QCConfig(latency_budget_ms=600_000), write=True, progress=False)
+    verdict = {r.window_id: ("passed" if r.passed else "failed")
+               for e in summary.episodes for r in e.results if r.window_id}
+    assert verdict
+    ws = ReviewWorkspace([store], REVIEWER)
+    qtbot.addWidget(ws)
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    assert {r.window_id: r.qc for r in ws.browser.visible_rows()} == verdict
+    ws.browser.set_filter("qc", "passed")
+    assert {r.window_id for r in ws.browser.visible_rows()} == {w for w, v in verdict.items() if v == "passed"}
+    ws.close()
+
+
+def test_camera_frames_follow_the_cursor(qtbot, tmp_path):
+    from store_helpers import record
+
+    path = str(tmp_path / "images")
+    rec = EpisodeStore.create(path).recorder()
+    record(rec, 3, 30, image=True, window=(10, 20))
+    rec.close()
+    ws = ReviewWorkspace([path], REVIEWER)
+    qtbot.addWidget(ws)
+    ws.show()
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    _select(qtbot, ws, 0)
+    assert ws.episode.data.image_key == "obs/rgb"
+    assert ws.episode.step == 10  # a selected window opens at its first step
+    assert ws.episode.timeline.colours[10:20] == [style.HUMAN] * 10
+    for step in (12, 25):
+        ws.episode.slider.setValue(step)
+        pix = ws.episode.frame.pixmap()
+        assert not pix.isNull()
+        assert pix.toImage().pixelColor(0, 0).red() == (3 * 7 + step) % 256  # the frame recorded at that step
+    ws.close()
