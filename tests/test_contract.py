@@ -21,7 +21,7 @@ from hg_dagger.contract import (
     label_violations,
     step_fields,
 )
-from hg_dagger.contract.labels import DISCARDED
+from hg_dagger.contract.labels import CERTIFICATION_METHODS, DISCARDED, certification_problem
 
 P, H, S, E = (ActionSource.POLICY.code, ActionSource.HUMAN.code, ActionSource.SAFETY_CONTROLLER.code, ActionSource.EXPERT.code)
 T, C, X = LabelMask.TRAINABLE.code, LabelMask.CONTEXT_ONLY.code, LabelMask.EXCLUDED.code
@@ -88,6 +88,37 @@ def test_certification_is_the_only_way_policy_actions_become_trainable():
     assert labels.mask.tolist() == [C, C, T, T, C, C]
     unverified = cert.model_copy(update={"executability_verified": False})
     assert (_labels([P] * 6, certs=[unverified]).mask == C).all()
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"certifier": "synthetic"}, "the episode's own operator"),
+    ({"certifier": " Synthetic "}, "the episode's own operator"),
+    ({"certifier": "student-r3"}, "the policy that acted"),
+    ({"certifier": "policy"}, "the policy that acted"),
+    ({"method": "looked_fine"}, "not one of independent_review, replay_verified, planner_auto"),
+    ({"executability_verified": False}, "executability was not verified"),
+])
+def test_a_certification_that_is_not_independent_and_checked_grants_nothing(change, why):
+    good = ExpertCertification(episode_id="ep", step_start=1, step_end=3, certifier="reviewer-7",
+                               method="replay_verified", executability_verified=True)
+    who = {"operator": "synthetic", "policy_version": "student-r3"}
+    assert certification_problem(good, **who) is None
+    cert = good.model_copy(update=change)
+    assert why in certification_problem(cert, **who)
+    src = np.full(4, P, np.uint8)
+    common = dict(action_source=src, valid=np.ones(4, bool), step_flags=np.zeros(4, np.uint16),
+                  expert_valid=np.zeros(4, bool), windows=[], certifications=[cert], **who)
+    assert (derive_labels(**common).mask == C).all()
+    granted = derive_labels(**{**common, "certifications": [good]}).mask
+    assert granted.tolist() == [C, T, T, C]
+    out = label_violations(episode_id="ep9", label_mask=granted, **common)
+    assert out[0].startswith("episode ep9 step 1: trainable policy action outside any correction window")
+    assert f"certification {cert.cert_id} does not count" in out[0] and why in out[0]
+
+
+def test_every_certification_method_is_documented():
+    assert set(CERTIFICATION_METHODS) == {"independent_review", "replay_verified", "planner_auto"}
+    assert all(len(text) > 40 for text in CERTIFICATION_METHODS.values())
 
 
 def test_expert_window_trains_on_valid_expert_labels_only():

@@ -10,8 +10,8 @@ import pytest
 from store_helpers import end, fields, human_window, record, start, step
 
 from hg_dagger.cli import main
-from hg_dagger.contract import ActionSource, LabelMask, LabelTarget
-from hg_dagger.errors import StoreError
+from hg_dagger.contract import ActionSource, ExpertCertification, LabelMask, LabelTarget
+from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import EpisodeStore, LabelLayer, layout, validate_store
 
 
@@ -37,8 +37,9 @@ def _bad_episode(rec) -> str:
     return eid
 
 
-def _write_layer(path, eid, version, mask, target, windows=()):
-    layer = LabelLayer(version=version, author="foreign", mask=mask, target=target, windows=list(windows))
+def _write_layer(path, eid, version, mask, target, windows=(), certifications=()):
+    layer = LabelLayer(version=version, author="foreign", mask=mask, target=target, windows=list(windows),
+                       certifications=list(certifications))
     f = path / layout.LABELS / eid / f"v{version}.json"
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(layer.to_json()))
@@ -251,3 +252,33 @@ def test_human_step_needs_its_command_and_the_policy_action(gated_store, tmp_pat
     found = [v for v in validate_store(EpisodeStore.open(path)) if v.field == missing]
     assert {v.episode_id for v in found} == {copy.episode_id}
     assert found[0].step == int(human[0]) and f"human step without {missing}" in found[0].message
+
+
+def test_a_self_certification_is_refused_by_write_labels_and_reported_by_validate(tmp_path, capsys):
+    """The operator (or the policy) certifying its own episode's actions makes nothing trainable."""
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        eid = record(rec, 0, 10, operator="synthetic", policy_version="student-r1")
+    store = EpisodeStore.open(path, mode="a")
+    own = ExpertCertification(episode_id=eid, step_start=0, step_end=4, certifier="synthetic",
+                              method="replay_verified", executability_verified=True)
+    with pytest.raises(ContractError, match=f"certification {own.cert_id} by 'synthetic' refused: .*own operator"):
+        store.write_labels(eid, author="foreign", certifications=[own])
+    policy = own.model_copy(update={"certifier": "student-r1"})
+    with pytest.raises(ContractError, match="the policy that acted"):
+        store.write_labels(eid, author="foreign", certifications=[policy])
+    independent = own.model_copy(update={"certifier": "reviewer-2", "method": "independent_review"})
+    v = store.write_labels(eid, author="reviewer-2", certifications=[independent])
+    assert (store.labels(eid, v).mask[0:4] == LabelMask.TRAINABLE.code).all()
+
+    # a foreign writer stores the self-certification and marks its steps trainable anyway
+    mask, target = store.labels(eid, v).mask, store.labels(eid, v).target
+    _write_layer(path, eid, v + 1, mask, target, certifications=[own])
+    found = validate_store(EpisodeStore.open(path))
+    cert = [x for x in found if x.field == "certifications"]
+    assert [(x.episode_id, x.step) for x in cert] == [(eid, 0)]
+    assert f"certification {own.cert_id} by 'synthetic' (method 'replay_verified') does not count" in cert[0].message
+    assert {(eid, s, "label_mask") for s in range(4)} <= {(x.episode_id, x.step, x.field) for x in found}
+    assert main(["validate", str(path)]) == 1
+    assert "is the episode's own operator" in capsys.readouterr().out

@@ -8,6 +8,11 @@ Inside a human window, steps whose applied action came from the person are train
 trainable (target: expert_action). Steps flagged with sensor loss, excessive latency, device
 loss or incomplete input, and invalid steps, are excluded. Everything else is context_only.
 
+An expert certification counts only when it is independent and checked (``certification_problem``): its
+certifier is neither the episode's operator nor the policy that acted (its policy_version, or "policy"), its
+method is one of CERTIFICATION_METHODS, and the actions' executability was verified. Any other certification
+grants nothing.
+
 Evaluation rollouts (mode eval) and episodes an operator discarded (quality flag "discarded") are
 never training data: nothing in them is trainable, whatever windows or certifications they carry.
 """
@@ -31,6 +36,31 @@ _EXCLUDED = LabelMask.EXCLUDED.code
 DISCARDED = "discarded"  # EpisodeEnd.quality_flags entry of an episode the operator threw away
 
 
+# How a certifier checked that the covered actions are expert-quality labels (ExpertCertification.method).
+CERTIFICATION_METHODS: dict[str, str] = {
+    "independent_review": "a person other than the episode's operator watched the steps (video or replay) and "
+                          "judged every covered action one an expert would take",
+    "replay_verified": "the covered actions were re-run from the episode's recorded initial state and the "
+                       "certifier (not the operator) checked that they reproduce the record and reach the goal",
+    "planner_auto": "an automatic planner or expert, named as certifier, recomputed each covered action and "
+                    "found the recorded one within its tolerance",
+}
+
+
+def certification_problem(c: ExpertCertification, *, operator: str = "", policy_version: str = "") -> str | None:
+    """Why a certification grants nothing (not independent, unknown method, executability unchecked); None if it counts."""
+    who = c.certifier.strip().lower()
+    if operator and who == operator.strip().lower():
+        return f"certifier {c.certifier!r} is the episode's own operator (a certification must be independent)"
+    if who == ActionSource.POLICY.value or (policy_version and who == policy_version.strip().lower()):
+        return f"certifier {c.certifier!r} is the policy that acted (a certification must be independent)"
+    if c.method not in CERTIFICATION_METHODS:
+        return f"method {c.method!r} is not one of {', '.join(CERTIFICATION_METHODS)}"
+    if not c.executability_verified:
+        return "executability was not verified"
+    return None
+
+
 @dataclass(frozen=True)
 class Labels:
     mask: np.ndarray  # uint8 LabelMask codes, (T,)
@@ -47,8 +77,11 @@ def derive_labels(
     certifications: Iterable[ExpertCertification] = (),
     mode: CollectionMode = CollectionMode.HUMAN_GATED,
     quality_flags: Iterable[str] = (),
+    operator: str = "",
+    policy_version: str = "",
 ) -> Labels:
-    """Label mask and target for every step of one episode (``quality_flags``: the EpisodeEnd's)."""
+    """Label mask and target for every step of one episode (``quality_flags``, ``operator``, ``policy_version``:
+    the episode's EpisodeEnd and EpisodeStart; the last two decide which certifications are independent)."""
     n = len(action_source)
     mask = np.full(n, _CONTEXT, dtype=np.uint8)
     target = np.full(n, LabelTarget.NONE.code, dtype=np.uint8)
@@ -68,7 +101,7 @@ def derive_labels(
 
     for c in certifications:
         s, e = c.step_start, min(c.step_end, n)
-        if c.executability_verified:
+        if certification_problem(c, operator=operator, policy_version=policy_version) is None:
             free = mask[s:e] != _TRAINABLE
             mask[s:e][free] = _TRAINABLE
             target[s:e][free] = LabelTarget.APPLIED_ACTION.code
@@ -91,6 +124,8 @@ def label_violations(
     certifications: Iterable[ExpertCertification] = (),
     mode: CollectionMode = CollectionMode.HUMAN_GATED,
     quality_flags: Iterable[str] = (),
+    operator: str = "",
+    policy_version: str = "",
 ) -> list[str]:
     """Every step marked trainable that the rules above do not allow, as readable messages.
 
@@ -106,7 +141,11 @@ def label_violations(
         certifications=certifications,
         mode=mode,
         quality_flags=quality_flags,
+        operator=operator,
+        policy_version=policy_version,
     ).mask == _TRAINABLE
+    refused = [(c, certification_problem(c, operator=operator, policy_version=policy_version)) for c in certifications]
+    refused = [(c, why) for c, why in refused if why]
     stored = np.asarray(label_mask)
     out = []
     for step in np.flatnonzero((stored == _TRAINABLE) & ~allowed):
@@ -116,6 +155,9 @@ def label_violations(
             why = "step of an episode the operator discarded"
         elif src == ActionSource.POLICY.value and not inside:
             why = "policy action outside any correction window without an expert certification"
+            near = [f"certification {c.cert_id} does not count: {r}" for c, r in refused if c.step_start <= step < c.step_end]
+            if near:
+                why += f" ({near[0]})"
         elif not inside:
             why = f"{src} action outside any correction window"
         else:

@@ -397,7 +397,7 @@ class Recorder:
         labels = derive_labels(
             action_source=col("action_source"), valid=col("valid"), step_flags=col("step_flags"),
             expert_valid=col("expert_valid"), windows=windows, certifications=certifications, mode=ep.start.mode,
-            quality_flags=final.quality_flags,
+            quality_flags=final.quality_flags, operator=ep.start.operator, policy_version=ep.start.policy_version,
         )
         layer = LabelLayer(version=1, author="recorder", mask=labels.mask, target=labels.target, windows=windows,
                            certifications=certifications, created_wall=_wall())

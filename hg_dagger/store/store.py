@@ -14,7 +14,7 @@ import numpy as np
 import zarr
 
 from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget, ReplayStatus
-from hg_dagger.contract.labels import derive_labels, label_violations
+from hg_dagger.contract.labels import certification_problem, derive_labels, label_violations
 from hg_dagger.contract.schema import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -384,8 +384,12 @@ class EpisodeStore:
         """A label layer checked against the bindings and the label rules (ContractError naming the episode)."""
         _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
         _check_replay(episode_id, n, replay, ContractError)
+        who = {"operator": rec.start.operator, "policy_version": rec.start.policy_version}
+        for c in certifications:
+            if (why := certification_problem(c, **who)) is not None:
+                raise ContractError(f"episode {episode_id}: certification {c.cert_id} by {c.certifier!r} refused: {why}")
         derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode,
-                                quality_flags=rec.end.quality_flags)
+                                quality_flags=rec.end.quality_flags, **who)
         if mask is None:
             new_mask, new_target = derived.mask, derived.target
         else:
@@ -397,7 +401,7 @@ class EpisodeStore:
             new_mask = new_mask.astype(np.uint8)
             bad = label_violations(episode_id=episode_id, label_mask=new_mask, **inputs, windows=windows,
                                    certifications=certifications, mode=rec.start.mode,
-                                   quality_flags=rec.end.quality_flags)
+                                   quality_flags=rec.end.quality_flags, **who)
             if bad:
                 raise ContractError(f"mask breaks the label rules: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
             trainable = new_mask == LabelMask.TRAINABLE.code

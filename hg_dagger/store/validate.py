@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from hg_dagger.contract.clock import NO_TIME
 from hg_dagger.contract.enums import ActionSource, ControlState, LabelMask, LabelTarget, StepFlag
-from hg_dagger.contract.labels import label_violations
+from hg_dagger.contract.labels import certification_problem, label_violations
 from hg_dagger.contract.schema import step_fields
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import layout
@@ -261,8 +261,13 @@ def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callab
             missing = (target == code) & ~np.isfinite(a.reshape(n, -1)).all(axis=1)
             for s in np.flatnonzero(missing)[:5]:
                 bad(s, name, f"{where}: training target is NaN/inf")
+    who = {"operator": start.operator, "policy_version": start.policy_version}
+    for c in layer.certifications:
+        if (why := certification_problem(c, **who)) is not None:
+            bad(c.step_start, "certifications", f"{where}: certification {c.cert_id} by {c.certifier!r} "
+                                                f"(method {c.method!r}) does not count: {why}")
     msgs = label_violations(episode_id=eid, label_mask=mask, **inputs, windows=layer.windows,
-                            certifications=layer.certifications, mode=start.mode, quality_flags=quality_flags)
+                            certifications=layer.certifications, mode=start.mode, quality_flags=quality_flags, **who)
     for m in msgs:
         hit = _STEP_RE.search(m)
         bad(int(hit.group(1)) if hit else None, "label_mask", f"{where}: {m.split(': ', 1)[-1]}")
