@@ -10,7 +10,7 @@ import pytest
 from store_helpers import end, fields, human_window, record, start, step
 
 from hg_dagger.cli import main
-from hg_dagger.contract import ActionSource, ExpertCertification, LabelMask, LabelTarget
+from hg_dagger.contract import ActionSource, EventKind, ExpertCertification, LabelMask, LabelTarget
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import EpisodeStore, LabelLayer, layout, validate_store
 
@@ -282,3 +282,50 @@ def test_a_self_certification_is_refused_by_write_labels_and_reported_by_validat
     assert {(eid, s, "label_mask") for s in range(4)} <= {(x.episode_id, x.step, x.field) for x in found}
     assert main(["validate", str(path)]) == 1
     assert "is the episode's own operator" in capsys.readouterr().out
+
+
+def test_every_recorded_window_is_also_a_window_closed_event(gated_store):
+    path, eid = gated_store
+    store = EpisodeStore.open(path)
+    for info in store.episodes():
+        events = {e.values["window_id"]: e for e in info.end.events if e.kind == EventKind.WINDOW_CLOSED}
+        windows = store.labels(info.episode_id, 1).windows
+        assert set(events) == {w.window_id for w in windows}
+        for w in windows:
+            v = events[w.window_id].values
+            assert (v["parent_step_id"], v["handover_start"], v["handover_end"]) == (
+                w.parent_step_id, w.handover_start, w.handover_end)
+            assert (v["t_handover"], v["t_return"], v["source"], v["operator"]) == (
+                w.t_handover, w.t_return, w.source.value, w.operator)
+            assert events[w.window_id].step == w.handover_end
+
+
+def test_an_episode_cut_off_before_its_commit_keeps_its_closed_windows_as_events(tmp_path):
+    """No end record (the run stopped mid-episode): the window exists only as its event, and nothing trains."""
+    from hg_dagger.control.build import build_session
+    from hg_dagger.control.run_config import load_run_config
+    from hg_dagger.envs import make_env
+    from hg_dagger.policy import Student
+
+    cfg = load_run_config(None, "toy_reach", num_envs=1, calibrate_steps=0, episodes=1,
+                          **{"operator.return_after_steps": 5})
+    env = make_env("toy_reach", num_envs=1, seed=0)
+    rec = EpisodeStore.create(tmp_path / "s").recorder(flush_interval_s=0.05)
+    session = build_session(cfg, rec, Student.create(env.mapping, seed=0), env=env)
+    session.start(1)
+    for _ in range(400):
+        session.tick()
+        if session.machine.closed[0]:
+            break
+    assert session.machine.closed[0], "no correction closed in 400 ticks"
+    eid = session.writer.eids[0]
+    rec.close()  # the episode was never ended
+    env.close()
+    store = EpisodeStore.open(tmp_path / "s")
+    info = store.info(eid)
+    assert not info.complete
+    closed = [e for e in info.end.events if e.kind == EventKind.WINDOW_CLOSED]
+    assert len(closed) == 1 and closed[0].values["handover_end"] > closed[0].values["handover_start"]
+    assert closed[0].values["t_return"] > 0 and closed[0].values["window_id"]
+    assert (store.load(eid, fields=["action_source"])["label_mask"].numpy() != LabelMask.TRAINABLE.code).all()
+    assert validate_store(store) == []

@@ -121,6 +121,7 @@ class EventKind(str, Enum):
     DROPPED_STEPS = "dropped_steps"  # recorder back-pressure
     HEARTBEAT_LOSS = "heartbeat_loss"
     NOTE = "note"
+    WINDOW_CLOSED = "window_closed"  # a correction window's bounds and ids, recorded as it closes (kept by a killed run)
 
 
 class StepFlag(int, Enum):

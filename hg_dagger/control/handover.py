@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hg_dagger.contract.clock import NO_TIME
 from hg_dagger.contract.enums import ActionSource, ControlState, EndReason, RecoveryOutcome, StepFlag
-from hg_dagger.contract.schema import CorrectionWindow
+from hg_dagger.contract.schema import CorrectionWindow, new_id
 
 AUTO = ControlState.AUTONOMOUS.code
 WARNING = ControlState.WARNING.code
@@ -108,6 +108,16 @@ class _Open:
     end: int = -1
     t_return: int = NO_TIME
     cause: str = ""
+    window_id: str = field(default_factory=new_id)
+
+    def values(self, num_steps: int | None = None) -> dict:
+        """The window as a WINDOW_CLOSED event's values (the CorrectionWindow ``finish`` will store)."""
+        start = self.start if num_steps is None else min(self.start, num_steps)
+        end = self.end if num_steps is None else max(start, min(self.end, num_steps))
+        return {"window_id": self.window_id, "parent_step_id": min(self.parent_step, start),
+                "handover_start": start, "handover_end": end, "source": self.source.value,
+                "gate_reason": self.reason, "t_warn": self.t_warn, "t_gate": self.t_gate, "t_handover": self.t_handover,
+                "t_return": self.t_return, "cause": self.cause}
 
 
 class HandoverMachine:
@@ -132,6 +142,7 @@ class HandoverMachine:
         self._anchor_pending = np.zeros(num_envs, bool)
         self.open: list[_Open | None] = [None] * num_envs
         self.closed: list[list[_Open]] = [[] for _ in range(num_envs)]
+        self.just_closed: list[tuple[int, _Open]] = []  # closed windows whose WINDOW_CLOSED event is not yet written
         self._apply_pending: list[tuple[int, _Open, str]] = []  # (row, window, "start"|"end") awaiting t_action_apply
         self._all_policy = np.full(num_envs, SRC_POLICY, np.uint8)
         self._no_rows = np.zeros(num_envs, bool)
@@ -320,6 +331,12 @@ class HandoverMachine:
         w.end, w.cause = int(x.step[r]), cause
         self._apply_pending.append((r, w, "end"))
         self.closed[r].append(w)
+        self.just_closed.append((r, w))
+
+    def take_closed(self) -> list[tuple[int, _Open]]:
+        """Windows closed since the last call, as (row, window); call after ``note_applied`` so t_return is set."""
+        out, self.just_closed = self.just_closed, []
+        return out
 
     def note_applied(self, t_action_apply: np.ndarray) -> None:
         """After env.step: stamp t_handover / t_return with the time the step's action was applied."""
@@ -337,6 +354,7 @@ class HandoverMachine:
         if w is not None and w.start >= 0:
             w.end, w.cause = num_steps, "episode_end"
             self.closed[row].append(w)
+            self.just_closed.append((row, w))
         self.open[row] = None
         self._apply_pending = [p for p in self._apply_pending if p[0] != row]
         out = []
@@ -344,7 +362,8 @@ class HandoverMachine:
             start = min(w.start, num_steps)
             end = max(start, min(w.end, num_steps))
             out.append(CorrectionWindow(
-                parent_episode_id=episode_id, parent_step_id=min(w.parent_step, start), handover_start=start,
+                window_id=w.window_id, parent_episode_id=episode_id, parent_step_id=min(w.parent_step, start),
+                handover_start=start,
                 handover_end=end, source=w.source, gate_reason=w.reason, t_warn=w.t_warn, t_gate=w.t_gate,
                 t_handover=w.t_handover, t_return=w.t_return, context_before=min(self.cfg.context_before, start),
                 context_after=min(self.cfg.context_after, num_steps - end), operator=self.operator_name,

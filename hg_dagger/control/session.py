@@ -471,6 +471,7 @@ class Session:
         missing (info "sensor_loss" of the reply that delivered it); both are excluded from labels."""
         t_apply = np.asarray(result.info.get("t_action_apply", np.full(self.n, now_ns())), np.int64)
         self.machine.note_applied(t_apply)
+        self._window_events(t_apply)
         if self.latency_budget_ns is not None:
             late = (t_apply - self.t_obs) > self.latency_budget_ns
             flags |= np.where(late, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
@@ -622,6 +623,18 @@ class Session:
             self.machine = HandoverMachine(cfg, num_envs=self.n, action_dim=m.a, step_dt=m.step_dt,
                                            operator=op.role, operator_name=op.name)
 
+    def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None:
+        """Each window as it closes becomes a WINDOW_CLOSED event: a run killed before the episode's commit still
+        leaves its corrections' bounds and ids in the log (auditable, never trainable)."""
+        for r, w in self.machine.take_closed():
+            if self.eids[r] is None:
+                continue
+            values = w.values(num_steps)
+            t_ns = w.t_return if w.t_return != NO_TIME else (int(t_apply[r]) if t_apply is not None else now_ns())
+            self.writer.event(r, Event(kind=EventKind.WINDOW_CLOSED, step=values["handover_end"], t_ns=int(t_ns),
+                                       reason=w.cause, source="handover",
+                                       values={**values, "operator": self.machine.operator_name}))
+
     def _event(self, r: int, kind: EventKind, t_ns: int, reason: str = "", source: str = "",
                values: dict[str, Any] | None = None) -> None:
         self.writer.event(r, Event(kind=kind, step=int(self.ep_step[r]), t_ns=int(t_ns), reason=reason,
@@ -706,6 +719,7 @@ class Session:
         eid = self.eids[r]
         num = int(self.ep_step[r])
         windows, outcome = self.machine.finish(r, episode_id=eid, num_steps=num, success=success, end_reason=reason)
+        self._window_events(None, num_steps=num)
         flags = list(flags or [])
         if self.safety.estopped:
             flags.append("estop")
