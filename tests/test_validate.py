@@ -188,7 +188,8 @@ def gated_store(tmp_path_factory):
     from hg_dagger.control.run_config import load_run_config
 
     path = tmp_path_factory.mktemp("gated") / "s.zarr"
-    run_gated(load_run_config(None, "toy_reach", episodes=2, num_envs=1), str(path), progress=False)
+    cfg = load_run_config(None, "toy_reach", episodes=2, num_envs=1, **{"operator.return_after_steps": 8})
+    run_gated(cfg, str(path), progress=False)  # the operator hands back early: a blended return follows
     store = EpisodeStore.open(path)
     with_window = [i.episode_id for i in store.episodes() if store.labels(i.episode_id).windows]
     assert with_window, "the synthetic operator corrected nothing"
@@ -329,3 +330,53 @@ def test_an_episode_cut_off_before_its_commit_keeps_its_closed_windows_as_events
     assert closed[0].values["t_return"] > 0 and closed[0].values["window_id"]
     assert (store.load(eid, fields=["action_source"])["label_mask"].numpy() != LabelMask.TRAINABLE.code).all()
     assert validate_store(store) == []
+
+
+def test_run_episodes_record_versions_and_scene(gated_store):
+    store = EpisodeStore.open(gated_store[0])
+    for info in store.episodes():
+        v = info.start.versions
+        assert v.controller.startswith("hg_dagger ") and v.env and v.simulator.startswith("numpy ")
+        assert info.start.task.scene_id == "default" and isinstance(info.start.initial_state["seed"], int)
+
+
+def test_every_episode_auto_begins_records_a_seed_that_replays_it(tmp_path):
+    """Rows reset by the env after an episode ends begin the next one from an explicit, recorded seed."""
+    from hg_dagger.envs import load_mapping, make_env
+    from hg_dagger.experts import make_expert
+    from hg_dagger.learn.auto import Collector
+    from hg_dagger.policy import Student
+    from hg_dagger.review.replay import replay_episode
+
+    mapping = load_mapping("toy_reach")
+    store = EpisodeStore.create(tmp_path / "s")
+    with make_env(mapping, num_envs=2, seed=0) as env:
+        rec = store.recorder()
+        col = Collector(env, make_expert("toy_reach", "planner", mapping=mapping), rec, mode="dagger_sync", seed=0,
+                        max_episode_steps=8)
+        col.set_policy(Student.create(mapping, ensemble=2, hidden=(16,)), iteration=0, beta=0.5)
+        col.run(episodes=5, reset_seed=100)
+        rec.close()
+    infos = EpisodeStore.open(tmp_path / "s").episodes()
+    assert len(infos) == 5
+    seeds = [i.start.initial_state.get("seed") for i in infos]
+    assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == 5, seeds
+    assert all(i.start.task.scene_id == "default" and i.start.versions.controller for i in infos)
+    store = EpisodeStore.open(tmp_path / "s")
+    for info in infos:
+        assert replay_episode(store, info.episode_id).status.value == "replayable", info.start.initial_state
+
+
+def test_blended_hand_back_steps_are_the_controllers_not_the_policys(gated_store):
+    """What reached the robot decides the source: a policy step applied exactly the policy's action."""
+    from hg_dagger.contract import ControlState, StepFlag
+
+    store = EpisodeStore.open(gated_store[0])
+    eid = gated_store[1]
+    d = store.read_steps(eid, ["action_source", "control_state", "step_flags", "applied_action", "policy_action"])
+    blend = (d["control_state"] == ControlState.RETURNING.code) & ((d["step_flags"] & StepFlag.INTERPOLATED) != 0)
+    assert blend.any(), "the toy run config blends the hand-back"
+    assert (d["action_source"][blend] == ActionSource.SAFETY_CONTROLLER.code).all()
+    policy = d["action_source"] == ActionSource.POLICY.code
+    np.testing.assert_array_equal(d["applied_action"][policy], d["policy_action"][policy])
+    assert (store.labels(eid).mask[blend] != LabelMask.TRAINABLE.code).all()

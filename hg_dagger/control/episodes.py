@@ -11,12 +11,47 @@ fields cannot drift apart. The writer also keeps each row's open episode id and 
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from typing import Any
 
 import numpy as np
 
 from hg_dagger.contract.enums import CollectionMode
-from hg_dagger.contract.schema import CorrectionWindow, EpisodeEnd, EpisodeStart, Event, TaskInfo, step_fields
+from hg_dagger.contract.schema import (
+    CorrectionWindow,
+    EpisodeEnd,
+    EpisodeStart,
+    Event,
+    TaskInfo,
+    Versions,
+    step_fields,
+)
+
+DEFAULT_SCENE = "default"  # the scene of a task when neither the run config nor the gate config names one
+
+# per backend: (simulator packages, env packages) whose versions each episode records, so replay knows what made it
+_BACKEND_PACKAGES = {"toy": (("numpy",), ()), "fetch": (("mujoco",), ("gymnasium", "gymnasium-robotics")),
+                     "metaworld": (("mujoco",), ("gymnasium", "metaworld")), "embodichain": (("embodichain",), ())}
+
+
+def _pkg(name: str) -> str:
+    try:
+        return f"{name} {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{name} (not installed)"
+
+
+@functools.cache
+def backend_versions(backend: str) -> Versions:
+    """Versions of what steps a task's backend here: simulator and env packages, and hg_dagger as the controller
+    (the toy backend is hg_dagger's own numpy arm). ``robot`` stays empty: a robot's identity is in extra."""
+    from hg_dagger import __version__
+
+    sim, env = _BACKEND_PACKAGES.get(backend, ((), ()))
+    ours = f"hg_dagger {__version__}"
+    return Versions(simulator=", ".join(_pkg(p) for p in sim), env=", ".join(_pkg(p) for p in env) or ours,
+                    controller=ours)
 
 
 class EpisodeWriter:
@@ -38,7 +73,8 @@ class EpisodeWriter:
         m = self.mapping
         record = EpisodeStart(
             task=TaskInfo(task_id=m.task_id, task_version=m.task_version, language_instruction=m.language_instruction,
-                          scene_id=scene, success_condition=m.success_condition),
+                          scene_id=scene or DEFAULT_SCENE, success_condition=m.success_condition),
+            versions=backend_versions(m.backend),
             policy_version=policy_version, mode=mode, control_hz=m.control_hz, action_alignment=m.action_alignment,
             mapping=self._meta, mapping_hash=m.hash, initial_state={"seed": seed} if seed is not None else {},
             env_index=row, **start)

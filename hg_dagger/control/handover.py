@@ -9,7 +9,9 @@ Rules that live here:
 - t_handover is the t_action_apply of the first step whose applied action carried the operator's command.
 - Switches never jump: the applied action blends (or ramps) from the last applied action to the new source
   over ``transition_ticks``; blended steps carry StepFlag.INTERPOLATED, and blended human steps also
-  INCOMPLETE_INPUT (the person's command was not applied in full, so they are not training labels).
+  INCOMPLETE_INPUT (the person's command was not applied in full, so they are not training labels). A blended
+  hand-back step applied neither the operator's nor the policy's action: the session records it with source
+  safety_controller (the controller's command) and INTERPOLATED, never as the policy's.
 - Control returns to the policy on the operator's return button, on release of a hold-to-intervene device,
   or automatically once the policy agreed with the operator for ``agree_ticks`` ticks and the confidence
   gate is back below its clear threshold (ThriftyDAgger's rule).

@@ -39,6 +39,7 @@ from hg_dagger.control.handover import (
     SRC_EXPERT,
     SRC_HOLD,
     SRC_HUMAN,
+    SRC_POLICY,
     WARNING,
     HandoverMachine,
     TickInputs,
@@ -444,6 +445,9 @@ class Session:
     def _safety(self, command, flags, d, active, t_ns: int):
         res = self.safety.apply(command, self.obs)
         source = d.source.copy()
+        # a blended (or ramped) hand-back step applies the controller's mix of the last applied action and the
+        # policy's, not the policy's action: it is recorded as the controller's (context only, never a label)
+        source[((flags & StepFlag.INTERPOLATED) != 0) & (source == SRC_POLICY)] = SRC_HOLD
         source[res.changed] = SRC_HOLD
         flags = flags | np.where(res.changed, StepFlag.CLAMPED, 0).astype(np.uint16)
         flags |= np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)

@@ -241,23 +241,27 @@ class Collector:
             while not (stop is not None and stop()):
                 obs = {k: np.array(v) for k, v in obs.items()}  # the recorder owns what it is handed
                 free = [i for i in range(n) if self.writer.eids[i] is None]
-                starting = []
+                starting, seeds = [], {}
                 for i in free:
                     if episodes is not None and begun >= episodes:
                         break
                     if may_begin is not None and not may_begin():
                         break
                     starting.append(i)
+                    # the first tick's reset(seed=reset_seed) gave row i reset_seed + i; later ones get fresh seeds
+                    seeds[i] = reset_seed + (i if stats.ticks == 0 else begun)
                     begun += 1
                 if starting:
-                    stale = np.array([i for i in starting if not fresh[i]], dtype=np.int64)
-                    if len(stale):  # an idle row wandered off its start state: give it a new episode
-                        new_obs, new_info = env.reset(env_ids=stale)
+                    # every later episode starts from an explicit seeded reset (an env's own auto-reset after an
+                    # ended episode draws an unrecorded seed), so each one records the seed that replays it
+                    again = np.array([i for i in starting if stats.ticks > 0 or not fresh[i]], dtype=np.int64)
+                    if len(again):
+                        new_obs, new_info = env.reset(seed=[seeds[int(i)] for i in again], env_ids=again)
                         for k in obs:
-                            obs[k][stale] = new_obs[k][stale]
-                        t_obs[stale] = np.asarray(new_info.get("t_obs", np.full(n, now_ns())))[stale]
+                            obs[k][again] = new_obs[k][again]
+                        t_obs[again] = np.asarray(new_info.get("t_obs", np.full(n, now_ns())))[again]
                     for i in starting:
-                        self._begin(i, reset_seed + i if stats.ticks == 0 else None)
+                        self._begin(i, seeds[i])
                     self.expert.reset(starting, {k: v[starting] for k, v in obs.items()}, info)
                 active = self.writer.active()
                 if not active.any():
