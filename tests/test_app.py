@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pygame
 import pytest
-from device_helpers import VirtualPads
 from PyQt6 import QtCore
 from PyQt6.QtCore import Qt
 
@@ -145,14 +144,6 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     versions = {i.start.policy_version for i in st.episodes() if i.start.mode.value == "human_gated"}
     assert versions == {old, new.policy_version}, "the second episode ran the new student"
     assert info.start.policy_version == old
-
-
-@pytest.fixture
-def pads(monkeypatch, tmp_path):
-    monkeypatch.setenv("HG_DAGGER_CALIBRATION_DIR", str(tmp_path / "calibration"))
-    p = VirtualPads()  # noqa: F811
-    yield p
-    p.detach_all()
 
 
 def post(kind: str, instance_id: int, **attrs) -> None:

@@ -8,22 +8,11 @@ import sys
 
 import pygame
 import pytest
-from device_helpers import VirtualPads
 
 from hg_dagger.contract.command import TAKEOVER
 from hg_dagger.devices import load_device_config, make_device
 from hg_dagger.devices.discovery import KEYBOARD, DeviceScanner
 from hg_dagger.devices.gamepad import Gamepad
-
-
-@pytest.fixture
-def pads():
-    v = VirtualPads()
-    v.detach_all()
-    pygame.event.clear()
-    yield v
-    v.detach_all()
-    pygame.event.clear()
 
 
 def scanner() -> DeviceScanner:

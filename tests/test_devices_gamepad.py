@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pygame
 import pytest
-from device_helpers import VirtualPads
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
@@ -23,16 +22,6 @@ from hg_dagger.devices.gamepad import Gamepad
 from hg_dagger.devices.processing import ProcessingConfig
 
 DATA = Path(__file__).parent / "data" / "devices"
-
-
-@pytest.fixture
-def pads():
-    v = VirtualPads()
-    v.detach_all()
-    pygame.event.clear()
-    yield v
-    v.detach_all()
-    pygame.event.clear()
 
 
 def plain_config(tmp_path, **processing) -> GamepadConfig:

@@ -10,23 +10,12 @@ import json
 import numpy as np
 import pygame
 import pytest
-from device_helpers import VirtualPads
 
 from hg_dagger.devices import Calibration, DeviceError, Keyboard, load_device_config, make_device
 from hg_dagger.devices.tools import calibrate
 from hg_dagger.devices.wizard import CalibrationWizard
 
 FULL = 32767
-
-
-@pytest.fixture
-def pads():
-    v = VirtualPads()
-    v.detach_all()
-    pygame.event.clear()
-    yield v
-    v.detach_all()
-    pygame.event.clear()
 
 
 class Clock:

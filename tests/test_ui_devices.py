@@ -4,9 +4,7 @@ calibration dialogs over the devices package's wizard (keyboard, and an SDL virt
 from __future__ import annotations
 
 import numpy as np
-import pygame
 import pytest
-from device_helpers import VirtualPads
 from PyQt6.QtWidgets import QDialogButtonBox
 
 from hg_dagger.control.live import CommandQueue, DeviceState, LatestSlot, SetDevice, Snapshot
@@ -105,16 +103,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-@pytest.fixture
-def pads():
-    v = VirtualPads()
-    v.detach_all()
-    pygame.event.clear()
-    yield v
-    v.detach_all()
-    pygame.event.clear()
 
 
 def test_calibration_dialog_steps_through_the_phases(qtbot, pads, tmp_path):
