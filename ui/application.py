@@ -117,8 +117,11 @@ class OperatorApp(QtCore.QObject):
         self.settings = settings or QtCore.QSettings("hg-dagger", "hg-dagger")
         self.loop: ControlProcess | ControlLoop | None = None
         self.window = None
-        self.student_path = opts.student or newest_student(opts)
+        self.student_path = ""  # chosen in start(), once the task is known
         self.job = None
+        self._job_kind = ""  # "bootstrap" | "train"
+        self._paused_for_training = False
+        self._reported = False  # an error snapshot was shown once
         self.exit_code = 0
         self._poll = QtCore.QTimer(self)
         self._poll.setInterval(100)
@@ -216,8 +219,6 @@ class OperatorApp(QtCore.QObject):
                 self.window.close()
             self._finish(*self._report())
 
-    _reported = False
-
     def _report(self) -> tuple[int, str]:
         """The run's summary and, for a scripted run, the store's validation."""
         loop = self.loop
@@ -309,7 +310,7 @@ class OperatorApp(QtCore.QObject):
         if result is not None and self.loop is not None:
             self.student_path = result["checkpoint"]
             self.loop.commands.put(live.SwapStudent(result["checkpoint"], tuple(result.get("calibration", ()))))
-        if getattr(self, "_paused_for_training", False) and self.loop is not None:
+        if self._paused_for_training and self.loop is not None:
             self.loop.commands.put(live.Pause(False))
 
     # ---- end -------------------------------------------------------------------------------
