@@ -66,12 +66,9 @@ def newest_student(opts: AppOptions) -> str:
 
 
 def build_session(opts: AppOptions, student_path: str):
-    """The session the options describe (called in the control thread)."""
-    from hg_dagger.control.build import build_session as wire
-    from hg_dagger.control.build import make_run_env
-    from hg_dagger.control.run_config import load_run_config
-    from hg_dagger.policy import Student
-    from hg_dagger.store import EpisodeStore
+    """The session the options describe (called in the control thread): `hg-dagger run`'s own wiring."""
+    from hg_dagger.control.build import open_session
+    from hg_dagger.control.run_config import load_run_config, parse_endpoint
 
     overrides: dict[str, Any] = {"operator.type": "expert" if opts.mode == "expert" else opts.operator,
                                  "operator.name": opts.name or None, "seed": opts.seed,
@@ -81,27 +78,15 @@ def build_session(opts: AppOptions, student_path: str):
     if opts.operator == "none":
         overrides["operator.type"] = None
     if opts.robot:
-        from hg_dagger.cli.run import _endpoint
-
-        overrides["robot.host"], overrides["robot.port"] = _endpoint(opts.robot)
+        overrides["robot.host"], overrides["robot.port"] = parse_endpoint(opts.robot)
         overrides["robot.token_file"] = opts.token_file or None
-    cfg = load_run_config(None, opts.task, **overrides)
-    env = make_run_env(cfg)
+        overrides["calibrate_steps"] = 0  # never drive a robot unattended to calibrate a gate
+    session = open_session(load_run_config(None, opts.task, **overrides), opts.store_url, student_path=student_path)
     try:
-        student = Student.load(student_path, env.mapping)
-        store = EpisodeStore.create(opts.store_url, exist_ok=True)
-    except BaseException:
-        env.close()
-        raise
-    rec = store.recorder()
-    try:
-        session = wire(cfg, rec, student, env=env)
         session.set_mode(opts.mode)
-        if cfg.calibrate_steps and cfg.robot is None:
-            session.calibrate(cfg.calibrate_steps)
     except BaseException:
-        rec.close()
-        env.close()
+        session.rec.close()
+        session.env.close()
         raise
     return session
 

@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     from hg_dagger.control.build import run_gated
-    from hg_dagger.control.run_config import load_run_config
+    from hg_dagger.control.run_config import load_run_config, parse_endpoint
 
     overrides = {
         "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,
@@ -44,7 +44,7 @@ def _run(args) -> int:
         if args.num_envs is not None:
             raise ConfigError("--num-envs does not apply with --robot: the robot's batch size is set by "
                               "`hg-dagger bridge serve --num-envs`")
-        overrides["robot.host"], overrides["robot.port"] = _endpoint(args.robot)
+        overrides["robot.host"], overrides["robot.port"] = parse_endpoint(args.robot)
     if args.token_file is not None:
         if args.robot is None and load_run_config(args.config, args.task, **overrides).robot is None:
             raise ConfigError("--token-file is for a robot run: give --robot HOST:PORT (or a robot section in the "
@@ -61,12 +61,3 @@ def _run(args) -> int:
               f"{d['windows']} correction windows, {d['human_steps']} operator steps, "
               f"{d['safety_clamps']} safety clamps" + (f"; stopped by {d['stopped_by']}" if d["stopped_by"] else ""))
     return 0
-
-
-def _endpoint(text: str) -> tuple[str, int]:
-    """HOST:PORT (IPv6 as [ADDR]:PORT) -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--robot {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7650")
-    return host, int(port)

@@ -81,9 +81,10 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
                    episode_extra=_robot_metadata(env))
 
 
-def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True) -> RunSummary:
-    """A whole human-gated collection run: open (or create) the store, load the student (a fresh,
-    untrained one when no checkpoint is given), calibrate if asked, record ``cfg.episodes`` episodes."""
+def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = None) -> Session:
+    """The session a run config describes, recording into ``store_url`` (created if missing): the env, the
+    student (a fresh, untrained one when no checkpoint is given), a recorder, and the confidence gate
+    calibrated if the config asks. The caller closes ``session.rec`` and then ``session.env``."""
     env = make_run_env(cfg)  # bad task, robot or checkpoint: fail before the store (and before loading torch)
     try:
         cfg = _follow_robot(cfg, env)
@@ -106,8 +107,18 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
         if cfg.calibrate_steps:
             cal = session.calibrate(cfg.calibrate_steps)
             log.info("confidence gate calibrated: %s", cal if cal else "too few samples, thresholds unchanged")
-        summary = session.run(cfg.episodes, progress=progress)
-    finally:
+    except BaseException:
         rec.close()
         env.close()
-    return summary
+        raise
+    return session
+
+
+def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True) -> RunSummary:
+    """A whole human-gated collection run: ``open_session``, then record ``cfg.episodes`` episodes."""
+    session = open_session(cfg, store_url, student_path=student_path)
+    try:
+        return session.run(cfg.episodes, progress=progress)
+    finally:
+        session.rec.close()
+        session.env.close()

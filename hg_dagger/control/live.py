@@ -127,10 +127,12 @@ class Quit(Command):
 
 
 class CommandQueue:
-    """Thread-safe FIFO: any thread puts, the control thread drains once per tick."""
+    """Thread-safe FIFO: any thread puts, the control thread drains once per tick. Over a
+    multiprocessing queue (``q``) the putting side may be another process; if that process is gone,
+    draining ends with a Quit so the control side stops safely."""
 
-    def __init__(self) -> None:
-        self._q: queue.SimpleQueue[Command] = queue.SimpleQueue()
+    def __init__(self, q=None) -> None:
+        self._q = q if q is not None else queue.SimpleQueue()
 
     def put(self, cmd: Command) -> None:
         if not isinstance(cmd, Command):
@@ -144,6 +146,8 @@ class CommandQueue:
                 out.append(self._q.get_nowait())
             except queue.Empty:
                 return out
+            except (EOFError, OSError):
+                return out + [Quit()]
 
 
 # ---------------------------------------------------------------------------------- snapshots

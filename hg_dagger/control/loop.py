@@ -405,30 +405,6 @@ def _describe(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class _QueueCommands:
-    """CommandQueue over a multiprocessing queue (the parent puts, the control process drains)."""
-
-    def __init__(self, q):
-        self._q = q
-
-    def put(self, cmd: live.Command) -> None:
-        if not isinstance(cmd, live.Command):
-            raise TypeError(f"not a live Command: {cmd!r}")
-        self._q.put(cmd)
-
-    def drain(self) -> list[live.Command]:
-        import queue
-
-        out = []
-        while True:
-            try:
-                out.append(self._q.get_nowait())
-            except queue.Empty:
-                return out
-            except (EOFError, OSError):  # the app is gone: stop safely
-                return out + [live.Quit()]
-
-
 class ControlProcess:
     """A ControlLoop in a spawned process, with the same ``slot`` / ``commands`` seam.
 
@@ -446,7 +422,7 @@ class ControlProcess:
         self._cmd_q = ctx.Queue()
         self._recv, send = ctx.Pipe(duplex=False)
         self.slot = live.LatestSlot()
-        self.commands = _QueueCommands(self._cmd_q)
+        self.commands = live.CommandQueue(self._cmd_q)
         self.store = loop_kwargs.get("store", "")
         self.error = ""
         self.summary: dict[str, Any] | None = None
@@ -500,7 +476,7 @@ def _child_main(build, loop_kwargs, cmd_q, conn) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the app, which asks this process to quit
     sys.setswitchinterval(0.0005)  # the control thread gets the interpreter back quickly from the writer threads
-    commands = _QueueCommands(cmd_q)
+    commands = live.CommandQueue(cmd_q)
     loop = ControlLoop(build, commands=commands, **loop_kwargs)
     stop_sending = threading.Event()
 
@@ -514,7 +490,7 @@ def _child_main(build, loop_kwargs, cmd_q, conn) -> None:
             try:
                 conn.send(("snapshot", snap))
             except (OSError, ValueError):  # the app is gone
-                commands._q.put(live.Quit())
+                commands.put(live.Quit())
                 return
 
     sender = threading.Thread(target=send, name="hg-dagger-snapshot-sender", daemon=True)

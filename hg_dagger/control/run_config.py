@@ -133,3 +133,12 @@ def load_run_config(path: str | Path | None, task: str | None = None, **override
             target = target[p]
         target[leaf] = value
     return config_io.validate(RunConfig, data, source=source)
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [ADDR]:PORT) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--robot {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7650")
+    return host, int(port)
