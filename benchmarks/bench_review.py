@@ -151,6 +151,7 @@ def measure(path: str, n_eps: int, repeat: int) -> dict:
     t_rows, rows = timed(lambda: rows_of_store(path), repeat)
     r["rows_s"] = t_rows
     assert len(rows) == len(windows)
+    print(f"catalog {t_cat:.3f} s, list_windows {t_lw:.3f} s, workspace rows {t_rows:.3f} s", flush=True)
 
     filters = {
         "status=pending": (Filters(status="pending"), WindowFilter(status="pending")),
@@ -171,6 +172,7 @@ def measure(path: str, n_eps: int, repeat: int) -> dict:
     s1 = run_qc(path, write=True, progress=True)
     r["qc1_s"] = time.perf_counter() - t0
     r["qc1_layers"] = s1.layers_written
+    print(f"qc run 1 {r['qc1_s']:.1f} s", flush=True)
     r["qc_windows"] = sum(len(e.windows) for e in s1.episodes)
     r["qc_windows_passed"] = sum(w.passed for e in s1.episodes for w in e.windows)
     assert len(s1.episodes) == n_eps and not s1.errors, s1.errors[:3]
