@@ -457,7 +457,8 @@ def _episode_result(ep: _Ep, cfg: QCConfig, wins: list[QCResult]) -> tuple[QCRes
     rules = label_violations(
         episode_id=info.episode_id, label_mask=ep.layer.mask, action_source=src, valid=valid,
         step_flags=d["step_flags"], expert_valid=d["expert_valid"], windows=ep.layer.windows,
-        certifications=ep.layer.certifications, mode=info.start.mode, quality_flags=info.end.quality_flags)
+        certifications=ep.layer.certifications, mode=info.start.mode, quality_flags=info.end.quality_flags,
+        operator=info.start.operator, policy_version=info.start.policy_version)
     if stray_human:
         flags.append("human_step_outside_window")
     if stray_expert:
