@@ -40,12 +40,10 @@ class Pause(Command):
 class ResetEpisode(Command):
     """End the current episode as an env reset and begin a fresh one."""
 
-    reason: str = "operator reset"
-
 
 @dataclass(frozen=True)
 class AbortEpisode(Command):
-    reason: str = "operator abort"
+    """End the current episode as an operator abort."""
 
 
 @dataclass(frozen=True)

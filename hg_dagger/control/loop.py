@@ -71,17 +71,17 @@ class ControlLoop:
     """Owns one Session in its own thread; views talk to it only through ``slot`` and ``commands``."""
 
     def __init__(self, build: Callable[[], Any], *, rate_hz: float | None = None, view_size: int = 256,
-                 view_hz: float = 30.0, store: str = "", on_command: Callable[[Any, live.Command], bool] | None = None,
-                 name: str = "hg-dagger-control", slot: live.LatestSlot | None = None, commands=None):
+                 view_hz: float = 30.0, store: str = "", name: str = "hg-dagger-control",
+                 slot: live.LatestSlot | None = None, commands=None):
         self._build = build
         self._rate_hz = rate_hz
         self.view_size = view_size
         self.view_hz = view_hz
         self.store = store
-        self.on_command = on_command  # app hook for commands the loop does not know (returns True if handled)
         self.slot = slot if slot is not None else live.LatestSlot()
         self.commands = commands if commands is not None else live.CommandQueue()
         self.session = None
+        self.health: _Health | None = None  # from the first tick on
         self.error: str = ""
         self.summary: dict[str, Any] | None = None  # the session's RunSummary once the loop has ended
         self._stop = threading.Event()
@@ -162,7 +162,7 @@ class ControlLoop:
         the schedule starts, so they never show up as a late first tick."""
         s = self.session
         if self.view_hz > 0:
-            self._render(False)
+            self._render()
         obs = s.env.observe()
         if obs is not None:
             s.student.act(obs[0])
@@ -175,11 +175,9 @@ class ControlLoop:
             if self._stop.is_set():
                 self._attribute(version, before)
                 return
-        ticked = False
         if s.running and not self._paused:
             s.refresh_obs()  # decide on a sample taken now, not at the end of the last tick
             s.tick()
-            ticked = True
             last = s.last
             if last is not None and not last.paused:
                 lat = (int(last.t_action_apply[0]) - int(last.t_obs[0])) / 1e6
@@ -188,10 +186,10 @@ class ControlLoop:
         elif not s.running:
             s.poll_idle()  # devices stay live for the panel between episodes
         self._attribute(version, before)
-        self._render(ticked)
+        self._render()
         self._publish()
 
-    def _render(self, ticked: bool) -> None:
+    def _render(self) -> None:
         t = now_ns()
         if self.view_hz <= 0 or t - self._last_frame_ns < 1e9 / self.view_hz * 0.9:
             return
@@ -241,12 +239,12 @@ class ControlLoop:
                     self._paused = False
                 case live.Pause(paused=p):
                     self._paused = p
-                case live.ResetEpisode(reason=why):
-                    self._end(EndReason.ENV_RESET, False, why)
-                case live.AbortEpisode(reason=why):
-                    self._end(EndReason.OPERATOR_ABORT, False, why)
+                case live.ResetEpisode():
+                    self._end(EndReason.ENV_RESET, False)
+                case live.AbortEpisode():
+                    self._end(EndReason.OPERATOR_ABORT, False)
                 case live.MarkOutcome(success=ok):
-                    self._end(EndReason.SUCCESS if ok else EndReason.FAILURE, ok, "operator verdict")
+                    self._end(EndReason.SUCCESS if ok else EndReason.FAILURE, ok)
                 case live.DiscardEpisode(reason=why):
                     if s.running:
                         s.discard_episode(0, why)
@@ -270,13 +268,12 @@ class ControlLoop:
                 case live.SwapStudent(checkpoint=path, calibration=unc):
                     self._swap_student(path, unc)
                 case _:
-                    if self.on_command is None or not self.on_command(self, cmd):
-                        raise HgDaggerError(f"unknown command {type(cmd).__name__}")
+                    raise HgDaggerError(f"unknown command {type(cmd).__name__}")
         except HgDaggerError as exc:
             self._message = str(exc)
             log.warning("%s: %s", type(cmd).__name__, exc)
 
-    def _end(self, reason: EndReason, success: bool, why: str) -> None:
+    def _end(self, reason: EndReason, success: bool) -> None:
         if self.session.running:
             self.session.end_episode(0, reason, success)
 
@@ -335,7 +332,7 @@ class ControlLoop:
         if phase is None:
             phase = "estopped" if estop else ("paused" if self._paused else ("running" if s.running else "idle"))
         rec = s.rec
-        health = self.health.snapshot(rec.queue_len, rec.stats.dropped_steps) if hasattr(self, "health") else live.LoopHealth()
+        health = self.health.snapshot(rec.queue_len, rec.stats.dropped_steps) if self.health else live.LoopHealth()
         kw: dict[str, Any] = {}
         last = s.last if s.eids[0] is not None else None  # between episodes the last tick says nothing
         if last is not None:
