@@ -23,8 +23,6 @@ from hg_dagger.control.loop import ControlLoop, ControlProcess
 
 log = logging.getLogger(__name__)
 
-MODES = ("human_gated", "expert", "student_only", "teleop")
-
 
 @dataclass(frozen=True)
 class AppOptions:
