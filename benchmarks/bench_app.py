@@ -27,8 +27,6 @@ import os
 import tempfile
 import time
 
-import numpy as np
-
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -146,7 +144,6 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seconds": seconds, "results": res}, f, indent=2, default=float)
-    np.set_printoptions()
 
 
 if __name__ == "__main__":
