@@ -17,6 +17,7 @@ from hg_dagger.review.decisions import audit_trail, list_windows
 from hg_dagger.store import EpisodeStore
 from hg_dagger.ui import style
 from hg_dagger.ui.review import ReviewWorkspace
+from hg_dagger.ui.review.browser import COLUMNS
 
 REVIEWER = "rev-7"
 WAIT = 60_000  # ms; generous, the machine is shared
@@ -78,7 +79,7 @@ def test_table_lists_every_window_with_filters_and_counts(workspace, store):
     ws.browser.set_filter("status", "pending")
     assert len(ws.browser.visible_rows()) == len(expected)
     # sorting by a column reorders the rows
-    ws.browser.table.sortByColumn(6, Qt.SortOrder.DescendingOrder)  # steps
+    ws.browser.table.sortByColumn(COLUMNS.index("steps"), Qt.SortOrder.DescendingOrder)
     starts = [(r.window.handover_start, r.window.handover_end) for r in ws.browser.visible_rows()]
     assert starts == sorted(starts, reverse=True)
 
@@ -187,7 +188,7 @@ def test_two_stores_and_a_missing_one(qtbot, store, tmp_path):
     n = len(list_windows(store))
     assert len(ws.browser.visible_rows()) == 2 * n
     assert {r.store for r in ws.browser.visible_rows()} == {store, str(other)}
-    assert not ws.browser.table.isColumnHidden(2)
+    assert not ws.browser.table.isColumnHidden(COLUMNS.index("store"))
     assert len(ws.errors) == 1 and "missing" in ws.errors[0] and "missing" in ws.status.text()
     ws.close()
 

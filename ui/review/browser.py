@@ -7,8 +7,7 @@ from PyQt6.QtGui import QColor
 from PyQt6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
-    QFormLayout,
-    QHBoxLayout,
+    QGridLayout,
     QHeaderView,
     QLabel,
     QTableView,
@@ -18,24 +17,29 @@ from PyQt6.QtWidgets import (
 
 from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.ui import style
-from hg_dagger.ui.review.model import ANY, Filters, ReviewRow, counts
+from hg_dagger.ui.review.model import ANY, FILTER_VALUES, Filters, ReviewRow, counts
 
-COLUMNS = ("window", "episode", "store", "task", "operator", "gate", "steps", "source", "outcome", "status",
-           "auth", "reviewer", "QC", "replay")
+COLUMNS = ("window", "episode", "store", "date", "task", "mode", "policy", "operator", "gate", "steps", "source",
+           "outcome", "status", "auth", "reviewer", "QC", "QC flags", "replay", "privacy")
 STATUS_COLOURS = {"pending": style.NEUTRAL, "approved": style.OK, "rejected": style.SAFETY, "needs_fix": style.WARNING}
-FILTERS = (("task", "task"), ("operator", "operator"), ("gate_reason", "gate reason"), ("status", "review"),
-           ("qc", "QC"), ("replay", "replay"))
+FILTERS = (("task", "task"), ("operator", "operator"), ("mode", "mode"), ("gate_reason", "gate reason"),
+           ("outcome", "recovery"), ("status", "review"), ("qc", "QC"), ("qc_flag", "QC flag"), ("replay", "replay"),
+           ("policy_version", "policy"), ("date", "date"))
+FILTERS_PER_ROW = 6
 
 
 def _cell(row: ReviewRow, col: int):
     """(display text, sort key) of one cell."""
     w = row.window
+    flags = ", ".join(row.qc_flags)
     values = (
-        (w.short_id, w.window_id), (w.episode_id[:12], w.episode_id), (row.store, row.store), (w.task, w.task),
+        (w.short_id, w.window_id), (w.episode_id[:12], w.episode_id), (row.store, row.store), (row.date, row.date),
+        (w.task, w.task), (row.mode, row.mode), (row.policy_version or "-", row.policy_version),
         (w.operator or "-", w.operator), (w.gate_reason or "-", w.gate_reason),
         (f"[{w.handover_start}, {w.handover_end})", (w.handover_start, w.handover_end)), (w.source, w.source),
         (w.outcome, w.outcome), (w.status.value, w.status.value), ("yes" if w.authorized else "no", w.authorized),
-        (w.reviewer or "-", w.reviewer), (row.qc, row.qc), (row.replay, row.replay),
+        (w.reviewer or "-", w.reviewer), (row.qc, row.qc), (flags or "-", flags), (row.replay, row.replay),
+        (row.privacy, row.privacy),
     )
     return values[col]
 
@@ -53,6 +57,18 @@ class WindowTableModel(QAbstractTableModel):
         self.rows = list(rows)
         self._index = {r.key: i for i, r in enumerate(self.rows)}
         self.endResetModel()
+
+    def add_rows(self, rows: list[ReviewRow]) -> None:
+        """Append rows not held yet (rows of newly committed episodes)."""
+        new = [r for r in rows if r.key not in self._index]
+        if not new:
+            return
+        first = len(self.rows)
+        self.beginInsertRows(QModelIndex(), first, first + len(new) - 1)
+        for i, r in enumerate(new, first):
+            self.rows.append(r)
+            self._index[r.key] = i
+        self.endInsertRows()
 
     def update_row(self, row: ReviewRow) -> None:
         i = self._index.get(row.key)
@@ -130,16 +146,17 @@ class WindowBrowser(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         self.table.selectionModel().currentRowChanged.connect(self._current_changed)
         self.combos: dict[str, QComboBox] = {}
-        form = QHBoxLayout()
-        for key, label in FILTERS:
+        form = QGridLayout()
+        for i, (key, label) in enumerate(FILTERS):
             box = QComboBox()
             box.addItem("any", ANY)
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
             box.currentIndexChanged.connect(self._filters_changed)
             self.combos[key] = box
-            f = QFormLayout()
-            f.addRow(label, box)
-            form.addLayout(f)
-        form.addStretch(1)
+            r, c = divmod(i, FILTERS_PER_ROW)
+            form.addWidget(QLabel(label), r, 2 * c, Qt.AlignmentFlag.AlignRight)
+            form.addWidget(box, r, 2 * c + 1)
+        form.setColumnStretch(2 * FILTERS_PER_ROW, 1)
         self.counts = QLabel("no windows loaded")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -155,6 +172,12 @@ class WindowBrowser(QWidget):
         self._fill_choices()
         self.table.resizeColumnsToContents()
         self._update_counts()
+
+    def add_rows(self, rows: list[ReviewRow]) -> None:
+        """Add the rows of newly committed episodes; filters, choices and counts follow."""
+        self.model.add_rows(rows)
+        self.table.setColumnHidden(COLUMNS.index("store"), len({r.store for r in self.model.rows}) <= 1)
+        self._fill_choices()
 
     def update_row(self, row: ReviewRow) -> None:
         self.model.update_row(row)
@@ -192,12 +215,10 @@ class WindowBrowser(QWidget):
     # ----------------------------------------------------------------------------------------- internals
 
     def _choices(self, key: str) -> list[str]:
-        rows = self.model.rows
         if key == "status":
             return [s.value for s in ReviewStatus]
-        get = {"task": lambda r: r.window.task, "operator": lambda r: r.window.operator,
-               "gate_reason": lambda r: r.window.gate_reason, "qc": lambda r: r.qc, "replay": lambda r: r.replay}[key]
-        return sorted({get(r) for r in rows} - {ANY})  # an empty value cannot be told from 'any'
+        get = FILTER_VALUES[key]
+        return sorted({v for r in self.model.rows for v in get(r)} - {ANY})  # an empty value cannot be told from 'any'
 
     def _fill_choices(self) -> None:
         for key, box in self.combos.items():

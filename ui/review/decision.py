@@ -9,6 +9,7 @@ from PyQt6.QtWidgets import (
     QCheckBox,
     QGroupBox,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QPlainTextEdit,
     QPushButton,
@@ -28,13 +29,18 @@ TRAIL_COLUMNS = ("layer", "time", "reviewer", "decision", "authorized", "reason"
 
 
 class DecisionPanel(QGroupBox):
-    """Records verdicts for one reviewer; emits ``decided(store, WindowRow)`` after each stored decision."""
+    """Records verdicts for one reviewer; emits ``decided(store, WindowRow)`` after each stored decision.
+
+    Without a reviewer (the app's review tab) the pseudonym is asked when the first decision is made, offering
+    ``default_reviewer`` (the operator's pseudonym) to keep or edit; *Change...* asks again."""
 
     decided = pyqtSignal(str, object)
+    reviewer_changed = pyqtSignal(str)
 
-    def __init__(self, reviewer: str, worker: StoreWorker, parent=None):
+    def __init__(self, reviewer: str | None, worker: StoreWorker, parent=None, *, default_reviewer: str = ""):
         super().__init__("Decision", parent)
-        self.reviewer = reviewer
+        self.reviewer = (reviewer or "").strip()
+        self.default_reviewer = (default_reviewer or "").strip()
         self.worker = worker
         self.busy = False
         self.row: ReviewRow | None = None
@@ -67,8 +73,16 @@ class DecisionPanel(QGroupBox):
         buttons.addStretch(1)
         buttons.addWidget(self.reject_button)
         buttons.addWidget(self.fix_button)
+        self.reviewer_label = QLabel()
+        self.change_button = QPushButton("Change...")
+        self.change_button.setToolTip("record the next decisions under another reviewer pseudonym")
+        self.change_button.clicked.connect(self.ask_reviewer)
+        who = QHBoxLayout()
+        who.addWidget(self.reviewer_label, 1)
+        who.addWidget(self.change_button)
+        self._show_reviewer()
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel(f"reviewer: <b>{reviewer}</b>"))
+        lay.addLayout(who)
         lay.addWidget(self.current)
         lay.addWidget(self.reason)
         lay.addLayout(buttons)
@@ -76,6 +90,26 @@ class DecisionPanel(QGroupBox):
         lay.addWidget(QLabel("audit trail (oldest first)"))
         lay.addWidget(self.table, 1)
         self._enable(False)
+
+    def _show_reviewer(self) -> None:
+        self.reviewer_label.setText(f"reviewer: <b>{self.reviewer}</b>" if self.reviewer else
+                                    "reviewer: <i>asked at your first decision</i>")
+
+    def ask_reviewer(self) -> str:
+        """Ask for the reviewer pseudonym (offering the current one, else the default); "" when cancelled."""
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Reviewer")
+        dialog.setLabelText("Your reviewer pseudonym (never a real name), recorded with every decision:")
+        dialog.setTextValue(self.reviewer or self.default_reviewer)
+        while dialog.exec():
+            name = dialog.textValue().strip()
+            if name:
+                if name != self.reviewer:
+                    self.reviewer = name
+                    self._show_reviewer()
+                    self.reviewer_changed.emit(name)
+                return name
+        return ""
 
     def _enable(self, on: bool) -> None:
         for w in (self.approve_button, self.reject_button, self.fix_button, self.authorize, self.reason):
@@ -147,6 +181,9 @@ class DecisionPanel(QGroupBox):
             self.reason.setFocus()
             return False
         if self.busy:
+            return False
+        if not self.reviewer and not self.ask_reviewer():
+            self._error("a reviewer pseudonym is needed to record a decision")
             return False
         authorize = status == ReviewStatus.APPROVED and self.authorize.isChecked()
         row, reviewer = self.row, self.reviewer

@@ -21,6 +21,7 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
+from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.ui import style
 from hg_dagger.ui.review.model import SOURCE_COLOURS, SOURCE_NAMES, EpisodeData
 
@@ -97,7 +98,8 @@ class Timeline(pg.PlotWidget):
 
 
 class ActionPlots(pg.GraphicsLayoutWidget):
-    """Per action dim: applied (dark), policy (blue), expert (purple); human-applied steps marked orange."""
+    """Per action dim: applied (dark), policy (blue), expert (purple), the operator's raw device command on the
+    axis that drives the dim (orange dashed, device units); human-applied steps marked orange."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -105,10 +107,11 @@ class ActionPlots(pg.GraphicsLayoutWidget):
         self.plots: list[pg.PlotItem] = []
         self.cursors: list[pg.InfiniteLine] = []
         self.human_steps = np.zeros(0, np.int64)
+        self.human_dims: list[int] = []  # action dims with a human command curve
 
     def show_episode(self, data: EpisodeData) -> None:
         self.clear()
-        self.plots, self.cursors = [], []
+        self.plots, self.cursors, self.human_dims = [], [], []
         steps = np.arange(data.num_steps)
         human = np.flatnonzero(data.action_source == 1)
         self.human_steps = human
@@ -126,6 +129,11 @@ class ActionPlots(pg.GraphicsLayoutWidget):
             if np.isfinite(data.expert[:, i]).any():
                 p.plot(steps, data.expert[:, i], pen=pg.mkPen(style.EXPERT, width=1, style=Qt.PenStyle.DashLine),
                        name="expert")
+            axis = data.human_axes[i] if i < len(data.human_axes) else None
+            if data.human is not None and axis is not None and np.isfinite(data.human[:, axis]).any():
+                p.plot(steps, data.human[:, axis], connect="finite", name=f"human command ({COMMAND_AXES[axis]})",
+                       pen=pg.mkPen(style.HUMAN, width=1, style=Qt.PenStyle.DashLine))
+                self.human_dims.append(i)
             if human.size:
                 p.plot(human, data.applied[human, i], pen=None, symbol="o", symbolSize=5,
                        symbolBrush=style.HUMAN, symbolPen=None, name="human applied")
@@ -180,6 +188,8 @@ class EpisodeView(QWidget):
         self.data: EpisodeData | None = None
         self.step = 0
         self.title = QLabel("select a window")
+        self.title.setWordWrap(True)
+        self.privacy = QLabel("")
         self.timeline = Timeline()
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setEnabled(False)
@@ -208,6 +218,7 @@ class EpisodeView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.title)
+        lay.addWidget(self.privacy)
         lay.addWidget(self.timeline)
         lay.addWidget(legend)
         lay.addLayout(scrub)
@@ -217,7 +228,9 @@ class EpisodeView(QWidget):
         self.stop()
         self.data = data
         self.title.setText(f"episode {data.episode_id}: {data.num_steps} steps at {data.control_hz:g} Hz"
-                           + (f", camera {data.image_key}" if data.image_key else ""))
+                           + (f", camera {data.image_key}" if data.image_key else "")
+                           + f"; {data.mode or '-'}, operator {data.operator or '-'}, policy {data.policy_version or '-'}")
+        self.privacy.setText(f"privacy: {data.privacy}")
         self.timeline.show_episode(data, window_id)
         self.plots.show_episode(data)
         self.frame.set_episode(data)

@@ -1,22 +1,27 @@
 """What the review workspace shows, read from stores without Qt: the window rows and one episode's arrays.
 
-The rows come from ``decisions.list_windows`` (catalog and label layers only, never step arrays), with the
-QC verdict and replay status of each window added from the same cached label layers. Step arrays are read
-only for the one episode a reviewer selects (``load_episode``).
+The rows come from the catalog and each committed episode's latest label layer (never step arrays): the window
+with its review state (``decisions``' own row), its QC verdict and flags, its episode's replay status, mode,
+policy, date and privacy status. Step arrays are read only for the one episode a reviewer selects
+(``load_episode``).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
+from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.contract.enums import ReviewStatus
-from hg_dagger.review.decisions import WindowFilter, WindowRow, list_windows, open_store
-from hg_dagger.store import EpisodeStore
+from hg_dagger.contract.schema import EpisodeStart
+from hg_dagger.review.decisions import WindowRow, open_store
+from hg_dagger.review.decisions import _row as window_row  # the one definition of a window's review row
+from hg_dagger.store import EpisodeInfo, EpisodeStore
 from hg_dagger.ui import style
 
 # ActionSource codes as stored (docs/data-format.md): 0 policy, 1 human, 2 safety_controller, 3 expert, 4 unknown
@@ -24,6 +29,10 @@ SOURCE_COLOURS: dict[int, str] = {0: style.POLICY, 1: style.HUMAN, 2: style.SAFE
 SOURCE_NAMES = {0: "policy", 1: "human", 2: "safety", 3: "expert", 4: "unknown"}
 ANY = ""
 QC_NONE = "no QC"
+PRIVACY_KEY = "privacy"
+"""EpisodeStart.extra key a recorder may set to the privacy processing it applied (a string, or a dict with
+``status``); without it the status is derived from what is recorded (docs/decisions.md)."""
+PSEUDONYMISED = "pseudonymised (operator id is a pseudonym)"
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,11 @@ class ReviewRow:
     replay: str = "unverified"
     context_before: int = 0
     context_after: int = 0
+    qc_flags: tuple[str, ...] = ()  # the flags of the window's latest QC result
+    mode: str = ""
+    policy_version: str = ""
+    date: str = ""  # YYYY-MM-DD (UTC) the episode was recorded
+    privacy: str = ""
 
     @property
     def window_id(self) -> str:
@@ -46,57 +60,113 @@ class ReviewRow:
         return (self.store, self.window.window_id)
 
 
+# filter key -> the row's value(s) for it; the browser offers one choice per distinct value
+FILTER_VALUES: dict[str, Callable[[ReviewRow], Iterable[str]]] = {
+    "task": lambda r: (r.window.task,),
+    "operator": lambda r: (r.window.operator,),
+    "mode": lambda r: (r.mode,),
+    "gate_reason": lambda r: (r.window.gate_reason,),
+    "outcome": lambda r: (r.window.outcome,),
+    "status": lambda r: (r.window.status.value,),
+    "qc": lambda r: (r.qc,),
+    "qc_flag": lambda r: r.qc_flags,
+    "replay": lambda r: (r.replay,),
+    "policy_version": lambda r: (r.policy_version,),
+    "date": lambda r: (r.date,),
+}
+
+
 @dataclass(frozen=True)
 class Filters:
-    """The browser's filters; ANY ("") means no restriction."""
+    """The browser's filters; ANY ("") means no restriction. ``qc_flag`` keeps windows whose QC flags hold it."""
 
     task: str = ANY
     operator: str = ANY
+    mode: str = ANY
     gate_reason: str = ANY
+    outcome: str = ANY
     status: str = ANY
     qc: str = ANY
+    qc_flag: str = ANY
     replay: str = ANY
+    policy_version: str = ANY
+    date: str = ANY
 
     def accepts(self, row: ReviewRow) -> bool:
-        w = row.window
-        return all(want in (ANY, have) for want, have in (
-            (self.task, w.task), (self.operator, w.operator), (self.gate_reason, w.gate_reason),
-            (self.status, w.status.value), (self.qc, row.qc), (self.replay, row.replay)))
+        for f in fields(self):
+            want = getattr(self, f.name)
+            if want != ANY and want not in FILTER_VALUES[f.name](row):
+                return False
+        return True
 
 
-def _qc_verdict(layer, window_id: str) -> str:
-    results = [q for q in layer.qc if q.window_id == window_id]
-    if not results:
-        return QC_NONE
-    return "passed" if results[-1].passed else "failed"
+def privacy_status(start: EpisodeStart, has_camera: bool) -> str:
+    """What privacy processing an episode had: the recorder's own record (EpisodeStart.extra["privacy"]) if it
+    wrote one, else what the recorded data says: the operator is stored as a pseudonym, camera frames as taken."""
+    recorded = start.extra.get(PRIVACY_KEY)
+    if isinstance(recorded, dict):
+        recorded = recorded.get("status")
+    if isinstance(recorded, str) and recorded.strip():
+        return recorded.strip()
+    text = PSEUDONYMISED if start.operator else "no operator recorded"
+    return text + ("; camera frames not processed" if has_camera else "")
 
 
-def rows_of_store(store: EpisodeStore | str | os.PathLike, url: str | None = None) -> list[ReviewRow]:
-    """Every reviewable window of one store with its QC verdict and its episode's replay status; ``url``
-    names the store in the rows (default: the path given, or the store's own url)."""
-    st = open_store(store)
-    if url is None:
-        url = st.url if isinstance(store, EpisodeStore) else os.fspath(store)
+def recorded_date(info: EpisodeInfo) -> str:
+    """The UTC day the episode's recorder session began (segment ids start with its YYYYMMDD stamp)."""
+    s = info.segment_id
+    return f"{s[:4]}-{s[4:6]}-{s[6:8]}" if len(s) >= 8 and s[:8].isdigit() else ""
+
+
+def rows_of_episodes(st: EpisodeStore, url: str, infos: Iterable[EpisodeInfo]) -> list[ReviewRow]:
+    """The rows of every window of the given committed episodes (others are skipped), in the order given.
+
+    Each episode's latest label layer is read once (``EpisodeStore.labels`` lists the episode's layers on every
+    call, which after a QC run is one listing per episode and call), and no step array is read."""
     rows = []
-    for w in list_windows(st, WindowFilter()):
-        rows.append(row_with_checks(st, url, w))
+    cameras: dict[str, bool] = {}  # segment id -> has a camera field
+    for info in infos:
+        if not info.complete:
+            continue
+        layer = st.labels(info.episode_id)
+        if not layer.windows:
+            continue
+        start = info.start
+        replay = (layer.replay.status if layer.replay is not None else info.end.replay_status).value
+        qc = {q.window_id: q for q in layer.qc if q.window_id is not None}  # the latest result per window
+        cam = cameras.get(info.segment_id)
+        if cam is None:
+            cam = cameras[info.segment_id] = any(s.image for s in st.fields(info.episode_id).values())
+        common = {"store": url, "replay": replay, "mode": start.mode.value, "policy_version": start.policy_version,
+                  "date": recorded_date(info), "privacy": privacy_status(start, cam)}
+        for w in layer.windows:
+            q = qc.get(w.window_id)
+            rows.append(ReviewRow(window=window_row(info, layer, w), qc=QC_NONE if q is None else
+                                  ("passed" if q.passed else "failed"), qc_flags=tuple(q.flags) if q else (),
+                                  context_before=w.context_before, context_after=w.context_after, **common))
     return rows
 
 
-def row_with_checks(st: EpisodeStore, url: str, w: WindowRow) -> ReviewRow:
-    """A ReviewRow for ``w`` from its episode's latest label layer (cached by the store)."""
-    layer = st.labels(w.episode_id)
-    cw = next((x for x in layer.windows if x.window_id == w.window_id), None)
-    return ReviewRow(store=url, window=w, qc=_qc_verdict(layer, w.window_id),
-                     replay=st.replay_status(w.episode_id).value,
-                     context_before=cw.context_before if cw else 0, context_after=cw.context_after if cw else 0)
+def rows_of_store(store: EpisodeStore | str | os.PathLike, url: str | None = None) -> list[ReviewRow]:
+    """Every reviewable window of one store with its checks; ``url`` names the store in the rows (default: the
+    path given, or the store's own url)."""
+    st = open_store(store)
+    if url is None:
+        url = st.url if isinstance(store, EpisodeStore) else os.fspath(store)
+    return rows_of_episodes(st, url, st.episodes(complete=True))
 
 
 def counts(rows: list[ReviewRow]) -> str:
-    """A one-line summary of review states, e.g. ``3 windows: 2 pending, 1 approved``."""
+    """A one-line summary, e.g. ``3 window(s): 2 pending, 1 approved; 2 episode(s), 1 authorized, QC 3 passed``."""
     c = Counter(r.window.status.value for r in rows)
     parts = ", ".join(f"{c[s.value]} {s.value}" for s in ReviewStatus if c[s.value])
-    return f"{len(rows)} window(s)" + (f": {parts}" if parts else "")
+    text = f"{len(rows)} window(s)" + (f": {parts}" if parts else "")
+    if not rows:
+        return text
+    q = Counter(r.qc for r in rows)
+    qc = ", ".join(f"{q[k]} {k}" for k in ("passed", "failed", QC_NONE) if q[k])
+    return (text + f"; {len({(r.store, r.window.episode_id) for r in rows})} episode(s), "
+            f"{sum(r.window.authorized for r in rows)} training authorized, QC {qc}")
 
 
 @dataclass
@@ -120,11 +190,17 @@ class EpisodeData:
     applied: np.ndarray  # (T, A)
     policy: np.ndarray  # (T, A)
     expert: np.ndarray  # (T, A), NaN where not queried
+    human: np.ndarray | None = None  # (T, 7) raw device command (human_command), NaN where none
+    human_axes: list[int | None] = field(default_factory=list)  # per action dim: the command axis driving it
     image_key: str | None = None
     images: np.ndarray | None = None  # (T, H, W, 3) uint8
     obs: dict[str, np.ndarray] = field(default_factory=dict)  # state observations, key -> (T, ...)
     markers: list[Marker] = field(default_factory=list)
     windows: list[Any] = field(default_factory=list)  # CorrectionWindow of the latest layer
+    mode: str = ""
+    operator: str = ""
+    policy_version: str = ""
+    privacy: str = ""
 
     def step_colours(self) -> list[str]:
         """The timeline colour of each step, by the source of its applied action."""
@@ -150,7 +226,8 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
     image_key = next((n for n, s in specs.items() if n.startswith("obs/") and s.dtype == "uint8"
                       and len(s.shape) == 3 and s.shape[-1] == 3), None)
     obs_keys = [n for n, s in specs.items() if n.startswith("obs/") and n != image_key and not s.image]
-    want = [n for n in ("action_source", "applied_action", "policy_action", "expert_action") if n in specs]
+    want = [n for n in ("action_source", "applied_action", "policy_action", "expert_action", "human_command")
+            if n in specs]
     arrays = st.read_steps(episode_id, want + obs_keys + ([image_key] if image_key else []))
     n = info.num_steps
     mapping = info.start.mapping or {}
@@ -160,6 +237,10 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
     if len(names) != dim:
         names = [f"a{i}" for i in range(dim)]
     nan = np.full((n, dim), np.nan, np.float32)
+    human = arrays.get("human_command")
+    human_names = list((mapping.get("human") or {}).get("axes") or [])
+    human_axes = [COMMAND_AXES.index(ax) if ax in COMMAND_AXES else None for ax in human_names][:dim]
+    human_axes += [None] * (dim - len(human_axes))
     markers = [Marker(int(e.step), e.kind.value, e.reason or "") for e in info.end.events
                if e.kind.value in MARKER_KINDS and e.step is not None and e.step >= 0]
     return EpisodeData(
@@ -167,9 +248,12 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
         action_source=np.asarray(arrays.get("action_source", np.full(n, 4, np.uint8))),
         applied=np.asarray(arrays.get("applied_action", nan)), policy=np.asarray(arrays.get("policy_action", nan)),
         expert=np.asarray(arrays.get("expert_action", nan)), image_key=image_key,
+        human=None if human is None else np.asarray(human), human_axes=human_axes,
         images=arrays.get(image_key) if image_key else None,
         obs={k.removeprefix("obs/"): arrays[k] for k in obs_keys}, markers=markers,
-        windows=list(st.labels(episode_id).windows))
+        windows=list(st.labels(episode_id).windows), mode=info.start.mode.value, operator=info.start.operator,
+        policy_version=info.start.policy_version,
+        privacy=privacy_status(info.start, image_key is not None or any(s.image for s in specs.values())))
 
 
 def with_window(row: ReviewRow, w: WindowRow) -> ReviewRow:
