@@ -1,0 +1,14 @@
+"""Datasets built from episode stores: exports to LeRobot v3.0 and to ODS-compatible TensorDicts.
+
+    items = select(EpisodeStore.open(path), task_id="fetch_push")     # or ExportItem(store, eid, trainable=...)
+    export_lerobot(items, "out/lerobot")
+    export_ods(items, "out/ods")
+
+Formats and columns: docs/datasets.md, "Exports".
+"""
+
+from hg_dagger.datasets.export_lerobot import ExportSummary, export_lerobot
+from hg_dagger.datasets.export_ods import export_ods, load_ods
+from hg_dagger.datasets.source import ExportError, ExportItem, select
+
+__all__ = ["ExportError", "ExportItem", "ExportSummary", "export_lerobot", "export_ods", "load_ods", "select"]

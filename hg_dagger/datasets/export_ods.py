@@ -1,0 +1,220 @@
+"""Export episodes as an ODS-compatible TensorDict: EmbodiChain's resident-data layout ([episode, time] batch axes,
+``obs/...``, ``actions``, ``valid``, ``continuity_id``, segment fields), saved with tensordict's own memmap format.
+
+    OUT/ods.json    schema (for TensorDataSource), source_id, fps, task texts, one record per row (store, episode)
+    OUT/data/       TensorDict.load_memmap(OUT/"data") -> TensorDict [episodes, max_steps]
+
+Read it back with ``load_ods(OUT)`` and hand it to ``embodichain.data_pipeline.datasets.TensorDataSource(td,
+schema=..., source_id=...)``. Rows are episodes padded to the longest one (``valid`` false, identifiers -1). A
+segment is a maximal run of steps sharing the action source and the trainable flag; ``segment_accepted`` is that
+flag, so ``SequenceSpecCfg(sampling_mode="segment")`` samples only authorized labels and never crosses a handover.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from hg_dagger.contract import SCHEMA_VERSION
+from hg_dagger.datasets.export_lerobot import ExportSummary
+from hg_dagger.datasets.source import (
+    ExportError,
+    ExportItem,
+    _info,
+    abandon_output,
+    common_fps,
+    finish_output,
+    obs_fields,
+    read_episodes,
+    start_output,
+    task_text,
+)
+
+FORMAT = "hg_dagger.ods_export"
+FORMAT_VERSION = 1
+ACTION_SEMANTICS = "hg_dagger.applied_action"  # the task's raw action, as applied to the robot
+
+# per-step fields besides obs/...: (dtype, padding value)
+_FIELDS = {
+    "actions": ("float32", 0), "valid": ("bool", False), "expert_action": ("float32", 0),
+    "expert_valid": ("bool", False), "action_source": ("int64", -1), "intervention": ("bool", False),
+    "trainable": ("bool", False), "label_mask": ("int64", -1), "rewards": ("float32", 0),
+    "terminated": ("bool", False), "truncated": ("bool", False), "success": ("bool", False),
+    "episode_step": ("int64", -1), "continuity_id": ("int64", -1), "segment_id": ("int64", -1),
+    "segment_step": ("int64", -1), "segment_start": ("bool", False), "segment_end": ("bool", False),
+    "segment_accepted": ("bool", False), "segment_attempt_id": ("int64", -1), "task_index": ("int64", -1),
+}
+
+
+def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: float | None = None,
+               progress: bool = False) -> ExportSummary:
+    """Write the episodes of ``items`` (one row each, in that order) at ``out``, a new or empty folder; written
+    into a temporary sibling that is renamed into place at the end, so a failed export leaves nothing there."""
+    import torch
+    from tensordict import TensorDict
+
+    items = list(items)
+    if not items:
+        raise ExportError("nothing to export: no episodes were given")
+    infos = [_info(it) for it in items]  # fails before anything is written
+    n_rows, t_max = len(items), max(i.num_steps for i in infos)
+    first = items[0]
+    specs = obs_fields(first.store, first.episode_id)
+    a_dim = first.store.fields(first.episode_id)["applied_action"].shape[0]
+    final, tmp = start_output(out)
+    try:
+        skeleton = {k: _lazy(torch, (n_rows, t_max), dtype) for k, (dtype, _) in _FIELDS.items()}
+        skeleton["actions"] = _lazy(torch, (n_rows, t_max, a_dim), "float32")
+        skeleton["expert_action"] = _lazy(torch, (n_rows, t_max, a_dim), "float32")
+        obs: dict = {}
+        for name, spec in specs.items():
+            node = obs
+            *parents, leaf = name[4:].split("/")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = _lazy(torch, (n_rows, t_max, *spec.shape), spec.dtype)
+        skeleton["obs"] = obs
+        td = TensorDict(skeleton, batch_size=[n_rows, t_max]).memmap_like(prefix=tmp / "data", num_threads=0)
+        for key, (_, pad) in _FIELDS.items():
+            if pad not in (0, False):
+                td[key].fill_(pad)
+        tasks: dict[str, int] = {}
+        rows = []
+        trainable_total = 0
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n_rows, desc="export", unit="ep", mininterval=1.0)
+        for ep in read_episodes(items, obs_keys=[n[4:] for n in specs]):
+            fps = common_fps(ep, fps)
+            task_index = tasks.setdefault(task_text(ep.info), len(tasks))
+            _fill_row(td, ep, specs, task_index)
+            trainable_total += int(ep.trainable.sum())
+            s = ep.info.start
+            rows.append({"row": ep.index, "store": str(ep.item.store.url), "episode_id": ep.info.episode_id,
+                         "num_steps": ep.num_steps, "label_version": ep.label_version,
+                         "trainable_steps": int(ep.trainable.sum()), "task_id": s.task.task_id,
+                         "policy_version": s.policy_version, "operator": s.operator, "mode": s.mode.value,
+                         "iteration": int(s.iteration), "mapping_hash": s.mapping_hash,
+                         "end_reason": ep.info.end.end_reason.value, "task_success": bool(ep.info.end.task_success)})
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        del td  # flush the memory maps before the folder moves
+        meta = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
+            "source_id": _source_id(rows),
+            "fps": fps,
+            "schema": _schema(specs, fps, a_dim),
+            "language": {"task": {str(i): t for t, i in tasks.items()}},
+            "episodes": rows,
+        }
+        with open(tmp / "ods.json", "w") as f:
+            json.dump(meta, f, indent=2)
+        files = sum(len(fs) for _, _, fs in os.walk(tmp))
+        size = sum(os.path.getsize(os.path.join(d, x)) for d, _, fs in os.walk(tmp) for x in fs)
+        summary = ExportSummary(out=str(final), format="ods", episodes=n_rows, frames=sum(r["num_steps"] for r in rows),
+                                tasks=len(tasks), fps=fps, files=files, trainable_frames=trainable_total, bytes=size,
+                                columns=sorted(_FIELDS) + sorted(specs))
+        finish_output(final, tmp)
+    except BaseException:
+        abandon_output(tmp)
+        raise
+    return summary
+
+
+def _lazy(torch, shape, dtype: str):
+    """A full-shape tensor without the memory (memmap_like only needs shape and dtype)."""
+    return torch.zeros((), dtype=getattr(torch, str(np.dtype(dtype)))).expand(*shape)
+
+
+def _fill_row(td, ep, specs, task_index: int) -> None:
+    import torch
+
+    t = ep.num_steps
+    r = ep.index
+    a = ep.arrays
+    actions = a["applied_action"].astype(np.float32)
+    valid = a["valid"].astype(bool) & np.isfinite(actions).all(1)
+    for name, spec in specs.items():
+        if not spec.image and np.issubdtype(spec.np_dtype, np.floating):
+            valid &= np.isfinite(a[name].reshape(t, -1)).all(1)
+    segs = ep.segments()
+    seg_start = np.ones(t, bool)
+    seg_start[1:] = segs[1:] != segs[:-1]
+    seg_end = np.ones(t, bool)
+    seg_end[:-1] = segs[1:] != segs[:-1]
+    first = np.maximum.accumulate(np.where(seg_start, np.arange(t), 0))
+    values = {
+        "actions": np.where(valid[:, None], actions, 0).astype(np.float32),
+        "valid": valid,
+        "expert_action": a["expert_action"].astype(np.float32),
+        "expert_valid": a["expert_valid"].astype(bool),
+        "action_source": a["action_source"].astype(np.int64),
+        "intervention": ep.intervention,
+        "trainable": ep.trainable & valid,
+        "label_mask": ep.label_mask.astype(np.int64),
+        "rewards": a["reward"].astype(np.float32),
+        "terminated": a["terminated"].astype(bool),
+        "truncated": a["truncated"].astype(bool),
+        "success": a["success"].astype(bool),
+        "episode_step": np.arange(t, dtype=np.int64),
+        "continuity_id": np.zeros(t, np.int64),
+        "segment_id": segs,
+        "segment_step": np.arange(t, dtype=np.int64) - first,
+        "segment_start": seg_start,
+        "segment_end": seg_end,
+        "segment_accepted": ep.trainable[first],
+        "segment_attempt_id": np.zeros(t, np.int64),
+        "task_index": np.full(t, task_index, np.int64),
+    }
+    for key, v in values.items():
+        td[key][r, :t] = torch.from_numpy(np.ascontiguousarray(v))
+    for name in specs:
+        v = a[name]
+        if np.issubdtype(v.dtype, np.floating):
+            v = np.where(valid.reshape(t, *([1] * (v.ndim - 1))), v, 0).astype(v.dtype)
+        td[("obs", *name[4:].split("/"))][r, :t] = torch.from_numpy(np.ascontiguousarray(v))
+
+
+def _schema(specs, fps: float, a_dim: int) -> dict:
+    """The declaration TensorDataSource validates: action semantics and step_dt, pre-action observations."""
+    dtypes = {str(s.dtype) for s in specs.values()}
+    observation: dict = {"timing": "pre_action", "keys": [n[4:] for n in specs]}
+    if len(dtypes) == 1:
+        observation["dtype"] = dtypes.pop()
+    return {"version": FORMAT_VERSION, "observation": observation,
+            "action": {"semantics": ACTION_SEMANTICS, "step_dt": 1.0 / fps, "dtype": "float32",
+                       "names": [f"a{i}" for i in range(a_dim)]}}
+
+
+def _source_id(rows: list[dict]) -> str:
+    """A stable identity of the exported content: the same episodes in the same order give the same id."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(f"{r['store']}\0{r['episode_id']}\0{r['label_version']}\0{r['trainable_steps']}\n".encode())
+    return f"hg_dagger:{h.hexdigest()[:16]}"
+
+
+def load_ods(path: str | os.PathLike) -> tuple:
+    """(TensorDict [episodes, steps] backed by the memory maps, metadata dict with "schema", "source_id",
+    "language" and "episodes") of an export; the TensorDict and schema go straight into TensorDataSource."""
+    from tensordict import TensorDict
+
+    root = Path(path)
+    try:
+        with open(root / "ods.json") as f:
+            meta = json.load(f)
+    except FileNotFoundError as exc:
+        raise ExportError(f"{root}: no ods.json here (not an ODS export)") from exc
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise ExportError(f"{root}: ods.json is not an {FORMAT} version {FORMAT_VERSION} export")
+    return TensorDict.load_memmap(root / "data"), meta
