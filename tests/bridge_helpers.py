@@ -68,3 +68,80 @@ class Robot:
                 self.proc.wait()
         self.proc.stdout.close()
         self._log.close()
+
+
+class LinkProxy:
+    """A TCP relay between the app and the robot server: the network link, which a test can break.
+
+    ``cut()`` closes every connection it carries (a cable pulled, a VPN dropped): both sides see the
+    connection end. ``freeze()`` keeps them open but stops carrying bytes (a silent link): the robot
+    hears nothing until its heartbeat timeout. New connections are carried normally either way."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+
+        self._socket, self._threading = socket, threading
+        self.upstream = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._pairs: list[tuple] = []  # (client socket, server socket, frozen event)
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = self._socket.create_connection(("127.0.0.1", self.upstream), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            frozen = self._threading.Event()
+            with self._lock:
+                self._pairs.append((client, server, frozen))
+            for a, b in ((client, server), (server, client)):
+                self._threading.Thread(target=self._pump, args=(a, b, frozen), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst, frozen) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data or frozen.is_set():
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        if not frozen.is_set():
+            for s in (src, dst):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for client, server, _ in pairs:
+            for s in (client, server):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+                s.close()
+
+    def freeze(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for _, _, frozen in pairs:
+            frozen.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        self.cut()

@@ -13,7 +13,7 @@ import time
 import msgpack
 import numpy as np
 import pytest
-from bridge_helpers import TOKEN, Robot
+from bridge_helpers import TOKEN, LinkProxy, Robot
 
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.envs import load_mapping, make_env
@@ -228,20 +228,29 @@ def test_commands_without_handshake_or_with_wrong_version_are_refused(robot):
     assert robot.wait_log("refused no_handshake") and robot.wait_log("refused version")
 
 
-def test_a_flood_of_unauthenticated_connections_is_capped(robot):
-    pending = [Raw(robot.port) for _ in range(16)]  # each got a challenge and owes a hello
-    extra = socket.create_connection(("127.0.0.1", robot.port), timeout=5)
+def test_idle_unauthenticated_connections_cannot_keep_correct_clients_out(tmp_path):
+    robot = Robot(tmp_path, "toy_reach", "--handshake-timeout", "60")  # idle peers are not timed out here
     try:
-        assert extra.recv(4096) == b""  # closed without a challenge
-    except ConnectionResetError:
-        pass
-    extra.close()
-    for raw in pending:
+        _idle_peers_then_correct_clients(robot)
+    finally:
+        robot.stop()
+
+
+def _idle_peers_then_correct_clients(robot):
+    idle = [Raw(robot.port) for _ in range(16)]  # each got a challenge and owes a hello: every slot taken
+    clients = 0
+    for _ in range(32):  # a correct client takes the slot of the longest-waiting idle peer
+        with robot.client(clock_pings=1) as env:
+            assert env.robot_state == RobotState.HOLD
+            clients += 1
+    assert clients == 32
+    assert idle[0].closed_by_peer()  # the longest-waiting idle peer lost its slot ...
+    status, _ = robot_view(robot.port)
+    assert status["refused"]["too_many_pending"] >= 1 and status["steps"] == 0  # ... and nothing moved
+    assert status["sessions"] == 33
+    assert robot.wait_log("still owes a hello")
+    for raw in idle:
         raw.close()
-    with robot.client() as env:  # once they are gone, a real client gets in (retrying if needed)
-        status = env.status()
-    assert status["refused"]["too_many_pending"] >= 1 and status["steps"] == 0
-    assert robot.wait_log("connections still owe a hello")
 
 
 def test_silent_unauthenticated_connection_is_closed_after_the_handshake_timeout(tmp_path):
@@ -307,6 +316,36 @@ def test_malformed_messages_are_refused_and_the_session_survives(robot):
     assert robot.wait_log("refused malformed") and robot.wait_log("refused unknown_type")
 
 
+def test_bad_field_values_are_refused_as_malformed_before_the_backend(robot):
+    raw = authed(robot.port)
+    assert raw.request({"type": Msg.RESET, "seed": 0})["state"] == RobotState.RUNNING
+    before = raw.request({"type": Msg.OBSERVE})
+    malformed = [
+        {"type": Msg.RESET, "seed": -1}, {"type": Msg.RESET, "seed": [-5]}, {"type": Msg.RESET, "seed": True},
+        {"type": Msg.RESET, "seed": 2**40}, {"type": Msg.RESET, "seed": 1.5}, {"type": Msg.RESET, "env_ids": [True]},
+        {"type": Msg.STEP, "action": np.zeros((1, 2), np.float32), "cid": 7},
+        {"type": Msg.STEP, "action": np.zeros((1, 2), np.float32), "cid": ""},
+        {"type": Msg.STEP, "action": np.zeros((1, 2), np.float32), "cid": ["a"]},
+        {"type": Msg.ESTOP, "reason": [1, 2]}, {"type": Msg.RESUME, "by": 5},
+    ]
+    for msg in malformed:
+        reply = raw.request(msg)
+        assert reply["type"] == Msg.ERROR and reply["code"] == ErrorCode.MALFORMED, (msg, reply)
+    for msg in ({"type": Msg.RESET, "env_ids": [2**63]}, {"type": Msg.RESET, "env_ids": [0, 0]},
+                {"type": Msg.RESET, "seed": [1, 2]}):
+        assert raw.request(msg)["code"] == ErrorCode.BAD_REQUEST, msg
+    for seq in ("1", 2.0, True, [1]):  # the protocol's seq is an int
+        raw.send({"type": Msg.STATUS, "seq": seq})
+        reply = raw.recv()
+        assert reply["code"] == ErrorCode.MALFORMED and "re" not in reply
+    status = raw.request({"type": Msg.STATUS})  # the session is still up, the robot never left running
+    assert status["state"] == RobotState.RUNNING and status["holds"] == 0
+    assert status["steps"] == 0 and status["resets"] == 1 and status["refused"][ErrorCode.MALFORMED] == 15
+    assert_same_obs(raw.request({"type": Msg.OBSERVE})["obs"], before["obs"])
+    assert raw.request({"type": Msg.RESET, "seed": 2**32 - 1})["state"] == RobotState.RUNNING  # the largest seed
+    assert robot.wait_log("refused malformed") and "Traceback" not in robot.log() and "internal" not in robot.log()
+
+
 def test_bad_actions_are_refused_client_side_and_robot_side(robot):
     with robot.client() as env:
         obs, _ = env.reset(seed=1)
@@ -339,16 +378,19 @@ def test_heartbeat_loss_puts_the_robot_in_safe_stop(tmp_path):
         assert raw.closed_by_peer()  # we stay silent: the robot drops the session ...
         assert robot.wait_log("heartbeat lost from 127.0.0.1")
         assert robot.wait_log("safe stop: holding position (heartbeat lost")
+        assert robot.wait_log("backend commanded to hold position")  # the robot is told to hold, not left to coast
         raw2 = authed(robot.port)
         status = raw2.request({"type": Msg.STATUS})
-        assert status["state"] == RobotState.HOLD and status["heartbeat_losses"] == 1
+        assert status["state"] == RobotState.HOLD and status["heartbeat_losses"] == 1 and status["holds"] == 1
         silent_ms = float(status["reason"].split("silent for ")[1].split(" ms")[0])
         assert silent_ms >= timeout * 1e3  # it did not trip early
         reply = raw2.request({"type": Msg.STEP, "action": np.ones((1, 2), np.float32)})
         assert reply["code"] == ErrorCode.STATE  # ... and refuses motion until told to resume
         assert raw2.request({"type": Msg.STATUS})["steps"] == 0
-        assert raw2.request({"type": Msg.RESUME})["state"] == RobotState.RUNNING
+        resumed = raw2.request({"type": Msg.RESUME, "by": "alice"})
+        assert resumed["state"] == RobotState.RUNNING and resumed["resumed_by"] == "alice"
         assert raw2.request({"type": Msg.STEP, "action": np.ones((1, 2), np.float32)})["type"] == Msg.OBS
+        assert robot.wait_log("resumed by alice after hold (heartbeat lost")
     finally:
         robot.stop()
 
@@ -395,26 +437,69 @@ def test_robot_side_estop_by_signal(robot):
             env.step(np.zeros((1, 2), np.float32))
 
 
-def test_client_reconnects_after_the_socket_drops_without_losing_or_repeating_a_step(tmp_path):
-    robot = Robot(tmp_path, heartbeat=0.3)
+def test_after_a_reconnect_the_robot_holds_until_a_person_resumes(tmp_path):
+    robot = Robot(tmp_path, heartbeat=5.0)
+    link = LinkProxy(robot.port)
     local = make_env("toy_reach", num_envs=1, seed=0)
     try:
-        with robot.client(heartbeat=False) as env:  # no heartbeat: going idle drops the session
+        with BridgeEnv(port=link.port, token=TOKEN) as env:
+            assert env.resume_on_reconnect is False  # the default: no automatic resume
             obs, _ = env.reset(seed=3)
             local.reset(seed=3)
             for i in range(6):
                 if i == 3:
-                    assert robot.wait_log("heartbeat lost")
+                    link.cut()
+                    assert robot.wait_log("closed its connection without bye")
+                    action = toy_ik_action(obs) * 0.3
+                    with pytest.raises(BridgeError, match="hold .*lost") as err:
+                        env.step(action)  # reconnected, but the robot keeps holding: the step is refused
+                    assert err.value.code == ErrorCode.STATE and err.value.robot_state == RobotState.HOLD
+                    status = env.status()
+                    assert env.reconnects == 1 and status["steps"] == 3 and status["holds"] == 1  # nothing moved
+                    assert_same_obs(env.observe()[0], obs)
+                    assert env.resume(by="alice")["resumed_by"] == "alice"  # the operator's explicit action
                 action = toy_ik_action(obs) * 0.3
                 res = env.step(action)
                 assert_same_obs(res.obs, local.step(action).obs)
+                assert "robot_resumed" not in res.info
                 obs = res.obs
-            assert env.reconnects >= 1
             status = env.status()
-            assert status["steps"] == 6 and status["state"] == RobotState.RUNNING
-            assert status["sessions"] == env.reconnects + 1
+            assert status["steps"] == 6 and status["state"] == RobotState.RUNNING and status["resumed_by"] == "alice"
+        assert robot.wait_log("resumed by alice after hold (session from")
     finally:
         local.close()
+        link.close()
+        robot.stop()
+
+
+def test_resume_on_reconnect_is_an_explicit_flag_and_says_who_resumed(tmp_path):
+    robot = Robot(tmp_path, heartbeat=5.0)
+    link = LinkProxy(robot.port)
+    local = make_env("toy_reach", num_envs=1, seed=0)
+    try:
+        with BridgeEnv(port=link.port, token=TOKEN, resume_on_reconnect=True, client_name="night-run") as env:
+            obs, _ = env.reset(seed=3)
+            local.reset(seed=3)
+            resumed = []
+            for i in range(6):
+                if i == 3:
+                    link.cut()
+                    assert robot.wait_log("closed its connection without bye")
+                action = toy_ik_action(obs) * 0.3
+                res = env.step(action)  # the interrupted step goes through once, without stepping twice
+                assert_same_obs(res.obs, local.step(action).obs)
+                resumed.append(res.info.get("robot_resumed", ""))
+                obs = res.obs
+            assert env.reconnects == 1
+            assert resumed[:3] == ["", "", ""] and resumed[4:] == ["", ""]
+            assert resumed[3].startswith("night-run (resume_on_reconnect) after: session from")
+            status = env.status()
+            assert status["steps"] == 6 and status["state"] == RobotState.RUNNING and status["sessions"] == 2
+            assert status["resumed_by"] == "night-run (resume_on_reconnect)"
+        assert robot.wait_log("resumed by night-run (resume_on_reconnect) after hold")
+    finally:
+        local.close()
+        link.close()
         robot.stop()
 
 
@@ -424,7 +509,7 @@ def test_a_retried_step_is_applied_once(robot):
     first = raw.request({"type": Msg.STEP, "action": np.full((1, 2), 0.5, np.float32), "cid": "abc:1"})
     raw.close()
     raw = authed(robot.port)  # the reply was "lost": a new session re-sends the same command
-    raw.request({"type": Msg.RESUME})
+    raw.request({"type": Msg.RESUME, "by": "test"})
     again = raw.request({"type": Msg.STEP, "action": np.full((1, 2), 0.5, np.float32), "cid": "abc:1"})
     assert again.get("replayed") is True
     assert_same_obs(again["obs"], first["obs"])

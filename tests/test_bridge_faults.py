@@ -1,6 +1,6 @@
 """Robot faults across the bridge, on real server subprocesses: e-stop and sensor loss reach the app
 as info["estop"] / info["sensor_loss"], refusals say the robot's state, and the operator's view is
-the robot camera's last frame."""
+the robot camera's last frame; a dropped link makes the robot hold its position until a person resumes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from bridge_helpers import TOKEN, Robot
+from bridge_helpers import TOKEN, LinkProxy, Robot
 
-from hg_dagger.envs.bridge import BridgeError, ErrorCode, RobotState
+from hg_dagger.envs import make_env
+from hg_dagger.envs.bridge import BridgeEnv, BridgeError, ErrorCode, RobotState
 from hg_dagger.envs.common import fit_image
 from hg_dagger.errors import EnvError
 
@@ -113,8 +114,6 @@ def test_driver_reported_stale_sensor_and_estop_reach_the_step_info(tmp_path):
         line = proc.stdout.readline() if ready else ""
         assert line.startswith("listening on "), (line, (tmp_path / "driver.log").read_text())
         port = int(line.strip().rsplit(":", 1)[1])
-        from hg_dagger.envs.bridge import BridgeEnv
-
         with BridgeEnv(port=port, token=TOKEN) as env:
             env.reset(seed=0)
             zero = np.zeros((2, 2), np.float32)
@@ -160,3 +159,59 @@ def test_view_is_the_robot_camera_when_the_task_has_one(tmp_path):
     finally:
         state_only.stop()
         camera.stop()
+
+
+# ------------------------------------------------------------------ holding position
+FAST = np.array([[1.0, 1.0, -1.0, 1.0]], np.float32)  # full-speed motion (Meta-World: 1 cm per step per axis)
+STILL = np.array([[0.0, 0.0, 0.0, 1.0]], np.float32)
+
+
+def _drift_mm(env, hold: bool) -> float:
+    """How far the hand moves over 10 zero-motion steps right after full-speed motion, with or without hold()."""
+    env.reset(seed=3)
+    for _ in range(5):
+        obs = env.step(FAST).obs
+    start = obs["observation"][0, :3].copy()
+    if hold:
+        env.hold()
+        assert all(np.array_equal(v, obs[k]) for k, v in env.observe()[0].items())  # hold does not advance
+    for _ in range(10):
+        obs = env.step(STILL).obs
+    return float(np.linalg.norm(obs["observation"][0, :3] - start) * 1000)
+
+
+def test_mujoco_backend_holds_position():
+    with make_env("mw_reach", num_envs=1, seed=0) as env:
+        coasting, held = _drift_mm(env, hold=False), _drift_mm(env, hold=True)
+        data = env.envs[0].data
+        print(f"hand drift after full-speed motion: {coasting:.1f} mm coasting, {held:.1f} mm after hold()")
+        assert coasting > 20.0  # the commanded but unfinished motion carries on without a hold ...
+        assert held < coasting / 5  # ... and is dropped by it
+        env.step(FAST)
+        env.hold()
+        assert not data.qvel[:9].any()  # the arm's joints are at rest
+        np.testing.assert_allclose(data.mocap_pos[0], data.body("hand").xpos, atol=1e-9)
+
+
+def test_robot_told_to_hold_when_the_link_drops_keeps_its_position(tmp_path):
+    robot = Robot(tmp_path, "mw_reach", heartbeat=5.0)
+    link = LinkProxy(robot.port)
+    try:
+        with BridgeEnv("mw_reach", port=link.port, token=TOKEN) as env, make_env("mw_reach", num_envs=1) as local:
+            env.reset(seed=3)
+            for _ in range(5):
+                obs = env.step(FAST).obs
+            start = obs["observation"][0, :3].copy()
+            link.cut()  # the cable is pulled right after full-speed motion
+            assert robot.wait_log("backend commanded to hold position")
+            with pytest.raises(BridgeError, match="hold"):
+                env.step(STILL)
+            assert env.status()["holds"] == 1 and env.status()["steps"] == 5
+            env.resume(by="alice")
+            for _ in range(10):
+                obs = env.step(STILL).obs
+            held = float(np.linalg.norm(obs["observation"][0, :3] - start) * 1000)
+            assert held < _drift_mm(local, hold=False) / 5  # the same motion without a hold coasts on
+    finally:
+        link.close()
+        robot.stop()

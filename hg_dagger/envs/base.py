@@ -50,6 +50,9 @@ class VecEnv(ABC):
 
     num_envs: int
     task_id: str
+    # "stepped": the world waits for each step (a local simulator), so obs-to-apply latency moves nothing;
+    # "live": it runs on its own clock (a robot), so late actions land in a different state than observed
+    world_clock: str = "stepped"
 
     @property
     @abstractmethod
@@ -82,6 +85,14 @@ class VecEnv(ABC):
         tick so the decision acts on a fresh sample: a robot's state moves between ticks; a
         simulator's is frozen, so its last observation is its current one."""
         return None
+
+    def hold(self) -> None:  # noqa: B027 - optional hook
+        """Safe stop: stop every row's motion now and hold position until the next ``step``.
+
+        The robot bridge server calls it when it enters hold or e-stop (heartbeat loss, a lost
+        session, ``bye``, an e-stop), so the robot stops because it was told to, not because commands
+        happen to stop. A robot driver commands its hold (zero motion, brakes); a simulator that only
+        advances on ``step`` already holds, so the default does nothing. Must not reset or advance."""
 
     def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
         """The scene of ``row`` as a person would watch it: uint8 [size, size, 3] RGB, upright.

@@ -326,6 +326,36 @@ class MujocoRowsEnv(VecEnv):
         }
         return StepResult(obs, reward, terminated, truncated, info)
 
+    def hold(self) -> None:
+        """Hold position in every row: each mocap target welded to the arm moves to where the arm is now
+        (so no commanded but unfinished motion carries on when stepping resumes) and the robot's joint
+        velocities go to zero. Objects keep their state; nothing advances in time."""
+        import mujoco
+
+        for env in self.envs:
+            model, data = env.model, env.data
+            robots = set()
+            for i in range(model.neq):
+                if model.eq_type[i] != mujoco.mjtEq.mjEQ_WELD:
+                    continue
+                b1, b2 = int(model.eq_obj1id[i]), int(model.eq_obj2id[i])
+                rel_pos, rel_quat = model.eq_data[i, 3:6].copy(), model.eq_data[i, 6:10].copy()
+                if model.body_mocapid[b1] >= 0:  # body2 = mocap * rel, so mocap = body2 * rel^-1
+                    mocap, body = int(model.body_mocapid[b1]), b2
+                    mujoco.mju_negPose(rel_pos, rel_quat, model.eq_data[i, 3:6].copy(), model.eq_data[i, 6:10].copy())
+                elif model.body_mocapid[b2] >= 0:  # mocap = body1 * rel
+                    mocap, body = int(model.body_mocapid[b2]), b1
+                else:
+                    continue
+                pos, quat = np.zeros(3), np.zeros(4)
+                mujoco.mju_mulPose(pos, quat, data.xpos[body], data.xquat[body], rel_pos, rel_quat)
+                data.mocap_pos[mocap], data.mocap_quat[mocap] = pos, quat
+                robots.add(int(model.body_rootid[body]))
+            if robots:
+                dofs = np.isin(model.body_rootid[model.dof_bodyid], list(robots))
+                data.qvel[dofs] = 0.0
+                mujoco.mj_forward(model, data)
+
     def close(self) -> None:
         with self._views_lock:
             views = [*self._views.values(), *self._thread_cameras.values()]

@@ -4,6 +4,12 @@ It maps robot timestamps onto our monotonic clock (ping/pong, ClockMapping), ref
 before they leave the process, keeps the session alive with a heartbeat thread, and reconnects with
 bounded, backed-off retries when the connection drops. A step that was in flight when the link
 dropped is re-sent with the same command id, and the robot answers it without stepping twice.
+
+A robot that held while the link was down keeps holding after the reconnect: the re-sent step is
+refused (``BridgeError`` with ``code == "state"``, ``robot_state == "hold"``) until a person calls
+``resume(by=...)``. Only ``resume_on_reconnect=True``, an explicit choice for unattended runs,
+resumes by itself, and says so (the robot logs who resumed, and the next reply's info carries
+"robot_resumed").
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ class BridgeEnv(VecEnv):
     A step the robot refuses raises BridgeError with ``code`` and ``robot_state`` set.
     """
 
+    world_clock = "live"  # a robot keeps moving while the app thinks
+
     def __init__(
         self,
         task_id: str | None = None,
@@ -73,13 +81,14 @@ class BridgeEnv(VecEnv):
         backoff_max_s: float = 1.0,
         clock_pings: int = 8,
         clock_resync_s: float = 5.0,
-        resume_on_reconnect: bool = True,
+        resume_on_reconnect: bool = False,
         heartbeat: bool = True,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         client_name: str = "hg-dagger",
         mapping: TaskMapping | None = None,
     ):
-        """``mapping``: the task mapping to check the robot against (default: configs/tasks/<task>.yaml)."""
+        """``mapping``: the task mapping to check the robot against (default: configs/tasks/<task>.yaml).
+        ``resume_on_reconnect``: lift a hold found after a reconnect without a person (unattended runs only)."""
         self.host, self.port = host, int(port)
         self._token = token.encode() if isinstance(token, str) else bytes(token)
         self.connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
@@ -103,6 +112,7 @@ class BridgeEnv(VecEnv):
         self._instance: str | None = None
         self._restarted_from: str | None = None  # set when we reconnect to a new robot process, until reset()
         self._closed = False
+        self._resumed_note = ""  # an automatic resume, reported once in the next reply's info
 
         with self._request_lock:
             self._connect_with_retries()
@@ -226,9 +236,10 @@ class BridgeEnv(VecEnv):
         reply, _, _ = self._request({"type": Msg.ESTOP_RELEASE}, fresh_instance_ok=True)
         return reply
 
-    def resume(self) -> dict:
-        """Leave a safe stop (hold) without resetting the episode."""
-        reply, _, _ = self._request({"type": Msg.RESUME})
+    def resume(self, by: str = "operator") -> dict:
+        """Leave a safe stop (hold) without resetting the episode: the operator's explicit action after a
+        hold. ``by`` (who resumed) is logged by the robot and reported in its status as "resumed_by"."""
+        reply, _, _ = self._request({"type": Msg.RESUME, "by": str(by)})
         return reply
 
     def sync_clock(self, pings: int | None = None) -> ClockMapping:
@@ -272,6 +283,8 @@ class BridgeEnv(VecEnv):
                          else np.full(n, reply.get("state") == RobotState.ESTOP))
         info["sensor_loss"] = fault_flags(reply, "sensor_loss", n)
         self._welcome["state"] = info["robot_state"] or self.robot_state
+        if self._resumed_note:
+            info["robot_resumed"], self._resumed_note = self._resumed_note, ""
         self._last_obs = reply["obs"]
         return reply["obs"], info
 
@@ -401,10 +414,17 @@ class BridgeEnv(VecEnv):
             self._sync_clock(self.clock_pings)
             log.debug("%s: session up (robot %s, state %s, clock offset %d ns +/- %.3f ms)", self._where,
                       welcome["instance"][:8], welcome["state"], self._clock.offset_ns, self._clock.error_ms)
-            if same_robot and was_running and self.resume_on_reconnect and welcome["state"] == RobotState.HOLD:
-                log.warning("%s: reconnected; robot was holding (%s); resuming", self._where, welcome.get("reason"))
-                reply, _, _ = self._roundtrip({"type": Msg.RESUME})
-                self._welcome["state"] = reply["state"]
+            if same_robot and was_running and welcome["state"] == RobotState.HOLD:
+                if not self.resume_on_reconnect:
+                    log.warning("%s: reconnected; the robot holds (%s) until resume() is called", self._where,
+                                welcome.get("reason"))
+                else:
+                    by = f"{self.client_name} (resume_on_reconnect)"
+                    log.warning("%s: reconnected; robot was holding (%s); resuming as %s", self._where,
+                                welcome.get("reason"), by)
+                    reply, _, _ = self._roundtrip({"type": Msg.RESUME, "by": by})
+                    self._welcome["state"] = reply["state"]
+                    self._resumed_note = f"{by} after: {welcome.get('reason')}"
         except _Dropped:
             self._disconnect()
             raise

@@ -5,10 +5,15 @@ the single active session and runs the heartbeat watchdog between frames. Every 
 with its reason and answered with an ``error`` message; nothing that is refused reaches the env.
 
 The robot only moves on ``reset`` and ``step``. In ``hold`` (safe stop) and ``estop`` it refuses
-``step``. Every obs reply carries per-row fault flags: "estop" (the robot is e-stopped; a backend
-that reports "estop" in its step/reset info latches it) and "sensor_loss" (the backend
-said so, or a step returned an observation whose timestamp did not advance). A robot driver holds position by commanding ``hold_action`` (motion dims 0, gripper dims
-keep their last command); a simulator holds exactly by not advancing, which is what this server does.
+``step``. Entering either from ``running`` commands the backend to hold (``VecEnv.hold``): a robot
+driver stops and holds position (``hold_action``: motion dims 0, gripper dims keep their last
+command), the MuJoCo backends stop the arm where it is; the robot stops because it was told to, not
+because commands happen to stop. Every obs reply carries per-row fault flags: "estop" (the robot is
+e-stopped; a backend that reports "estop" in its step/reset info latches it) and "sensor_loss" (the
+backend said so, or a step returned an observation whose timestamp did not advance).
+
+Every field a message carries is type- and range-checked here before anything reaches the backend;
+a bad one is refused as ``malformed`` and leaves the robot's state alone.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ from hg_dagger.errors import EnvError
 log = logging.getLogger("hg_dagger.bridge.server")
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+MAX_SEED = 2**32 - 1  # seeds are uint32: every backend's seeding (numpy legacy included) takes them
+MAX_TEXT = 200  # reason / by / client strings are cut to this many characters
+MAX_CID = 128
 
 
 def hold_action(action_names: list[str], last_action: np.ndarray | None, num_envs: int) -> np.ndarray:
@@ -70,7 +78,11 @@ class ServerConfig:
     handshake_timeout_s: float = 2.0  # an unauthenticated connection is closed after this
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     send_timeout_s: float = 5.0
-    max_pending: int = 16  # unauthenticated connections held at once; more are closed on accept
+    max_pending: int = 16  # unauthenticated connections held at once (slots)
+    # a new connection takes the slot of the longest-waiting unauthenticated one once that has waited this
+    # long; a correct client answers the challenge in milliseconds, so idle peers cannot keep it out
+    pending_grace_s: float = 0.25
+    listen_backlog: int = 128
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_timeout_s", "handshake_timeout_s", "send_timeout_s"):
@@ -80,6 +92,8 @@ class ServerConfig:
             raise BridgeError(f"bridge server: max_frame_bytes must be >= {PREAUTH_MAX_FRAME_BYTES}")
         if not 0 <= self.port <= 65535:
             raise BridgeError(f"bridge server: port {self.port} out of range 0..65535")
+        if self.max_pending < 1 or self.listen_backlog < 1 or self.pending_grace_s < 0:
+            raise BridgeError("bridge server: max_pending and listen_backlog must be >= 1, pending_grace_s >= 0")
 
 
 @dataclass
@@ -100,6 +114,7 @@ class Counters:
     resets: int = 0
     sessions: int = 0
     heartbeat_losses: int = 0
+    holds: int = 0  # times the backend was commanded to hold (VecEnv.hold)
     refused: dict[str, int] = field(default_factory=dict)
 
 
@@ -134,7 +149,7 @@ class BridgeServer:
         except OSError as exc:
             self._listener.close()
             raise BridgeError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror}") from exc
-        self._listener.listen(8)
+        self._listener.listen(self.config.listen_backlog)
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
@@ -142,6 +157,7 @@ class BridgeServer:
         self._active: _Conn | None = None
         self._stopping = False
         self._estop_request: str | None = None
+        self._resumed_by = ""  # who lifted the last hold (resume's "by"), for status and the log
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -185,16 +201,29 @@ class BridgeServer:
 
     # ------------------------------------------------------------------ connections
     def _accept(self) -> None:
-        try:
-            sock, addr = self._listener.accept()
-        except OSError:
-            return
-        pending = sum(not c.authed for c in self._conns.values())
-        if pending >= self.config.max_pending:
+        """Accept every connection waiting in the backlog (bounded), so a burst does not wait a loop each."""
+        for _ in range(64):
+            try:
+                sock, addr = self._listener.accept()
+            except OSError:  # BlockingIOError: the backlog is empty
+                return
+            self._admit(sock, addr)
+
+    def _admit(self, sock: socket.socket, addr) -> None:
+        """Give the connection an unauthenticated slot. When all are taken, the longest-waiting peer that has
+        had ``pending_grace_s`` to answer loses its slot; if none has, the newcomer is closed (it retries)."""
+        pending = [c for c in self._conns.values() if not c.authed]
+        if len(pending) >= self.config.max_pending:
+            oldest = min(pending, key=lambda c: c.t_open)
             self.counters.refused["too_many_pending"] = self.counters.refused.get("too_many_pending", 0) + 1
-            log.warning("refused connection from %s:%s: %d connections still owe a hello", addr[0], addr[1], pending)
-            sock.close()
-            return
+            if now_ns() - oldest.t_open < self.config.pending_grace_s * 1e9:
+                log.warning("refused connection from %s:%s: %d connections still owe a hello", addr[0], addr[1],
+                            len(pending))
+                sock.close()
+                return
+            log.warning("closed %s: it still owes a hello and %s:%s needs its slot (%d connections pending)",
+                        oldest.peer, addr[0], addr[1], len(pending))
+            self._close(oldest)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.config.send_timeout_s)  # sends block (bounded); reads happen only when readable
         t = now_ns()
@@ -280,12 +309,26 @@ class BridgeServer:
 
     # ------------------------------------------------------------------ safety
     def _hold(self, reason: str, level: int = logging.WARNING) -> None:
-        """Safe stop. The sim holds by not advancing; a driver would command hold_action here."""
+        """Safe stop: the backend is commanded to hold position, then steps are refused until reset/resume."""
         if self.state == RobotState.ESTOP:
             return
         if self.state != RobotState.HOLD:
             log.log(level, "safe stop: holding position (%s)", reason)
+        self._stop_motion()
         self.state, self.reason = RobotState.HOLD, reason
+
+    def _stop_motion(self) -> None:
+        """Tell the backend to hold (VecEnv.hold) when the robot was running. A failure is logged; the state
+        still leaves running, so no step is applied after it."""
+        if self.state != RobotState.RUNNING:
+            return
+        self.counters.holds += 1
+        try:
+            self.env.hold()
+        except Exception as exc:  # noqa: BLE001 - the robot side must keep serving (and refusing steps)
+            log.error("the backend failed to hold: %s: %s", type(exc).__name__, exc)
+        else:
+            log.info("backend commanded to hold position")
 
     def _watchdog(self) -> None:
         if self._estop_request is not None:
@@ -309,6 +352,9 @@ class BridgeServer:
     # ------------------------------------------------------------------ messages
     def _dispatch(self, conn: _Conn, msg: dict) -> None:
         kind, re = msg["type"], msg.get("seq")
+        if re is not None and not _is_int(re):
+            self._refuse(conn, ErrorCode.MALFORMED, f"seq must be an int, got {type(re).__name__}")
+            return
         if not conn.authed:
             if kind != Msg.HELLO:
                 self._refuse(conn, ErrorCode.NO_HANDSHAKE, f"'{kind}' before a successful hello", re)
@@ -318,7 +364,7 @@ class BridgeServer:
         conn.last_rx = now_ns()
         handler = self._HANDLERS.get(kind)
         if handler is None:
-            self._refuse(conn, ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r}", re)
+            self._refuse(conn, ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:64]!r}", re)
             return
         try:
             reply = handler(self, msg)
@@ -339,9 +385,11 @@ class BridgeServer:
 
     def _hello(self, conn: _Conn, msg: dict) -> None:
         re = msg.get("seq")
-        if msg.get("version") != PROTOCOL_VERSION:
+        version = msg.get("version")
+        if not _is_int(version) or version != PROTOCOL_VERSION:
+            shown = version if _is_int(version) else type(version).__name__
             self._refuse(conn, ErrorCode.VERSION,
-                         f"client speaks protocol version {msg.get('version')!r}, robot speaks {PROTOCOL_VERSION}", re)
+                         f"client speaks protocol version {shown!r}, robot speaks {PROTOCOL_VERSION}", re)
             return
         if not check_digest(self._token, conn.nonce, msg.get("digest")):
             self._refuse(conn, ErrorCode.AUTH, "bad token digest", re)
@@ -359,7 +407,7 @@ class BridgeServer:
         self.counters.sessions += 1
         if self.state == RobotState.RUNNING:
             self._hold(f"new session from {conn.peer}")
-        log.info("session %d from %s (client %s)", self.counters.sessions, conn.peer, msg.get("client", "?"))
+        log.info("session %d from %s (client %s)", self.counters.sessions, conn.peer, _text(msg.get("client"), "?"))
         m = self.env.mapping
         self._send(conn, {
             "type": Msg.WELCOME, "re": re, "version": PROTOCOL_VERSION, "instance": self.instance,
@@ -375,7 +423,8 @@ class BridgeServer:
         c = self.counters
         return {"type": Msg.STATUS, "state": self.state, "reason": self.reason, "instance": self.instance,
                 "steps": c.steps, "resets": c.resets, "sessions": c.sessions,
-                "heartbeat_losses": c.heartbeat_losses, "refused": dict(c.refused),
+                "heartbeat_losses": c.heartbeat_losses, "holds": c.holds, "resumed_by": self._resumed_by,
+                "refused": dict(c.refused),
                 "session": self._active.peer if self._active else None,
                 "hold_action": hold_action(self._names, self._last_action, self.env.num_envs)}
 
@@ -402,6 +451,7 @@ class BridgeServer:
         if estop.any():
             rows = np.flatnonzero(estop).tolist()
             log.warning("E-STOP: the robot reported an e-stop in rows %s", rows)
+            self._stop_motion()
             self.state, self.reason = RobotState.ESTOP, f"e-stop: the robot reported an e-stop in rows {rows}"
 
     @staticmethod
@@ -414,10 +464,19 @@ class BridgeServer:
         if self.state == RobotState.ESTOP:
             raise BridgeError(f"robot is e-stopped ({self.reason}); send estop_release first", ErrorCode.STATE)
         seed, env_ids = msg.get("seed"), msg.get("env_ids")
-        if not (seed is None or isinstance(seed, int) or (isinstance(seed, list) and all(isinstance(s, int) for s in seed))):
-            raise ProtocolError("reset.seed must be null, an int or a list of ints", ErrorCode.MALFORMED)
-        if not (env_ids is None or (isinstance(env_ids, list) and all(isinstance(i, int) for i in env_ids))):
+        n = self.env.num_envs
+        if not (env_ids is None or (isinstance(env_ids, list) and all(_is_int(i) for i in env_ids))):
             raise ProtocolError("reset.env_ids must be null or a list of ints", ErrorCode.MALFORMED)
+        if env_ids is not None and (any(not 0 <= i < n for i in env_ids) or len(set(env_ids)) != len(env_ids)):
+            raise BridgeError(f"reset.env_ids {env_ids[:16]} must be distinct rows in 0..{n - 1}", ErrorCode.BAD_REQUEST)
+        top = MAX_SEED - (n - 1)  # an int seed seeds row r with seed + r
+        if not (seed is None or (_is_int(seed) and 0 <= seed <= top)
+                or (isinstance(seed, list) and all(_is_int(s) and 0 <= s <= MAX_SEED for s in seed))):
+            raise ProtocolError(f"reset.seed must be null, an int in 0..{top} or a list of ints in 0..{MAX_SEED}",
+                                ErrorCode.MALFORMED)
+        if isinstance(seed, list) and len(seed) != (n if env_ids is None else len(env_ids)):
+            raise BridgeError(f"reset.seed has {len(seed)} seeds for {n if env_ids is None else len(env_ids)} rows",
+                              ErrorCode.BAD_REQUEST)
         obs, info = self.env.reset(seed=seed, env_ids=env_ids)
         self._obs, self._t_obs = obs, self._times(info, "t_obs", now_ns())
         self.counters.resets += 1
@@ -429,6 +488,9 @@ class BridgeServer:
     def _step(self, msg: dict) -> dict:
         t_recv = now_ns()
         cid = msg.get("cid")
+        if cid is not None and not (isinstance(cid, str) and 0 < len(cid) <= MAX_CID):
+            raise ProtocolError(f"step.cid must be a string of 1..{MAX_CID} characters, got {type(cid).__name__}",
+                                ErrorCode.MALFORMED)
         if cid is not None and self._last_step is not None and self._last_step[0] == cid:
             return dict(self._last_step[1], t_recv=t_recv, t_send=now_ns(), replayed=True)  # a retried command
         if self.state != RobotState.RUNNING:
@@ -473,8 +535,9 @@ class BridgeServer:
         return {"type": Msg.PONG, "t_robot": now_ns()}
 
     def _estop(self, msg: dict) -> dict:
-        reason = str(msg.get("reason") or "e-stop from the client")[:200]
+        reason = _text(_field(msg, "reason"), "e-stop from the client")
         log.warning("E-STOP: %s", reason)
+        self._stop_motion()
         self.state, self.reason = RobotState.ESTOP, f"e-stop: {reason}"
         return self._status()
 
@@ -484,11 +547,13 @@ class BridgeServer:
             self.state, self.reason = RobotState.HOLD, "e-stop released: reset or resume to move"
         return self._status()
 
-    def _resume(self, _msg: dict) -> dict:
+    def _resume(self, msg: dict) -> dict:
+        by = _text(_field(msg, "by"), "unnamed client")
         if self.state == RobotState.ESTOP:
             raise BridgeError(f"robot is e-stopped ({self.reason}); send estop_release first", ErrorCode.STATE)
         if self.state == RobotState.HOLD:
-            log.info("resuming after hold (%s)", self.reason)
+            log.warning("resumed by %s after hold (%s)", by, self.reason)
+            self._resumed_by = by
         self.state, self.reason = RobotState.RUNNING, "running"
         return self._status()
 
@@ -508,6 +573,25 @@ class BridgeServer:
         Msg.ESTOP: _estop, Msg.ESTOP_RELEASE: _estop_release, Msg.RESUME: _resume, Msg.HEARTBEAT: _heartbeat,
         Msg.BYE: _bye,
     }
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field(msg: dict, key: str) -> str | None:
+    """An optional string field; anything else is malformed."""
+    value = msg.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"{msg['type']}.{key} must be a string, got {type(value).__name__}", ErrorCode.MALFORMED)
+    return value
+
+
+def _text(value: Any, default: str) -> str:
+    """A peer's free text as one short, printable log line."""
+    if not isinstance(value, str) or not value.strip():
+        return default
+    return "".join(ch if ch.isprintable() else "?" for ch in value[:MAX_TEXT])
 
 
 def serve(task: str, *, token: bytes, config: ServerConfig | None = None, num_envs: int = 1,
