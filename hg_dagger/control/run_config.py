@@ -48,7 +48,8 @@ class RobotConfig(_Strict):
     max_retries: int = Field(default=5, ge=0, description="reconnect attempts before the run fails")
     clock_pings: int = Field(default=8, ge=1, description="ping/pong exchanges per clock sync")
     clock_resync_s: float = Field(default=5.0, gt=0)
-    resume_on_reconnect: bool = True
+    resume_on_reconnect: bool = Field(default=False, description="lift a robot hold found after a reconnect without "
+                                      "a person (unattended runs only; otherwise resume needs the operator)")
 
     @model_validator(mode="before")
     @classmethod
