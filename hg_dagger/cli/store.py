@@ -45,8 +45,11 @@ def _validate(args) -> int:
         print(v)
     if len(violations) > args.max:
         print(f"... and {len(violations) - args.max} more")
+    warnings = store.warnings  # not violations: they never make a store invalid
+    for w in warnings:
+        print(f"warning: {w}")
     summary = f"{args.store}: {len(infos)} episodes ({incomplete} incomplete), {len(violations)} violation(s)"
-    print(summary)
+    print(summary + (f", {len(warnings)} warning(s)" if warnings else ""))
     return 1 if violations else 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -119,14 +120,21 @@ def gather(coros) -> list:
 # ------------------------------------------------------------------------------------------------
 
 
-def open_zarr_store(url: str | os.PathLike, *, read_only: bool):
-    """A local path (or file:// URL) becomes a LocalStore, whose writes are atomic renames; anything else goes
-    through fsspec (memory://, s3://, ...), whose object puts are atomic by nature."""
+def local_path(url: str | os.PathLike) -> Path | None:
+    """The local file system path of a store URL (a plain path or file://), None for other fsspec URLs."""
     s = os.fspath(url)
     if s.startswith("file://"):
         s = s[len("file://"):]
-    if "://" not in s:
-        return zarr.storage.LocalStore(s, read_only=read_only)
+    return None if "://" in s else Path(s)
+
+
+def open_zarr_store(url: str | os.PathLike, *, read_only: bool):
+    """A local path (or file:// URL) becomes a LocalStore, whose writes are atomic renames; anything else goes
+    through fsspec (memory://, s3://, ...), whose object puts are atomic by nature."""
+    local = local_path(url)
+    if local is not None:
+        return zarr.storage.LocalStore(local, read_only=read_only)
+    s = os.fspath(url)
     try:
         return zarr.storage.FsspecStore.from_url(s, read_only=read_only)
     except Exception as exc:  # unknown protocol, missing fsspec backend

@@ -274,7 +274,9 @@ class Recorder:
                     time.sleep(_IDLE_SLEEP_S)
         except Exception as exc:  # I/O failure: nothing more can be committed; surface it to the caller
             log.error("recorder writer failed: %s", exc)
-            self._fatal = exc if isinstance(exc, StoreError) else StoreError(f"recorder: writing failed: {exc}")
+            self._fatal = exc if isinstance(exc, StoreError) else StoreError(
+                f"{self._store.url}: recording failed ({_reason(exc)}); episodes committed before are kept, "
+                "the ones in progress stay incomplete")
             self._fatal.__cause__ = exc
 
     def _control(self, item: tuple, records: list[dict], touched: list[_Episode]) -> None:
@@ -448,6 +450,12 @@ def _frames(vals: list, spec: FieldSpec) -> list | None:
             v = a.astype(dtype, copy=False)
         out.append(v)
     return out
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _describe(v: Any) -> str:

@@ -5,12 +5,18 @@ every field and of rows/episode + rows/step, then appends its records to the log
 segment's attributes with the new committed_rows / committed_log. Every object write is atomic (rename on local
 disk, a single PUT on object storage), so a reader sees either the old or the new commit; rows or log records past
 the committed counts are ignored.
+
+Creation protocol (what makes a kill or a full disk during creation harmless): the segment's group is created bare,
+then every array, and only then are the segment attributes written. A group without them is *uncommitted*: it holds
+nothing, readers skip it (docs/data-format.md) and validate only warns about it, so a creation cut short never
+makes a store invalid.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import re
 import socket
@@ -22,6 +28,8 @@ from hg_dagger.contract.schema import EpisodeEnd, EpisodeStart, Event, FieldSpec
 from hg_dagger.errors import StoreError
 from hg_dagger.store import layout
 from hg_dagger.store.shards import FrameShardWriter
+
+log = logging.getLogger(__name__)
 
 
 def new_segment_id() -> str:
@@ -49,13 +57,19 @@ class SegmentWriter:
             "committed_log": 0,
             "closed": False,
         }
-        # the group is born with its attributes (one write): a kill never leaves a segment without them
-        self.group = root.require_group(layout.SEGMENTS).create_group(
-            self.segment_id, attributes={layout.SEGMENT_ATTR: self._meta})
-        made = layout.create_arrays(self.group, [
-            *(layout.field_array_kwargs(spec) for spec in fields.values()),
-            layout.index_array_kwargs("rows/episode"), layout.index_array_kwargs("rows/step"), layout.log_array_kwargs(),
-        ])
+        segments = root.require_group(layout.SEGMENTS)
+        try:
+            # bare group first, then the arrays, then the attributes: readers only see a segment whose arrays exist
+            self.group = segments.create_group(self.segment_id)
+            made = layout.create_arrays(self.group, [
+                *(layout.field_array_kwargs(spec) for spec in fields.values()),
+                layout.index_array_kwargs("rows/episode"), layout.index_array_kwargs("rows/step"),
+                layout.log_array_kwargs(),
+            ])
+            self._write_meta()
+        except BaseException:
+            _discard(root, f"{layout.SEGMENTS}/{self.segment_id}")
+            raise
         self.arrays = dict(zip(fields, made[:len(fields)], strict=True))
         self._fills = {name: layout.array_fill(spec) for name, spec in fields.items()}
         self.rows_episode, self.rows_step, self.log = made[len(fields):]
@@ -178,6 +192,16 @@ def _parse_start(text: str, head: re.Match | None, rec: dict | None) -> EpisodeS
     return EpisodeStart.model_validate_json(body[len(_START_KEY):-1])
 
 
+class UncommittedSegment(StoreError):
+    """A segment that holds nothing: being created right now, or its creation was cut off (kill, full disk).
+    Not damage: readers skip it and validate warns about it."""
+
+    def __init__(self, segment_id: str, what: str):
+        super().__init__(f"segment {segment_id}: uncommitted ({what}: being created, or its creation was cut off "
+                         "by a kill or a full disk); it holds nothing and is skipped")
+        self.segment_id = segment_id
+
+
 class SegmentView:
     """Read side of one segment: committed counts, fields, parsed log and (lazily) the row index."""
 
@@ -194,19 +218,31 @@ class SegmentView:
         self._arrays: dict[str, zarr.Array] = {}
 
     def reload(self) -> None:
-        """Re-read the segment attributes (committed counts move while a writer is active)."""
+        """Re-read the segment attributes (committed counts move while a writer is active). Raises
+        UncommittedSegment for a segment whose creation has not finished (or was cut off), StoreError if its
+        metadata is corrupt."""
         segment_id = self.segment_id
         try:
             self.group = self._root[self.path]
-            meta = dict(self.group.attrs)[layout.SEGMENT_ATTR]
-            self.fields = {d["name"]: FieldSpec.model_validate(d) for d in meta["fields"]}
-            self.committed_rows = int(meta["committed_rows"])
-            self.committed_log = int(meta["committed_log"])
-            self.closed = bool(meta.get("closed", False))
+        except Exception as exc:
+            if layout.get_bytes(self._root.store, f"{self.path}/zarr.json") is None:
+                raise UncommittedSegment(segment_id, "a folder without group metadata") from None
+            raise StoreError(f"segment {segment_id}: unreadable segment metadata ({_one_line(exc)})") from exc
+        try:
+            meta = dict(self.group.attrs).get(layout.SEGMENT_ATTR)
+            if meta is None:
+                raise UncommittedSegment(segment_id, f"a group without the '{layout.SEGMENT_ATTR}' attribute")
+            fields = {d["name"]: FieldSpec.model_validate(d) for d in meta["fields"]}
+            committed_rows, committed_log = int(meta["committed_rows"]), int(meta["committed_log"])
+            closed = bool(meta.get("closed", False))
         except StoreError:
             raise
         except Exception as exc:
             raise StoreError(f"segment {segment_id}: unreadable segment metadata ({_one_line(exc)})") from exc
+        if committed_log == 0 and not closed and "log" not in self.group:
+            # written by a version that gave the group its attributes before creating the arrays
+            raise UncommittedSegment(segment_id, "attributes but no arrays")
+        self.fields, self.committed_rows, self.committed_log, self.closed = fields, committed_rows, committed_log, closed
 
     def read_log(self) -> list[EpisodeRecord]:
         """Parse log records committed since the last call; returns episodes that appeared."""
@@ -335,6 +371,14 @@ def _all_fill(col: np.ndarray, fill) -> bool:
     if nan_fill:
         return bool(np.isnan(col).all())
     return bool((col == fill).all())
+
+
+def _discard(root: zarr.Group, path: str) -> None:
+    """Best effort: remove what a failed segment creation left (it is uncommitted either way; readers skip it)."""
+    try:
+        layout.sync(root.store.delete_dir(path))
+    except Exception as exc:  # noqa: BLE001 - the original failure is what the caller reports
+        log.warning("could not remove the uncommitted segment %s (%s); readers skip it", path, _one_line(exc))
 
 
 def _one_line(exc: Exception) -> str:

@@ -30,7 +30,7 @@ from hg_dagger.contract.schema import (
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import layout
 from hg_dagger.store.labels import LabelLayer
-from hg_dagger.store.segment import EpisodeRecord, SegmentView, read_many, read_rows
+from hg_dagger.store.segment import EpisodeRecord, SegmentView, UncommittedSegment, read_many, read_rows
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -68,6 +68,7 @@ class EpisodeStore:
         self._segs: dict[str, SegmentView] = {}
         self._eps: dict[str, EpisodeRecord] = {}
         self._damaged: list[tuple[str | None, str]] = []  # (episode_id or None, message)
+        self._uncommitted: dict[str, str] = {}  # segment_id -> message (re-checked on every refresh)
         self._duplicates: list[str] = []
         self._dirty = True
         self._labelled: set[str] | None = None
@@ -79,6 +80,7 @@ class EpisodeStore:
     def create(cls, url: str | os.PathLike, *, exist_ok: bool = False) -> EpisodeStore:
         """Create an empty store (mode "a"). With exist_ok=True an existing store is opened instead."""
         url = os.fspath(url)
+        _refuse_a_file(url)
         zstore = layout.open_zarr_store(url, read_only=False)
         try:
             existing = zarr.open_group(zstore, mode="r")
@@ -88,10 +90,14 @@ class EpisodeStore:
             if exist_ok and layout.STORE_ATTR in existing.attrs:
                 return cls.open(url, mode="a")
             raise StoreError(f"{url}: already exists (open it with EpisodeStore.open, or choose a new path)")
-        # one write: a store killed while being created is either absent or complete
-        root = zarr.create_group(zstore, overwrite=False, attributes={layout.STORE_ATTR: {
-            "format": layout.FORMAT, "format_version": layout.FORMAT_VERSION, "schema_version": SCHEMA_VERSION}})
-        root.create_group(layout.SEGMENTS)
+        try:
+            # one write: a store killed while being created is either absent or complete (segments/ is created
+            # again by the first recorder if it is missing)
+            root = zarr.create_group(zstore, overwrite=False, attributes={layout.STORE_ATTR: {
+                "format": layout.FORMAT, "format_version": layout.FORMAT_VERSION, "schema_version": SCHEMA_VERSION}})
+            root.create_group(layout.SEGMENTS)
+        except OSError as exc:  # full disk, read-only file system, no permission
+            raise StoreError(f"{url}: cannot create an episode store here ({_os_reason(exc)})") from exc
         return cls(url, zstore, root, "a")
 
     @classmethod
@@ -102,6 +108,7 @@ class EpisodeStore:
         url = os.fspath(url)
         if mode not in ("r", "a"):
             raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
+        _refuse_a_file(url)
         zstore = layout.open_zarr_store(url, read_only=True)  # a writable LocalStore would create a missing dir
         try:
             root = zarr.open_group(zstore, mode="r")
@@ -110,8 +117,13 @@ class EpisodeStore:
             raise StoreError(f"{url}: no episode store here") from exc
         except Exception as exc:
             raise StoreError(f"{url}: not a readable zarr v3 store ({_one_line(exc)})") from exc
-        if not isinstance(meta, dict) or meta.get("format") != layout.FORMAT:
+        if meta is None:
             raise StoreError(f"{url}: not an hg-dagger episode store (root attribute '{layout.STORE_ATTR}' missing)")
+        if not isinstance(meta, dict):
+            raise StoreError(f"{url}: root attribute '{layout.STORE_ATTR}' is not a mapping (got {type(meta).__name__})")
+        if meta.get("format") != layout.FORMAT:
+            raise StoreError(f"{url}: root attribute {layout.STORE_ATTR}.format is {meta.get('format')!r}, expected "
+                             f"{layout.FORMAT!r}: not an hg-dagger episode store")
         if meta.get("schema_version") not in SUPPORTED_SCHEMA_VERSIONS:
             raise StoreError(f"{url}: schema_version {meta.get('schema_version')!r} is not supported "
                              f"(supported: {', '.join(SUPPORTED_SCHEMA_VERSIONS)})")
@@ -125,6 +137,8 @@ class EpisodeStore:
         store.refresh()
         for _eid, msg in store._damaged:
             log.warning("%s: %s", url, msg)
+        for msg in store._uncommitted.values():
+            log.info("%s: %s", url, msg)
         return store
 
     def __repr__(self) -> str:
@@ -140,6 +154,7 @@ class EpisodeStore:
                      if n != "zarr.json" and not n.endswith(".partial")]  # .partial: a write cut by a kill
         except Exception as exc:
             raise StoreError(f"{self.url}: cannot list segments ({_one_line(exc)})") from exc
+        self._uncommitted = {}
         for sid in names:
             seg = self._segs.get(sid)
             try:
@@ -151,6 +166,9 @@ class EpisodeStore:
                 else:
                     seg.reload()
                 new = seg.read_log()
+            except UncommittedSegment as exc:  # holds nothing; looked at again on the next refresh
+                self._uncommitted[sid] = str(exc)
+                continue
             except StoreError as exc:
                 if (None, str(exc)) not in self._damaged:
                     self._damaged.append((None, str(exc)))
@@ -180,6 +198,13 @@ class EpisodeStore:
         """Problems found while reading the catalog: (episode_id or None, message)."""
         self._catalog()
         return list(self._damaged)
+
+    @property
+    def warnings(self) -> list[str]:
+        """Conditions that are not damage: segments that hold nothing because they are being created or their
+        creation was cut off (a kill, a full disk). Readers skip them; `hg-dagger validate` prints them."""
+        self._catalog()
+        return [self._uncommitted[sid] for sid in sorted(self._uncommitted)]
 
     @property
     def segments(self) -> list[str]:
@@ -374,8 +399,15 @@ class EpisodeStore:
             layer = self._new_layer(episode_id, rec, n, inputs, prev.version + 1, author, mask,
                                     replay=prev.replay if replay is None else replay, **kept)
             key = f"{layout.LABELS}/{episode_id}/v{layer.version}.json"
-            stored = layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True)
-            self._labelled = None
+            try:
+                stored = layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True)
+            except OSError as exc:
+                raise StoreError(f"{self.url}: episode {episode_id}: label layer {layer.version} not written "
+                                 f"({_os_reason(exc)})") from exc
+            if self._labelled is not None:
+                # labels/<episode_id>/ exists now (ours, or another writer's that took our number): listing all of
+                # labels/ again would cost time growing with the store on every write
+                self._labelled.add(episode_id)
             if stored:
                 return layer.version
 
@@ -557,6 +589,18 @@ def _tensordict(arrays: dict[str, np.ndarray]) -> TensorDict:
             a = a.astype(np.int64)
         td.set(tuple(name.split("/")), torch.from_numpy(np.ascontiguousarray(a)))
     return td
+
+
+def _refuse_a_file(url: str) -> None:
+    """A local path that is a regular file is no store (zarr would fail on it with a bare OSError)."""
+    path = layout.local_path(url)
+    if path is not None and path.exists() and not path.is_dir():
+        raise StoreError(f"{url}: is a file, not an episode store (a store is a folder: give an existing store or "
+                         "a new path)")
+
+
+def _os_reason(exc: OSError) -> str:
+    return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
 
 
 def _val(v: Any) -> str:

@@ -45,7 +45,8 @@ class Violation:
 
 
 def validate_store(store: EpisodeStore | str, *, images: bool = True, progress: bool = False) -> list[Violation]:
-    """All contract violations in a store. images=False skips decoding camera chunks (metadata still checked)."""
+    """All contract violations in a store. images=False skips decoding camera chunks (metadata still checked).
+    A segment that holds nothing because its creation was cut off is no violation: it is in store.warnings."""
     if not isinstance(store, EpisodeStore):
         store = EpisodeStore.open(store, mode="r")
     store.refresh()
