@@ -46,7 +46,7 @@ _FIELDS = {
     "terminated": ("bool", False), "truncated": ("bool", False), "success": ("bool", False),
     "episode_step": ("int64", -1), "continuity_id": ("int64", -1), "segment_id": ("int64", -1),
     "segment_step": ("int64", -1), "segment_start": ("bool", False), "segment_end": ("bool", False),
-    "segment_accepted": ("bool", False), "segment_attempt_id": ("int64", -1), "task_index": ("int64", -1),
+    "segment_accepted": ("bool", False), "segment_attempt_id": ("int64", -1), "task_index": ("int64", -1), "subtask_index": ("int64", -1),
 }
 
 
@@ -112,7 +112,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
             "source_id": _source_id(rows),
             "fps": fps,
             "schema": _schema(specs, fps, a_dim),
-            "language": {"task": {str(i): t for t, i in tasks.items()}},
+            "language": {"task": {str(i): t for t, i in tasks.items()}, "subtask": {"0": ""}},
             "episodes": rows,
         }
         with open(tmp / "ods.json", "w") as f:
@@ -173,6 +173,7 @@ def _fill_row(td, ep, specs, task_index: int) -> None:
         "segment_accepted": ep.trainable[first],
         "segment_attempt_id": np.zeros(t, np.int64),
         "task_index": np.full(t, task_index, np.int64),
+        "subtask_index": np.zeros(t, np.int64),  # no subtask text: one empty entry, so language resolves
     }
     for key, v in values.items():
         td[key][r, :t] = torch.from_numpy(np.ascontiguousarray(v))
