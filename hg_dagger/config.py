@@ -31,25 +31,66 @@ KINDS: dict[str, str] = {
 
 
 def format_validation_error(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: {err.error_count()} invalid value(s)"]
+    """One line per invalid value, each naming the source and the dotted key (a single error is one line)."""
+    lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         got = e.get("input")
-        shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-        lines.append(f"  {key}: {e['msg']}{shown}")
+        shown = "" if isinstance(got, dict | list) else f" (got {_short(got)})"
+        msg = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+        lines.append(f"{source}: key {key}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def known_names(area: str) -> list[str]:
+    """Names of the config files shipped in configs/<area>/."""
+    return sorted(p.stem for p in (CONFIG_DIR / area).glob("*.yaml"))
+
+
+def named_config(area: str, ref: str | Path, *, what: str | None = None) -> Path:
+    """The file a config reference means: a path to a YAML file, or a bare name in configs/<area>/. An unknown
+    name is a ConfigError that lists the known ones (never a silent fallback to a default)."""
+    path = Path(ref)
+    if path.suffix or path.exists():
+        return path
+    shipped = CONFIG_DIR / area / f"{ref}.yaml"
+    if not shipped.is_file():
+        raise ConfigError(f"unknown {what or area} config {str(ref)!r} (known names in configs/{area}: "
+                          f"{', '.join(known_names(area)) or 'none'}; or give a path to a YAML file)")
+    return shipped
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a config file")
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+        hint = ""
+        if path.parent.parent == CONFIG_DIR:  # a name looked up in configs/<area>/
+            hint = f" (known names in {path.parent}: {', '.join(known_names(path.parent.name)) or 'none'})"
+        raise ConfigError(f"{path}: no such config file{hint}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a config is a YAML text "
+                          "file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"{path}:{where} not valid YAML: {_one_line(getattr(exc, 'problem', None) or exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     return data
@@ -82,4 +123,8 @@ def check(path: str | Path) -> BaseModel:
     kind = data.pop("kind", None)
     if kind is None:
         raise ConfigError(f"{path}: missing key 'kind' (one of: {', '.join(sorted(KINDS))})")
-    return validate(model_for_kind(str(kind)), data, source=str(path))
+    try:
+        model = model_for_kind(str(kind))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: key kind: {exc}") from None
+    return validate(model, data, source=str(path))

@@ -4,6 +4,7 @@ parse arguments and call one function. Expected faults print one readable error,
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import pkgutil
@@ -47,9 +48,34 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"error: {format_validation_error(args.command, exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in _ENVIRONMENT_ERRNOS or args.verbose:
+            raise
+        print(f"error: {os_error_line(args, exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+# The machine's faults, not the program's: a full disk, a read-only or missing folder, no permission.
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                       errno.ENOTDIR, errno.EISDIR}
+_PATH_OPTIONS = ("out", "store", "file", "checkpoint")  # where a command writes or reads, most likely first
+
+
+def os_error_line(args: argparse.Namespace, exc: OSError) -> str:
+    """One line for an OSError: the file it names, else the command's own output or store path."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        reason += " (free some space and run the command again)"
+    if exc.filename:
+        return f"{exc.filename}: {reason}"
+    for name in _PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value:
+            return f"{args.command} --{name} {value}: {reason}"
+    return f"{args.command}: {reason}"
 
 
 if __name__ == "__main__":

@@ -47,9 +47,16 @@ def _serve(args) -> int:
 
 def _token(args) -> int:
     from hg_dagger.envs.bridge.protocol import new_token
+    from hg_dagger.errors import ConfigError
 
-    fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(new_token() + "\n")
+    folder = os.path.dirname(os.path.abspath(args.file))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{args.file}: folder {folder} does not exist (create it first)")
+    try:
+        fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(new_token() + "\n")
+    except OSError as exc:
+        raise ConfigError(f"{args.file}: cannot write the token ({exc.strerror or exc})") from None
     print(f"wrote a new bridge token to {args.file}", file=sys.stderr)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hg_dagger.errors import ConfigError
+from hg_dagger.errors import ConfigError, StoreError
 
 
 def register(sub) -> None:
@@ -34,6 +34,11 @@ def register(sub) -> None:
 def _run(args) -> int:
     from hg_dagger.control.build import run_gated
     from hg_dagger.control.run_config import load_run_config, parse_endpoint
+    from hg_dagger.store.layout import local_path
+
+    where = local_path(args.store)
+    if where is not None and where.exists() and not where.is_dir():
+        raise StoreError(f"--store {args.store}: is a file, not an episode store (give a store folder or a new path)")
 
     overrides = {
         "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,17 @@ def _payload(student, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_checkpoint(path: str | os.PathLike, student, **extra: Any) -> Path:
+    """Write atomically. A failed write (full disk) removes its temporary file and raises OSError naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(_payload(student, extra), tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:  # through a Python file, a full disk surfaces as OSError(ENOSPC), not torch's
+            torch.save(_payload(student, extra), fh)  # RuntimeError
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     return path
 
 
@@ -65,12 +72,30 @@ def read_checkpoint(source: str | os.PathLike | bytes) -> dict[str, Any]:
         data = torch.load(io.BytesIO(source) if isinstance(source, bytes) else source,
                           map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise ConfigError(f"{where}: not a readable student checkpoint ({type(exc).__name__}: {exc})") from None
+        detail = type(exc).__name__ if isinstance(exc, pickle.UnpicklingError) else \
+            f"{type(exc).__name__}: {_first_line(exc)}"  # torch's unpickling text is advice about weights_only
+        raise ConfigError(f"{where}: not a readable student checkpoint, truncated or corrupt ({detail})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise ConfigError(f"{where}: not a student checkpoint (missing kind {KIND!r})")
     if data.get("format") != FORMAT:
         raise ConfigError(f"{where}: checkpoint format {data.get('format')!r} is not supported (supported: {FORMAT})")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(data.get(key), kind):
+            raise ConfigError(f"{where}: corrupt student checkpoint (key {key!r} is missing or not a {kind.__name__})")
+    if not all(isinstance(data["mapping"].get(k), str) for k in ("task_id", "hash")):
+        raise ConfigError(f"{where}: corrupt student checkpoint (key 'mapping' lacks task_id or hash)")
     return data
+
+
+_REQUIRED = {"spec": dict, "state_dict": dict, "round": int, "version": str, "seed": int, "lineage": list,
+             "mapping": dict}
+
+
+def _first_line(exc: Exception) -> str:
+    """The gist of a library's exception text, on one line (torch's run over many)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def check_mapping(data: dict[str, Any], mapping, *, where: str) -> None:
@@ -90,11 +115,15 @@ def load_student(source: str | os.PathLike | bytes, mapping):
     where = "<bytes>" if isinstance(source, bytes) else str(source)
     data = read_checkpoint(source)
     check_mapping(data, mapping, where=where)
-    student = Student(mapping, StudentSpec.from_dict(data["spec"]), seed=int(data["seed"]), round=int(data["round"]))
+    try:
+        student = Student(mapping, StudentSpec.from_dict(data["spec"]), seed=data["seed"], round=data["round"])
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        raise ConfigError(f"{where}: corrupt student checkpoint (stored spec unusable: {_first_line(exc)})") from None
     try:
         student.net.load_state_dict(data["state_dict"])
     except RuntimeError as exc:
-        raise ConfigError(f"{where}: weights do not match the stored architecture: {exc}") from None
+        raise ConfigError(f"{where}: weights do not match the stored architecture "
+                          f"({' '.join(str(exc).split())[:300]})") from None
     student.lineage = list(data["lineage"])
     student.weights_changed()
     if student.version != data["version"]:
