@@ -33,6 +33,7 @@ from hg_dagger.control.live import (
     MarkOutcome,
     Pause,
     ResetEpisode,
+    Resume,
     SetMode,
     Snapshot,
     StartEpisodes,
@@ -144,6 +145,9 @@ class EpisodeControls(QGroupBox):
         self.discard = _button("Discard...", "End the episode and keep it out of training (asks why)")
         self.take_over = _button("Take over", "Take control from the policy (T)")
         self.hand_back = _button("Hand back", "Give control back to the policy (Enter)")
+        self.resume_robot = _button("Resume robot", "The robot holds because its link was lost: resume it once "
+                                    "it is safe (recorded with your name)")
+        self.operator = "operator"  # who resumes a held robot is recorded
         self.take_over.setStyleSheet(f"QPushButton:enabled {{ color: {style.HUMAN}; font-weight: bold; }}")
         self.hand_back.setStyleSheet(f"QPushButton:enabled {{ color: {style.POLICY}; font-weight: bold; }}")
         self.mode = QComboBox()
@@ -164,6 +168,7 @@ class EpisodeControls(QGroupBox):
         self.discard.clicked.connect(self.ask_discard)
         self.take_over.clicked.connect(lambda: self.commands.put(TakeOver()))
         self.hand_back.clicked.connect(lambda: self.commands.put(HandBack()))
+        self.resume_robot.clicked.connect(lambda: self.commands.put(Resume(by=self.operator)))
         self.mode.activated.connect(lambda i: self.commands.put(SetMode(self.mode.itemData(i))))
 
         grid = QGridLayout(self)
@@ -178,6 +183,7 @@ class EpisodeControls(QGroupBox):
         grid.addWidget(self.failure, 2, 1)
         grid.addWidget(self.take_over, 3, 0)
         grid.addWidget(self.hand_back, 3, 1)
+        grid.addWidget(self.resume_robot, 3, 2)
         grid.addWidget(QLabel("Mode:"), 4, 0)
         grid.addWidget(self.mode, 4, 1, 1, 2)
         grid.addWidget(self.phase_label, 5, 0, 1, 3)
@@ -199,6 +205,8 @@ class EpisodeControls(QGroupBox):
             "autonomous", "warning", "handover_requested", "returning")
         self.take_over.setEnabled(can_take)
         self.hand_back.setEnabled(running and snap.control_state == "human")
+        self.resume_robot.setEnabled(phase == "held")
+        self.operator = snap.operator or self.operator
         i = self.mode.findData(snap.mode)
         if i >= 0 and i != self.mode.currentIndex() and not self.mode.view().isVisible():
             self.mode.setCurrentIndex(i)

@@ -74,6 +74,13 @@ class ClearEStop(Command):
 
 
 @dataclass(frozen=True)
+class Resume(Command):
+    """Lift a robot hold (the link to the robot was lost); records who resumed. Nothing else lifts it."""
+
+    by: str = "operator"
+
+
+@dataclass(frozen=True)
 class TakeOver(Command):
     """The operator asks for control (the same as the device's takeover button)."""
 
@@ -200,7 +207,7 @@ class Snapshot:
     t_ns: int = 0
     task: str = ""
     mode: str = "human_gated"
-    phase: str = "idle"  # idle | running | paused | estopped | training | stopped | error
+    phase: str = "idle"  # idle | running | paused | held (robot holds: Resume) | estopped | training | stopped | error
     message: str = ""  # the last thing the operator should read (error, hint)
     # control and gates
     control_state: str = "autonomous"  # ControlState value

@@ -253,6 +253,8 @@ class ControlLoop:
                     s.estop(src, why)
                 case live.ClearEStop(by=who):
                     s.clear_estop(who)
+                case live.Resume(by=who):
+                    s.resume(who)
                 case live.TakeOver():
                     s.press("takeover")
                 case live.HandBack():
@@ -330,7 +332,8 @@ class ControlLoop:
         safety = s.safety
         estop = (safety.estop_source or "", safety.estop_reason or "") if safety.estopped else None
         if phase is None:
-            phase = "estopped" if estop else ("paused" if self._paused else ("running" if s.running else "idle"))
+            phase = "estopped" if estop else ("held" if s.robot_hold and s.running else (
+                "paused" if self._paused else ("running" if s.running else "idle")))
         rec = s.rec
         health = self.health.snapshot(rec.queue_len, rec.stats.dropped_steps) if self.health else live.LoopHealth()
         kw: dict[str, Any] = {}
@@ -356,7 +359,7 @@ class ControlLoop:
             thresholds = {"warn": conf.warn, "trigger": conf.trigger, "gate": conf.name}
         snap = live.Snapshot(
             seq=self._seq, t_ns=now_ns(), task=s.mapping.task_id, mode=s.mode, phase=phase,
-            message=self.error or self._message, thresholds=thresholds,
+            message=self.error or self._message or s.robot_hold, thresholds=thresholds,
             action_names=tuple(s.mapping.action.names), episode_id=s.eids[0],
             policy_version=s.student.version, estop=estop, counters=counters, health=health,
             device=s.device_state(), frame=self._frame, store=self.store, operator=s.operator_name,

@@ -161,6 +161,7 @@ class Session:
         self._started = 0
         self._target = 0
         self._env_info: dict[str, Any] = {}
+        self.robot_hold = ""  # why the robot holds (link lost): nothing moves until a person calls resume()
 
     # ---- state read by callers -------------------------------------------------------------
 
@@ -206,6 +207,22 @@ class Session:
             self.summary.notes.append(note)
         self.safety.clear_estop()
         self.summary.stopped_by = ""
+
+    def resume(self, by: str) -> None:
+        """The explicit action a robot hold needs (the app's resume button): the robot resumes and every open
+        episode records who resumed it. A hold is never lifted by the session itself."""
+        if not self.robot_hold:
+            return
+        robot_resume = getattr(self.env, "resume", None)
+        if robot_resume is not None:
+            robot_resume(by=by)
+        values = {"resumed_by": by, "after": self.robot_hold}
+        rows = [r for r in range(self.n) if self.eids[r] is not None]
+        for r in rows:
+            self._event(r, EventKind.NOTE, now_ns(), f"robot resumed by {by}", "operator", values)
+        if not rows:
+            self.summary.notes.append(f"robot resumed by {by}")
+        self.robot_hold = ""
 
     def press(self, button: str) -> None:
         """The app's take-over / hand-back buttons: count as that operator button on the next tick."""
@@ -333,6 +350,8 @@ class Session:
                 t0 = time.perf_counter()
                 before = self.summary.episodes
                 self.tick()
+                if self.robot_hold:  # no person here to resume: the run stops, its episodes kept as safety stops
+                    self._stop_all("robot_hold")
                 bar.update(self.summary.episodes - before)
                 if period:
                     time.sleep(max(0.0, period - (time.perf_counter() - t0)))
@@ -348,6 +367,7 @@ class Session:
             raise HgDaggerError(f"e-stop from {self.safety.estop_source or 'unknown'} is latched: clear it before running")
         self._target = self._started + episodes
         self.summary.stopped_by = ""
+        self.robot_hold = ""  # starting is the operator's action; the reset below lifts a robot hold
         obs, info = self.env.reset(seed=[self.seed + self._started + i for i in range(self.n)])
         self._take_obs(obs, info, np.ones(self.n, bool))
         self.safety.reset(np.arange(self.n))
@@ -359,6 +379,9 @@ class Session:
 
     def tick(self) -> None:
         """One control step for every env row; sets ``last``."""
+        if self.robot_hold:
+            self._held_tick()
+            return
         active = self.writer.active()
         out, t_policy = self._act()
         state_before = self.machine.state.copy()
@@ -465,7 +488,10 @@ class Session:
         except EnvError as exc:
             if getattr(exc, "code", None) != "state":  # ErrorCode.STATE: the robot holds or is e-stopped
                 raise
-            self._robot_refused(str(exc), t_ns)
+            if getattr(exc, "robot_state", None) == "hold":
+                self._robot_held(str(exc), t_ns)
+            else:
+                self._robot_refused(str(exc), t_ns)
             return None
         self.safety.commit(applied)
         return result
@@ -476,6 +502,12 @@ class Session:
         t_apply = np.asarray(result.info.get("t_action_apply", np.full(self.n, now_ns())), np.int64)
         self.machine.note_applied(t_apply)
         self._window_events(t_apply)
+        resumed = result.info.get("robot_resumed")  # the bridge's explicit resume_on_reconnect flag lifted a hold
+        if resumed:
+            for r in range(self.n):
+                if self.eids[r] is not None:
+                    self._event(r, EventKind.NOTE, int(t_apply[r]), f"robot resumed by {resumed}", "bridge",
+                                {"resumed_by": resumed})
         if self.latency_budget_ns is not None:
             late = (t_apply - self.t_obs) > self.latency_budget_ns
             flags |= np.where(late, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
@@ -701,14 +733,40 @@ class Session:
             info["alignment_error_ms"] = self.t_obs_align_ms
         self._restart([row], self.obs, info, np.zeros(self.n, bool))
 
-    def _stop_all(self) -> None:
-        """E-stop: end every open episode as a safety stop and open no new ones."""
-        self.summary.stopped_by = "estop"
-        self.summary.estops += 1
+    def _stop_all(self, why: str = "estop") -> None:
+        """E-stop (or a robot hold nobody can resume): end every open episode as a safety stop, open no new ones."""
+        self.summary.stopped_by = why
+        self.summary.estops += int(why == "estop")
         for r in range(self.n):
             if self.eids[r] is not None:
                 self._end(r, EndReason.SAFETY_STOP, False)
         self._target = self._started
+
+    def _robot_held(self, message: str, t_ns: int) -> None:
+        """The robot holds (the link to it was lost): each open episode records it and stays open, and nothing
+        is stepped until a person calls ``resume``; a headless ``run`` ends instead."""
+        self.robot_hold = message
+        for r in range(self.n):
+            if self.eids[r] is not None:
+                self._event(r, EventKind.HEARTBEAT_LOSS, t_ns, message, "bridge",
+                            {"robot_state": "hold",
+                             "control_state": ControlState.from_code(int(self.machine.state[r])).value})
+
+    def _held_tick(self) -> None:
+        """A tick while the robot holds: nothing is stepped or recorded; the device's and the app's e-stops
+        still stop the run (and latch the robot's e-stop)."""
+        self.poll_idle()
+        if not self.safety.estopped:
+            return
+        t = now_ns()
+        for r in range(self.n):
+            if self.eids[r] is not None:
+                self._event(r, EventKind.ESTOP, t, self.safety.estop_reason or "estop", self.safety.estop_source or "",
+                            {"from_state": ControlState.from_code(int(self.machine.state[r])).value})
+        self._stop_all()
+        self.robot_hold = ""
+        if hasattr(self.env, "estop"):
+            self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
 
     def _robot_refused(self, message: str, t_ns: int) -> None:
         """The robot refused to move (its own e-stop or safe stop): an e-stop from the bridge."""
@@ -750,9 +808,10 @@ class Session:
         for r, frm, to, why in d.transitions:
             if self.eids[r] is None:
                 continue
-            if to in in_control:
+            if to in in_control:  # who took control (after a lost device: who resumed)
                 self.summary.context_switches += 1
-                self._event(r, EventKind.HANDOVER_START, t_ns, why, kind)
+                self._event(r, EventKind.HANDOVER_START, t_ns, why, kind,
+                            {"operator": self.operator.name, "device": self.operator.device_id(r)})
             if frm in in_control:
                 self._event(r, EventKind.HANDOVER_END, t_ns, why, kind)
                 self.operator.release(r)
