@@ -40,7 +40,7 @@ DATA_FILE_MB = 100  # a data file is closed once it holds about this much (LeRob
 ROW_GROUP_ROWS = 65536
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
-IMAGE_STATS_FRAMES = 32  # frames per episode that image statistics sample
+IMAGE_STATS_FRAMES = 256  # frames per read group that image statistics sample
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
@@ -104,9 +104,10 @@ class _Stats:
             np.maximum(a[4], part[4], out=a[4])
 
     def add_images(self, name: str, frames: np.ndarray) -> None:
-        """Per-channel statistics of frames scaled to [0, 1], as LeRobot stores them ((C, 1, 1))."""
-        pix = frames.reshape(-1, frames.shape[-1]).astype(np.float64) / 255.0
-        self.add(name, pix)
+        """Per-channel statistics of frames scaled to [0, 1], as LeRobot stores them ((C, 1, 1)), from a sample:
+        at most IMAGE_STATS_FRAMES frames of each batch and every 4th pixel row and column (LeRobot samples too)."""
+        sample = frames[:: max(1, len(frames) // IMAGE_STATS_FRAMES), ::4, ::4]
+        self.add(name, sample.reshape(-1, frames.shape[-1]).astype(np.float32) / np.float32(255.0))
 
     def to_json(self, image_keys: set[str]) -> dict:
         out = {}
@@ -172,6 +173,16 @@ class _DataWriter:
 
     def close(self) -> None:
         self._close()
+
+
+def _encode_pngs(frames: np.ndarray) -> list[bytes]:
+    """PNG bytes of each frame, encoded on all cores (Pillow's encoder releases the GIL)."""
+    if len(frames) < 64:
+        return [_png(f) for f in frames]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(_png, frames, chunksize=16))
 
 
 def _png(frame: np.ndarray) -> bytes:
@@ -366,7 +377,8 @@ def _table(pa, cols: dict[str, np.ndarray], frames: dict[str, np.ndarray], image
     arrays = []
     for f in schema:
         if f.name in by_col:
-            arrays.append(pa.array([{"bytes": _png(x), "path": None} for x in frames[by_col[f.name]]], type=f.type))
+            pngs = _encode_pngs(frames[by_col[f.name]])
+            arrays.append(pa.array([{"bytes": b, "path": None} for b in pngs], type=f.type))
             continue
         v = cols[f.name]
         if v.ndim == 1:
@@ -378,8 +390,7 @@ def _table(pa, cols: dict[str, np.ndarray], frames: dict[str, np.ndarray], image
 
 def _add_stats(stats: _Stats, cols: dict[str, np.ndarray], frames: dict[str, np.ndarray], image_cols) -> None:
     for name, col in image_cols.items():
-        f = frames[name]
-        stats.add_images(col, f[:: max(1, len(f) // (IMAGE_STATS_FRAMES * 64))])
+        stats.add_images(col, frames[name])
     for col, v in cols.items():
         stats.add(col, v)
 
