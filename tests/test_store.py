@@ -337,3 +337,81 @@ def test_duplicate_episode_id_is_refused(tmp_path):
     with store.recorder() as rec:
         with pytest.raises(ContractError, match=f"episode {eid}: episode_id already used"):
             rec.begin_episode(start(episode_id=eid), fields())
+
+
+class _KeyLog(zarr.storage.WrapperStore):
+    """A real LocalStore that also notes (key, bytes) of every write, in order: what a reader killed at any point
+    between two writes would see."""
+
+    def __init__(self, store, written: list):
+        super().__init__(store)
+        self.written = written
+
+    async def set(self, key, value):
+        self.written.append((key, value.to_bytes()))
+        await self._store.set(key, value)
+
+    async def set_if_not_exists(self, key, value):
+        self.written.append((key, value.to_bytes()))
+        await self._store.set_if_not_exists(key, value)
+
+
+def test_a_new_segment_gets_its_attributes_only_after_every_array(tmp_path):
+    from hg_dagger.store.layout import SEGMENT_ATTR
+    from hg_dagger.store.segment import SegmentWriter
+
+    EpisodeStore.create(tmp_path / "s")
+    written: list = []
+    root = zarr.open_group(_KeyLog(zarr.storage.LocalStore(tmp_path / "s"), written), mode="r+")
+    seg = SegmentWriter(root, fields(image=True))
+    prefix = f"segments/{seg.segment_id}/"
+    arrays = {k for k, _ in written if k.startswith(prefix) and k.endswith("/zarr.json") and k != prefix + "zarr.json"}
+    assert {prefix + "log/zarr.json", prefix + "rows/episode/zarr.json", prefix + "data/obs/rgb/zarr.json"} <= arrays
+    group_writes = [i for i, (k, _) in enumerate(written) if k == prefix + "zarr.json"]
+    with_attr = [i for i in group_writes if SEGMENT_ATTR in json.loads(written[i][1]).get("attributes", {})]
+    last_array = max(i for i, (k, _) in enumerate(written) if k in arrays)
+    assert with_attr and min(with_attr) > last_array  # a kill at any earlier point leaves an uncommitted group
+    assert EpisodeStore.open(tmp_path / "s").segments == [seg.segment_id]
+
+
+def test_a_first_layer_another_handle_wrote_is_found_though_this_handle_listed_before(tmp_path):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        a = record(rec, 0, 20, window=(5, 10))
+        b = record(rec, 1, 20, window=(5, 10))
+    mine, other = EpisodeStore.open(path, mode="a"), EpisodeStore.open(path, mode="a")
+    assert mine.write_labels(a, author="me") == 2  # mine now knows which episodes have layer files: a only
+    w = other.labels(b).windows[0]
+    review = ReviewDecision(window_id=w.window_id, reviewer="r1", status=ReviewStatus.APPROVED)
+    assert other.write_labels(b, author="r1", reviews=[review]) == 2
+    check = ReplayCheck(status=ReplayStatus.REPLAYABLE, steps_checked=20)
+    assert mine.write_labels(b, author="replay", replay=check) == 3  # takes the next number, keeps the review
+    latest = EpisodeStore.open(path).labels(b)
+    assert latest.version == 3 and latest.reviews == [review] and latest.replay == check
+    assert EpisodeStore.open(path).label_versions(a) == [1, 2]
+
+
+def test_a_regular_file_is_no_store_and_says_so(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    for call in (lambda: EpisodeStore.open(f), lambda: EpisodeStore.open(f, mode="a"), lambda: EpisodeStore.create(f)):
+        with pytest.raises(StoreError, match=f"{f}: is a file, not an episode store"):
+            call()
+    assert f.read_text() == "hello"
+
+
+def test_a_wrong_root_format_is_named_as_such(tmp_path):
+    path = tmp_path / "s"
+    EpisodeStore.create(path)
+    meta = json.loads((path / "zarr.json").read_text())
+    meta["attributes"]["hg_dagger"]["format"] = "someone_else.store"
+    (path / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match=r"hg_dagger.format is 'someone_else.store', expected "
+                                         r"'hg_dagger.episode_store'") as err:
+        EpisodeStore.open(path)
+    assert "missing" not in str(err.value)
+    meta["attributes"]["hg_dagger"] = ["not", "a", "mapping"]
+    (path / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="root attribute 'hg_dagger' is not a mapping"):
+        EpisodeStore.open(path)

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import zarr
 from store_helpers import end, fields, human_window, record, start, step
 
 from hg_dagger.cli import main
@@ -380,3 +381,58 @@ def test_blended_hand_back_steps_are_the_controllers_not_the_policys(gated_store
     policy = d["action_source"] == ActionSource.POLICY.code
     np.testing.assert_array_equal(d["applied_action"][policy], d["policy_action"][policy])
     assert (store.labels(eid).mask[blend] != LabelMask.TRAINABLE.code).all()
+
+
+CUT_OFF = "20260101T000000-0badc0de"
+
+
+def _cut_off_segment(path, how: str) -> None:
+    """What a kill (or a full disk) during the creation of a segment leaves, in each of its forms."""
+    seg = path / "segments" / CUT_OFF
+    if how == "empty folder":  # the folder was made, its metadata never written (full disk)
+        seg.mkdir()
+    elif how == "arrays, no attributes":  # killed before the attributes (the current creation order)
+        group = zarr.open_group(path, mode="r+").create_group(f"segments/{CUT_OFF}")
+        layout.create_arrays(group, [layout.index_array_kwargs("rows/episode"), layout.log_array_kwargs()])
+    elif how == "attributes, no arrays":  # what writers before the creation order fix left
+        first = next(p for p in (path / "segments").iterdir() if p.is_dir())
+        meta = json.loads((first / "zarr.json").read_text())["attributes"][layout.SEGMENT_ATTR]
+        meta.update(segment_id=CUT_OFF, committed_rows=0, committed_log=0, closed=False)
+        zarr.open_group(path, mode="r+").create_group(f"segments/{CUT_OFF}", attributes={layout.SEGMENT_ATTR: meta})
+
+
+def _documented_reader(path) -> str:
+    """Run the zarr+numpy reader printed in docs/data-format.md on `path`; returns what it prints."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "data-format.md").read_text()
+    code = doc.split("## Reading with zarr and numpy only", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace('"STORE"', repr(str(path))), "docs/data-format.md", "exec"), {})
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("how", ["empty folder", "arrays, no attributes", "attributes, no arrays"])
+def test_a_segment_cut_off_while_being_created_is_skipped_and_warned_never_invalid(tmp_path, capsys, how):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        kept = [record(rec, i, 8, image=True) for i in range(2)]
+    _cut_off_segment(path, how)
+    store = EpisodeStore.open(path)
+    assert [i.episode_id for i in store.episodes()] == kept and store.damaged == []
+    assert CUT_OFF not in store.segments
+    assert len(store.warnings) == 1 and f"segment {CUT_OFF}: uncommitted" in store.warnings[0]
+    assert validate_store(store) == []
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: segment {CUT_OFF}: uncommitted" in out and "0 violation(s), 1 warning(s)" in out
+    printed = _documented_reader(path)
+    assert all(f"{eid} toy_reach 8 complete" in printed for eid in kept)
+    with EpisodeStore.open(path, mode="a").recorder() as rec:  # the store still takes new episodes
+        kept.append(record(rec, 5, 8))
+    again = EpisodeStore.open(path)
+    assert {i.episode_id for i in again.episodes(complete=True)} == set(kept) and validate_store(again) == []

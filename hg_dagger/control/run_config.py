@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hg_dagger import config as config_io
 from hg_dagger.control.gates import GateConfig
@@ -84,6 +84,17 @@ class RunConfig(_Strict):
     robot: RobotConfig | None = Field(default=None, description="drive a robot over the bridge instead of a "
                                       "local simulator")
 
+    @field_validator("gates")
+    @classmethod
+    def _known_gates(cls, v: str | GateConfig) -> str | GateConfig:
+        """A gate config name is checked with the rest of the config: a typo fails before any store is touched."""
+        if isinstance(v, str) and v:
+            try:
+                config_io.named_config("gates", v, what="gate")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
     @model_validator(mode="after")
     def _one_env(self) -> RunConfig:
         if self.handover.wait == "pause" and self.num_envs != 1:
@@ -95,16 +106,14 @@ class RunConfig(_Strict):
 
 
 def load_gate_config(ref: str | GateConfig, task: str) -> GateConfig:
-    """A GateConfig from an inline model, a path, or a name in configs/gates/ (default: the task's)."""
+    """A GateConfig from an inline model, a path, or a name in configs/gates/. Without one: the task's
+    (configs/gates/<task>.yaml), else default.yaml. A name that is not there is an error, never the default."""
     if isinstance(ref, GateConfig):
         return ref
-    ref = ref or task
-    path = Path(ref)
-    if not path.suffix:
-        path = Path(config_io.CONFIG_DIR, "gates", f"{ref}.yaml")
-        if not path.is_file():
-            path = Path(config_io.CONFIG_DIR, "gates", "default.yaml")
-    return config_io.load(path, GateConfig)
+    if not ref:
+        own = Path(config_io.CONFIG_DIR, "gates", f"{task}.yaml")
+        return config_io.load(own if own.is_file() else Path(config_io.CONFIG_DIR, "gates", "default.yaml"), GateConfig)
+    return config_io.load(config_io.named_config("gates", ref, what="gate"), GateConfig)
 
 
 def load_run_config(path: str | Path | None, task: str | None = None, **overrides) -> RunConfig:
