@@ -240,3 +240,131 @@ def test_camera_frames_follow_the_cursor(qtbot, tmp_path):
         assert not pix.isNull()
         assert pix.toImage().pixelColor(0, 0).red() == (3 * 7 + step) % 256  # the frame recorded at that step
     ws.close()
+
+
+def test_filters_for_every_field_and_the_privacy_status(qtbot, tmp_path):
+    """Mode, recovery outcome, policy, date, QC flag filters over a store with two modes, two policies, a camera
+    episode and one whose recorder recorded its own privacy processing."""
+    from store_helpers import record
+
+    from hg_dagger.contract import CollectionMode
+    from hg_dagger.review.qc import QCConfig, run_qc
+    from hg_dagger.ui.review.model import PSEUDONYMISED
+
+    path = str(tmp_path / "mixed")
+    rec = EpisodeStore.create(path).recorder()
+    gated = record(rec, 1, 30, window=(5, 10), policy_version="p-1", operator="op-a")
+    demo = record(rec, 2, 30, window=(0, 30), mode=CollectionMode.DAGGER_SYNC, policy_version="p-2", operator="op-b")
+    blurred = record(rec, 3, 30, window=(8, 12), policy_version="p-2", operator="op-a",
+                     extra={"privacy": "faces blurred at recording"})
+    rec.close()
+    rec = EpisodeStore.open(path, mode="a").recorder()
+    camera = record(rec, 4, 30, image=True, window=(10, 20), policy_version="p-1", operator="op-c")
+    rec.close()
+    # QC with a zero latency budget: every window fails with latency_exceeded
+    summary = run_qc(path, config=QCConfig(latency_budget_ms=1e-9), write=True, progress=False)
+    flagged = {r.window_id for e in summary.episodes for r in e.results if r.window_id and "latency_exceeded" in r.flags}
+    assert flagged
+    ws = ReviewWorkspace([path], REVIEWER)
+    qtbot.addWidget(ws)
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    b = ws.browser
+    by_episode = {r.window.episode_id: r for r in b.visible_rows()}
+    assert set(by_episode) == {gated, demo, blurred, camera}
+    assert by_episode[gated].privacy == PSEUDONYMISED
+    assert by_episode[blurred].privacy == "faces blurred at recording"
+    assert by_episode[camera].privacy == PSEUDONYMISED + "; camera frames not processed"
+    assert b.model.data(b.model.index(0, COLUMNS.index("privacy"))) == PSEUDONYMISED
+
+    def shown(key, value):
+        b.set_filter(key, value)
+        eps = {r.window.episode_id for r in b.visible_rows()}
+        b.set_filter(key, "")
+        return eps
+
+    assert shown("mode", "dagger_sync") == {demo}
+    assert shown("mode", "human_gated") == {gated, blurred, camera}
+    assert shown("policy_version", "p-2") == {demo, blurred}
+    assert shown("operator", "op-a") == {gated, blurred}
+    assert shown("qc", "failed") == {gated, demo, blurred, camera}
+    assert {r.window_id for r in b.visible_rows() if "latency_exceeded" in r.qc_flags} == flagged
+    assert {r.window.episode_id for r in b.visible_rows() if r.window_id in flagged} == shown("qc_flag",
+                                                                                            "latency_exceeded")
+    day = by_episode[gated].date
+    assert len(day) == 10 and day[4] == day[7] == "-"
+    assert shown("date", day) == {gated, demo, blurred, camera}
+    assert [b.combos["date"].itemData(i) for i in range(b.combos["date"].count())] == ["", day]
+    outcome = by_episode[gated].window.outcome
+    assert shown("outcome", outcome) == {r.window.episode_id for r in b.visible_rows() if r.window.outcome == outcome}
+    # two filters at once, and the counts under the table follow them
+    b.set_filter("policy_version", "p-1")
+    b.set_filter("operator", "op-c")
+    assert {r.window.episode_id for r in b.visible_rows()} == {camera}
+    assert b.counts.text().startswith("1 window(s): 1 pending; 1 episode(s), 0 training authorized, QC 1 failed")
+    assert b.counts.text().endswith("(of 4)")
+    ws.close()
+
+
+def test_human_command_plotted_on_the_dims_it_drives(qtbot, workspace, store):
+    ws = workspace
+    row = _select(qtbot, ws, 0)
+    data = ws.episode.data
+    info = EpisodeStore.open(store).info(row.window.episode_id)
+    axes = info.start.mapping["human"]["axes"]
+    assert data.human_axes == [["x", "y", "z", "roll", "pitch", "yaw", "gripper"].index(a) for a in axes]
+    assert ws.episode.plots.human_dims == list(range(len(axes)))
+    names = [item.name() for item in ws.episode.plots.plots[0].listDataItems()]
+    assert "human command (x)" in names and "applied" in names and "policy" in names
+    cmd = EpisodeStore.open(store).read_steps(row.window.episode_id, ["human_command"])["human_command"]
+    curve = next(i for i in ws.episode.plots.plots[1].listDataItems() if i.name() == "human command (y)")
+    np.testing.assert_array_equal(curve.yData, cmd[:, 1])
+    assert data.privacy in ws.episode.privacy.text()
+
+
+def test_reviewer_asked_at_the_first_decision(qtbot, store):
+    """Without a reviewer the first decision asks for one (the default offered), later ones reuse it."""
+    from PyQt6.QtCore import QTimer
+    from PyQt6.QtWidgets import QApplication, QInputDialog
+
+    ws = ReviewWorkspace([store], None, default_reviewer="op-9")
+    qtbot.addWidget(ws)
+    ws.show()
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    assert "asked at your first decision" in ws.panel.reviewer_label.text()
+    offered = []
+
+    def answer(text, accept=True):
+        def poll():
+            dialog = QApplication.activeModalWidget()
+            if not isinstance(dialog, QInputDialog):
+                QTimer.singleShot(20, poll)
+                return
+            offered.append(dialog.textValue())
+            if accept:
+                dialog.setTextValue(text)
+                dialog.accept()
+            else:
+                dialog.reject()
+        QTimer.singleShot(0, poll)
+
+    first = _select(qtbot, ws, 0)
+    # cancelled: nothing is written
+    answer("", accept=False)
+    qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
+    assert offered == ["op-9"] and "reviewer pseudonym is needed" in ws.panel.message.text()
+    assert audit_trail(store, first.window_id) == []
+    answer("rev-3")
+    ws.panel.authorize.setChecked(True)
+    qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(ws.panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
+    assert offered == ["op-9", "op-9"] and ws.reviewer == "rev-3" and "rev-3" in ws.windowTitle()
+    second = _select(qtbot, ws, 1)
+    ws.panel.reason.setPlainText("drifted")
+    qtbot.mouseClick(ws.panel.reject_button, Qt.MouseButton.LeftButton)  # no dialog this time
+    qtbot.waitUntil(lambda: len(ws.panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
+    assert len(offered) == 2
+    assert [(e.decision.reviewer, e.decision.status, e.decision.replay_training_authorized)
+            for e in audit_trail(store, first.window_id)] == [("rev-3", ReviewStatus.APPROVED, True)]
+    assert [(e.decision.reviewer, e.decision.status) for e in audit_trail(store, second.window_id)] == [
+        ("rev-3", ReviewStatus.REJECTED)]
+    ws.close()

@@ -171,7 +171,8 @@ class OperatorApp(QtCore.QObject):
         kind = ControlProcess if o.control_process else ControlLoop
         self.loop = kind(functools.partial(build_session, o, path), rate_hz=o.rate_hz, view_size=o.view_size,
                          store=o.store_url)
-        self.window = MainWindow(self.loop.slot, self.loop.commands, settings=self.settings)
+        self.window = MainWindow(self.loop.slot, self.loop.commands, settings=self.settings,
+                                 review_store=o.store_url, operator=o.name)
         self.window.setWindowTitle(f"hg-dagger - {o.task} - {o.name}")
         self.window.train_requested.connect(self._ask_train)
         self.window.show()

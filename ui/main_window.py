@@ -4,7 +4,9 @@
     window.show()
 
 The window reads the newest Snapshot on a QTimer and hands it to each view; every button, key and
-menu entry only puts a Command into the queue. Geometry and splitter positions persist in QSettings
+menu entry only puts a Command into the queue. With ``review_store`` a Review page beside the console
+holds the review workspace on that store (the one the session records to); it reads the store on its
+own thread and adds the windows of each episode the session ends. Geometry and splitter positions persist in QSettings
 (organization "hg-dagger", application "hg-dagger" unless a settings object is given).
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PyQt6.QtCore import QSettings, Qt, pyqtSignal
+from PyQt6.QtCore import QEvent, QObject, QSettings, Qt, pyqtSignal
 from PyQt6.QtGui import QAction, QKeySequence
 from PyQt6.QtWidgets import (
     QApplication,
@@ -29,17 +31,19 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.control.live import CommandQueue, LatestSlot, Quit, Snapshot
+from hg_dagger.control.live import CommandQueue, EStop, LatestSlot, Quit, Snapshot
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
 from hg_dagger.ui.device_panel import DevicePanel
 from hg_dagger.ui.gate import GateLight, HandoverBanner
 from hg_dagger.ui.health import LoopHealthPanel
 from hg_dagger.ui.keys import KeyboardBridge
 from hg_dagger.ui.plots import PlotsPanel
+from hg_dagger.ui.review import ReviewWorkspace
 from hg_dagger.ui.rounds import RoundsPanel, StatusLine
 from hg_dagger.ui.snapshots import SnapshotReader
 from hg_dagger.ui.view import LiveView
 
+NOT_A_PERSON = ("", "none", "synthetic", "expert")  # device kinds that answer a gate without the operator
 WINDOW_SHORTCUTS = (("Esc", "emergency stop (anywhere in the window)"), ("F1", "this help"),
                     ("Ctrl+Q", "quit (open episodes end as operator aborts)"))
 
@@ -83,17 +87,46 @@ class HelpDialog(QDialog):
         self.resize(560, 520)
 
 
+class ReviewEscape(QObject):
+    """Esc is the e-stop on the Review page too, where the keyboard bridge is off (its keys scrub and type there):
+    an application event filter, so it works whatever widget of the window, or of a dialog it owns, has focus."""
+
+    def __init__(self, window: MainWindow):
+        super().__init__(window)
+        self.window = window
+
+    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
+        if ev.type() != QEvent.Type.KeyPress or ev.key() != Qt.Key.Key_Escape or not self.window.reviewing:
+            return False
+        if not isinstance(obj, QWidget) or not self._owned(obj):
+            return False
+        if not ev.isAutoRepeat():
+            self.window.commands.put(EStop(source="keyboard", reason="Esc key in the app window"))
+        return True
+
+    def _owned(self, w: QWidget) -> bool:
+        top = w.window()
+        while top is not None:
+            if top is self.window:
+                return True
+            parent = top.parentWidget()
+            top = parent.window() if parent is not None else None
+        return False
+
+
 def app_settings() -> QSettings:
     return QSettings("hg-dagger", "hg-dagger")
 
 
 class MainWindow(QMainWindow):
-    """Camera view left, plots right, gate light, banner and e-stop on top, controls and panels below."""
+    """Camera view left, plots right, gate light, banner and e-stop on top, controls and panels below; the
+    review workspace on a second page (``review_store``), the gate light, banner and e-stop staying in view."""
 
     train_requested = pyqtSignal()
 
     def __init__(self, slot: LatestSlot, commands: CommandQueue, *, settings: QSettings | None = None,
-                 scan: Callable[[], list] | None = None, refresh_hz: float = 30.0):
+                 scan: Callable[[], list] | None = None, refresh_hz: float = 30.0, review_store: str = "",
+                 operator: str = ""):
         super().__init__()
         self.setWindowTitle("hg-dagger")
         self.slot, self.commands = slot, commands
@@ -137,11 +170,21 @@ class MainWindow(QMainWindow):
         self.split_main.addWidget(bottom)
         self.split_main.setStretchFactor(0, 3)
         self.split_main.setStretchFactor(1, 1)
+        self.pages = QTabWidget()
+        self.pages.setObjectName("pages")
+        self.pages.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.pages.addTab(self.split_main, "Console")
+        self.review: ReviewWorkspace | None = None
+        if review_store:
+            # the reviewer is asked at the first decision, offering the operator's pseudonym
+            self.review = ReviewWorkspace([review_store], None, default_reviewer=operator, load=False)
+            self.pages.addTab(self.review, "Review")
+        self.pages.tabBar().setVisible(self.review is not None)
         central = QWidget()
         lay = QVBoxLayout(central)
         lay.addWidget(self.banner)
         lay.addLayout(top)
-        lay.addWidget(self.split_main, 1)
+        lay.addWidget(self.pages, 1)
         self.setCentralWidget(central)
         self.status = StatusLine(self.statusBar())
         self._menus()
@@ -152,6 +195,11 @@ class MainWindow(QMainWindow):
         self.reader.snapshot.connect(self.show_snapshot)
         self.keys = KeyboardBridge(self, commands)
         QApplication.instance().installEventFilter(self.keys)
+        self.review_esc = ReviewEscape(self)
+        QApplication.instance().installEventFilter(self.review_esc)
+        self._episodes_seen = 0
+        self._last_state = ""
+        self.pages.currentChanged.connect(self._page_changed)
         self._restore()
         self.reader.start()
 
@@ -187,10 +235,41 @@ class MainWindow(QMainWindow):
         self.help_dialog.show()
         self.help_dialog.raise_()
 
+    # ---- pages -------------------------------------------------------------------------------
+    @property
+    def reviewing(self) -> bool:
+        return self.review is not None and self.pages.currentWidget() is self.review
+
+    def show_review(self) -> None:
+        if self.review is not None:
+            self.pages.setCurrentWidget(self.review)
+
+    def show_console(self) -> None:
+        self.pages.setCurrentIndex(0)
+
+    def _page_changed(self, _index: int) -> None:
+        """The keyboard drives the robot only on the console page; the review page reads the store when first
+        shown."""
+        reviewing = self.reviewing
+        if reviewing:
+            self.keys.release_all()  # no key may stay held as motion while the keys scrub the review
+        self.keys.enabled = not reviewing
+        if reviewing and not (self.review.rows_loaded or self.review.loading):
+            self.review.reload()
+
     # ---- snapshots ---------------------------------------------------------------------------
     def show_snapshot(self, snap: Snapshot) -> None:
         for v in self.views:
             v.show_snapshot(snap)
+        if self.review is not None:
+            ended = snap.counters.episodes - self._episodes_seen
+            if ended > 0:
+                self.review.episodes_ended(ended)
+            self._episodes_seen = snap.counters.episodes
+            requested = snap.control_state == "handover_requested" and self._last_state != "handover_requested"
+            if requested and self.reviewing and snap.device.kind not in NOT_A_PERSON:
+                self.show_console()  # a gate asks for the operator: back to the robot
+            self._last_state = snap.control_state
         title = f"hg-dagger - {snap.task}" if snap.task else "hg-dagger"
         if self.windowTitle() != title:
             self.setWindowTitle(title)
@@ -233,6 +312,9 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.save_layout()
         self.reader.stop()
+        if self.review is not None:
+            self.review.shutdown()
         QApplication.instance().removeEventFilter(self.keys)
+        QApplication.instance().removeEventFilter(self.review_esc)
         self._send_quit()
         super().closeEvent(event)
