@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from PyQt6.QtCore import Qt
+from PyQt6.QtCore import QPointF, Qt
 
 from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.review.decisions import audit_trail, list_windows
@@ -123,6 +123,19 @@ def test_timeline_colours_markers_and_scrubbing(qtbot, workspace, store):
     qtbot.keyClick(ws.episode, Qt.Key.Key_Space)
     assert not ws.episode.playing
     assert ws.episode.timeline.cursor.value() == pytest.approx(ws.episode.step + 0.5)
+    # pressing on the timeline scrubs to the step under the mouse, and dragging follows it
+    tl = ws.episode.timeline
+
+    def at(step):
+        return tl.mapFromScene(tl.getPlotItem().vb.mapViewToScene(QPointF(step + 0.5, 0.5)))
+
+    qtbot.mouseClick(tl.viewport(), Qt.MouseButton.LeftButton, pos=at(20))
+    assert ws.episode.step == 20 and ws.episode.slider.value() == 20
+    assert all(c.value() == pytest.approx(20) for c in ws.episode.plots.cursors)
+    qtbot.mousePress(tl.viewport(), Qt.MouseButton.LeftButton, pos=at(5))
+    qtbot.mouseMove(tl.viewport(), at(8))
+    qtbot.mouseRelease(tl.viewport(), Qt.MouseButton.LeftButton, pos=at(8))
+    assert ws.episode.step == 8 and f"qpos: {qpos[8][0]:+.3f}" in ws.episode.frame.text()
 
 
 def test_approve_and_reject_through_the_buttons(qtbot, workspace, store):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PyQt6.QtCore import Qt, QTimer, pyqtSignal
+from PyQt6.QtCore import QPointF, Qt, QTimer, pyqtSignal
 from PyQt6.QtGui import QColor, QImage, QPixmap
 from PyQt6.QtWidgets import (
     QHBoxLayout,
@@ -37,7 +37,10 @@ def _rgba(colour: str, alpha: int) -> QColor:
 
 
 class Timeline(pg.PlotWidget):
-    """One bar per step coloured by action_source, event markers, windows shaded with their context."""
+    """One bar per step coloured by action_source, event markers, windows shaded with their context; pressing or
+    dragging on it emits ``scrubbed(step)``."""
+
+    scrubbed = pyqtSignal(int)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -53,13 +56,14 @@ class Timeline(pg.PlotWidget):
         self.cursor = pg.InfiniteLine(pos=0, angle=90, pen=pg.mkPen(style.APPLIED, width=2))
         self.cursor.setZValue(10)
         self._items: list = []
+        self.num_steps = 0
 
     def show_episode(self, data: EpisodeData, window_id: str | None) -> None:
         plot = self.getPlotItem()
         for item in self._items:
             plot.removeItem(item)
         self._items = []
-        n = data.num_steps
+        n = self.num_steps = data.num_steps
         self.colours = data.step_colours()
         x = np.arange(n) + 0.5
         bars = pg.BarGraphItem(x=x, height=np.ones(n), width=1.0, y0=np.zeros(n),
@@ -95,6 +99,25 @@ class Timeline(pg.PlotWidget):
 
     def set_step(self, step: int) -> None:
         self.cursor.setValue(step + 0.5)
+
+    def step_at(self, pos: QPointF) -> int:
+        """The step under a point of the widget."""
+        x = self.getPlotItem().vb.mapSceneToView(self.mapToScene(pos.toPoint())).x()
+        return int(min(max(np.floor(x), 0), max(self.num_steps - 1, 0)))
+
+    def mousePressEvent(self, ev):  # noqa: N802 - Qt override
+        if ev.button() == Qt.MouseButton.LeftButton and self.num_steps:
+            self.scrubbed.emit(self.step_at(ev.position()))
+            ev.accept()
+            return
+        super().mousePressEvent(ev)
+
+    def mouseMoveEvent(self, ev):  # noqa: N802 - Qt override
+        if ev.buttons() & Qt.MouseButton.LeftButton and self.num_steps:
+            self.scrubbed.emit(self.step_at(ev.position()))
+            ev.accept()
+            return
+        super().mouseMoveEvent(ev)
 
 
 class ActionPlots(pg.GraphicsLayoutWidget):
@@ -191,6 +214,7 @@ class EpisodeView(QWidget):
         self.title.setWordWrap(True)
         self.privacy = QLabel("")
         self.timeline = Timeline()
+        self.timeline.scrubbed.connect(self.set_step)
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setEnabled(False)
         self.slider.valueChanged.connect(self.set_step)
