@@ -1,4 +1,5 @@
-"""Datasets built from episode stores: exports to LeRobot v3.0 and to ODS-compatible TensorDicts.
+"""Datasets built from episode stores: exports to LeRobot v3.0, to ODS-compatible TensorDicts, and to an RLinf
+online-DAgger shard (LeRobot v2.1 layout, trainable labels only).
 
     items = select(EpisodeStore.open(path), task_id="fetch_push")     # or ExportItem(store, eid, trainable=...)
     export_lerobot(items, "out/lerobot")
@@ -9,6 +10,8 @@ Formats and columns: docs/datasets.md, "Exports".
 
 from hg_dagger.datasets.export_lerobot import ExportSummary, export_lerobot
 from hg_dagger.datasets.export_ods import export_ods, load_ods
+from hg_dagger.datasets.export_rlinf import export_rlinf
 from hg_dagger.datasets.source import ExportError, ExportItem, select
 
-__all__ = ["ExportError", "ExportItem", "ExportSummary", "export_lerobot", "export_ods", "load_ods", "select"]
+__all__ = ["ExportError", "ExportItem", "ExportSummary", "export_lerobot", "export_ods", "export_rlinf", "load_ods",
+           "select"]

@@ -40,6 +40,7 @@ DATA_FILE_MB = 100  # a data file is closed once it holds about this much (LeRob
 ROW_GROUP_ROWS = 65536
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
+STATS_ROWS = 32768
 IMAGE_STATS_FRAMES = 256  # frames per read group that image statistics sample
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
@@ -87,6 +88,10 @@ class _Stats:
         self.acc: dict[str, list] = {}
 
     def add(self, name: str, values: np.ndarray) -> None:
+        for lo in range(0, len(values), STATS_ROWS):  # bounded temporaries: float64 copies of a slice at a time
+            self._add(name, values[lo:lo + STATS_ROWS])
+
+    def _add(self, name: str, values: np.ndarray) -> None:
         v = values.reshape(len(values), -1).astype(np.float64)
         ok = np.isfinite(v)
         z = np.where(ok, v, 0.0)

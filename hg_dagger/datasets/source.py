@@ -25,7 +25,7 @@ STEP_FIELDS = ("applied_action", "expert_action", "expert_valid", "action_source
                "truncated", "success")
 INTERVENTION_SOURCES = (ActionSource.HUMAN.code, ActionSource.EXPERT.code)
 _TRAINABLE = LabelMask.TRAINABLE.code
-ROW_BUDGET_BYTES = 128 << 20  # rows read per store round trip: about this many bytes of step data
+ROW_BUDGET_BYTES = 64 << 20  # rows read per store round trip: about this many bytes of step data
 
 
 class ExportError(HgDaggerError):
@@ -52,6 +52,7 @@ class EpisodeData:
     info: EpisodeInfo
     arrays: dict[str, np.ndarray]
     label_mask: np.ndarray  # uint8 LabelMask codes of the label layer read
+    label_target: np.ndarray  # uint8 LabelTarget codes of that layer (which array supervises a trainable step)
     label_version: int
     trainable: np.ndarray  # bool (T,)
     extra: dict = field(default_factory=dict)
@@ -206,7 +207,7 @@ def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequ
         layer = store.labels(info.episode_id, item.label_version)
         trainable = (layer.mask == _TRAINABLE) if item.trainable is None else np.asarray(item.trainable, bool)
         yield EpisodeData(index=n_out, item=item, info=info, arrays=arrays, label_mask=layer.mask,
-                          label_version=layer.version, trainable=trainable)
+                          label_target=layer.target, label_version=layer.version, trainable=trainable)
 
 
 def _restore_dtype(want: np.dtype, a: np.ndarray) -> np.ndarray:

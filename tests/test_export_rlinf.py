@@ -1,0 +1,90 @@
+"""hg-dagger export --format rlinf: the shard RLinf's online DAgger loads from <data_path>/rank_<r>/id_<n> (LeRobot
+v2.1 layout, frame keys state / actions / intervene_flag), holding only trainable labels, one shard episode per run
+of consecutive trainable steps. RLinf itself (GPU, Ray) is not installed here: these tests read the files the way
+its archived-shard reader does (info.json's data_path formatted with episode_chunk and episode_index,
+meta/episodes.jsonl, meta/tasks.jsonl, parquet rows as Python values)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from store_helpers import record, step
+
+from hg_dagger.contract import ActionSource, LabelMask
+from hg_dagger.datasets import ExportError, ExportItem, export_rlinf, select
+from hg_dagger.store import EpisodeStore
+
+EPISODES = [(0, 30, (5, 12)), (1, 17, None), (2, 41, (20, 33))]  # (seed, steps, human window)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rlinf") / "store"
+    s = EpisodeStore.create(path)
+    with s.recorder(on_full="block") as rec:
+        for seed, n, w in EPISODES:
+            record(rec, seed, n, image=True, window=w)
+    return EpisodeStore.open(path)
+
+
+def _read_shard(shard):
+    """What RLinf's archived-shard reader does with a shard folder."""
+    info = json.loads((shard / "meta" / "info.json").read_text())
+    episodes = [json.loads(x) for x in (shard / "meta" / "episodes.jsonl").read_text().splitlines() if x.strip()]
+    tasks = {json.loads(x)["task_index"]: json.loads(x)["task"]
+             for x in (shard / "meta" / "tasks.jsonl").read_text().splitlines() if x.strip()}
+    out = []
+    for e in episodes:
+        path = shard / info["data_path"].format(episode_chunk=e["episode_index"] // info.get("chunks_size", 1000),
+                                                episode_index=e["episode_index"])
+        out.append((e, pq.read_table(path).to_pylist()))
+    return info, tasks, out
+
+
+def test_shard_holds_trainable_runs_with_rlinf_frame_keys(store, tmp_path):
+    shard = tmp_path / "data" / "rank_0" / "id_0"
+    shard.parent.mkdir(parents=True)
+    summary = export_rlinf(select(store), shard)
+    info, tasks, eps = _read_shard(shard)
+    assert info["codebase_version"] == "v2.1" and info["fps"] == 50 and tasks == {0: "toy_reach"}
+    infos = store.episodes()
+    # episodes 0 and 2 have one human window each; episode 1 has no trainable step and yields nothing
+    assert [(e["hg_dagger_episode_id"], e["hg_dagger_first_step"], e["length"]) for e, _ in eps] == [
+        (infos[0].episode_id, 5, 7), (infos[2].episode_id, 20, 13)]
+    assert summary.episodes == 2 and summary.frames == 20 == info["total_frames"]
+    for k, (e, rows) in enumerate(eps):
+        eid = e["hg_dagger_episode_id"]
+        seed = [s for s, *_ in EPISODES][[i.episode_id for i in infos].index(eid)]
+        a = store.read_steps(eid, ["obs/state", "applied_action", "action_source"])
+        first = e["hg_dagger_first_step"]
+        assert (store.labels(eid).mask[first:first + e["length"]] == LabelMask.TRAINABLE.code).all()
+        for t, row in enumerate(rows):
+            s = first + t
+            np.testing.assert_array_equal(np.asarray(row["state"], np.float32), a["obs/state"][s])
+            np.testing.assert_array_equal(np.asarray(row["actions"], np.float32), a["applied_action"][s])
+            assert row["intervene_flag"] is True and a["action_source"][s] == ActionSource.HUMAN.code
+            assert row["frame_index"] == t and row["episode_index"] == k and row["segment_id"] == 0
+            assert np.float32(row["timestamp"]) == np.float32(t / 50)
+            img = np.asarray(Image.open(io.BytesIO(row["image"]["bytes"])))
+            np.testing.assert_array_equal(img, step(seed, s, image=True)["obs/rgb"])
+    index = [row["index"] for _, rows in eps for row in rows]
+    assert index == list(range(20))
+
+
+def test_a_gap_in_the_mask_splits_the_run_and_nothing_trainable_is_an_error(store, tmp_path):
+    eid = store.episodes()[1].episode_id
+    mask = np.zeros(17, bool)
+    mask[[2, 3, 4, 9, 10]] = True  # two runs: [2, 5) and [9, 11)
+    export_rlinf([ExportItem(store, eid, trainable=mask)], tmp_path / "two")
+    _, _, eps = _read_shard(tmp_path / "two")
+    assert [(e["hg_dagger_first_step"], e["length"]) for e, _ in eps] == [(2, 3), (9, 2)]
+    assert [r["segment_id"] for _, rows in eps for r in rows] == [0, 0, 0, 1, 1]
+    assert not any(r["intervene_flag"] for _, rows in eps for r in rows)  # policy steps a caller certified
+    with pytest.raises(ExportError, match="none of the 1 episode"):
+        export_rlinf([ExportItem(store, eid)], tmp_path / "none")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two"]
