@@ -142,7 +142,7 @@ def learning(task: str, quick: bool, out: Path, iterations: int | None = None, b
     iterations = iterations or (6 if quick else 8)
     bc_iterations = bc_iterations or 2 * iterations  # BC must run to twice DAgger's labels to test the goal
     base = {
-        "task": task, "num_envs": 6 if quick else 8, "seed": seed, "episodes_per_iteration": 6 if quick else 16,
+        "task": task, "certification": "planner_auto", "num_envs": 6 if quick else 8, "seed": seed, "episodes_per_iteration": 6 if quick else 16,
         "max_episode_steps": 80,
         "beta": {"kind": "exponential", "beta0": 1.0, "decay": 0.5},
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},

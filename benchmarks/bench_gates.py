@@ -178,7 +178,7 @@ def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: 
     results: dict = {"budget": budget, "train_steps": train_steps, "eval_episodes": eval_episodes}
 
     def auto(name, **kw):
-        cfg = AutoConfig(task=task, seed=seed, num_envs=5, train=train, eval=ev, **kw)
+        cfg = AutoConfig(task=task, certification="planner_auto", seed=seed, num_envs=5, train=train, eval=ev, **kw)
         t0 = time.time()
         rows = AutoRun(cfg, out / name).run(progress=False)
         curve = [{"labels": int(r["replay"]["labels"]), "success": r["eval_success_rate"]} for r in rows]
@@ -209,7 +209,8 @@ def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: 
     env_eval = make_env(task, num_envs=10, seed=100_000)
     r = 0
     while labels < budget and r < 6:
-        cfg = load_run_config(None, task, num_envs=4, seed=seed + 1000 * (r + 1), calibrate_steps=200)
+        cfg = load_run_config(None, task, num_envs=4, seed=seed + 1000 * (r + 1), calibrate_steps=200,
+                              **{"operator.certification": "planner_auto"})  # the synthetic operator is the planner
         rec = store.recorder()
         env = make_env(task, num_envs=4, seed=seed + r)
         session = build_session(cfg, rec, trainer.student, env=env)

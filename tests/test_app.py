@@ -126,7 +126,11 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     done = wait_snap(qtbot, op, lambda s: s.counters.episodes == 1 and s.phase == "idle")
     assert done.counters.successes == 1 and done.counters.windows >= 1 and done.counters.human_steps >= 10
 
-    # the next student: trained in the background, swapped in, its round shown
+    # a reviewer approves the correction for training; the next student: trained in the background, swapped in
+    from hg_dagger.review.decisions import decide, list_windows
+
+    (row,) = list_windows(store)
+    decide(store, row.window_id, "approved", "rev-qt", authorize=True)
     old = done.policy_version
     op.train_next(keep_running=True)
     qtbot.waitUntil(lambda: op.job is None, timeout=WAIT_MS)

@@ -17,7 +17,7 @@ from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
 
 TINY = {
-    "task": "toy_reach", "num_envs": 4, "seed": 3, "iterations": 1, "episodes_per_iteration": 4,
+    "task": "toy_reach", "certification": "planner_auto", "num_envs": 4, "seed": 3, "iterations": 1, "episodes_per_iteration": 4,
     "max_episode_steps": 25, "student": {"ensemble": 3, "hidden": [32, 32]},
     "train": {"steps": 30, "batch_size": 64, "log_every": 10},
     "eval": {"episodes": 4, "num_envs": 4, "max_steps": 25},
@@ -261,3 +261,31 @@ def test_a_fresh_run_never_overwrites_an_existing_one(tmp_path):
     with pytest.raises(ConfigError, match="--resume"):
         AutoRun(tiny(), tmp_path / "run").run(progress=False)
     assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == b"an earlier run"
+
+
+def test_planner_labels_reach_training_only_with_a_recorded_certification(tmp_path):
+    """certification: planner_auto records one certification per expert window, and only those labels pass the
+    training boundary; without it the planner's labels wait for a reviewer like any window."""
+    from hg_dagger.contract import TrainingBlock
+    from hg_dagger.errors import ContractError
+    from hg_dagger.learn.aggregate import selection
+
+    run = AutoRun(tiny(), tmp_path / "on")
+    run.run(progress=False)
+    store = EpisodeStore.open(str(run.store_url))
+    for info in store.episodes():
+        layer = store.labels(info.episode_id)
+        assert [(c.step_start, c.step_end, c.method) for c in layer.certifications] == \
+            [(w.handover_start, w.handover_end, "planner_auto") for w in layer.windows]
+        sel = selection(store, info)
+        assert sel.labels.any() and np.array_equal(sel.allowed, sel.labels)
+
+    off = AutoRun(tiny(certification="none"), tmp_path / "off")
+    with pytest.raises(ContractError, match="planner_auto"):
+        off.run(progress=False)
+    store = EpisodeStore.open(str(off.store_url))
+    for info in store.episodes():
+        assert store.labels(info.episode_id).certifications == []
+        sel = selection(store, info)
+        assert not sel.allowed.any()
+        assert np.all(sel.blocks[sel.labels] == TrainingBlock.NOT_REVIEWED)

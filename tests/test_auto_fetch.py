@@ -11,7 +11,7 @@ from hg_dagger.store import EpisodeStore, validate_store
 
 def test_auto_runs_on_fetch_pick_place_with_the_planner(tmp_path):
     cfg = AutoConfig.model_validate({
-        "task": "fetch_pick_place", "num_envs": 2, "iterations": 1, "episodes_per_iteration": 2,
+        "task": "fetch_pick_place", "certification": "planner_auto", "num_envs": 2, "iterations": 1, "episodes_per_iteration": 2,
         "max_episode_steps": 20, "beta": {"kind": "constant", "beta0": 0.7},
         "student": {"ensemble": 2, "hidden": [32]}, "train": {"steps": 10, "batch_size": 32},
         "eval": {"episodes": 2, "num_envs": 2, "max_steps": 20},

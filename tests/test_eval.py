@@ -24,7 +24,7 @@ def expert_store(path, episodes=8):
     store = EpisodeStore.create(path)
     with make_env(mapping, num_envs=4, seed=0) as env:
         rec = store.recorder()
-        col = Collector(env, make_expert("toy_reach", "planner", mapping=mapping), rec, mode="dagger_sync", seed=0,
+        col = Collector(env, make_expert("toy_reach", "planner", mapping=mapping), rec, mode="dagger_sync", seed=0, certify=True,
                         max_episode_steps=30)
         col.set_policy(Student.create(mapping, ensemble=2, hidden=(16,)), iteration=0, beta=1.0)
         col.run(episodes=episodes, reset_seed=0)

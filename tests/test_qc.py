@@ -135,6 +135,25 @@ def test_latency_over_the_recorded_or_configured_budget_fails_time_alignment(tmp
     assert EpisodeStore.open(clean).label_versions(strict.episodes[0].episode_id) == [1]  # dry run wrote nothing
 
 
+def test_the_default_latency_budget_applies_where_the_world_runs_on_its_own_clock(tmp_path, student):
+    """A stepped simulator waits for every action: its latency is reported, not failed, unless a budget is set
+    explicitly; an episode from a live world (a robot) fails the same default budget."""
+    tight = QCConfig(latency_periods=1e-9)
+    sim = _record(tmp_path / "sim", student, episodes=1)
+    (e,) = run_qc(sim, config=tight, write=False).episodes
+    assert EpisodeStore.open(sim).info(e.episode_id).start.extra["world_clock"] == "stepped"
+    assert e.episode.checks["time_alignment"] and e.figures[None]["latency_max_ms"] > 0
+
+    store = EpisodeStore.create(tmp_path / "live")
+    with store.recorder() as rec:
+        eid = rec.begin_episode(sh.start(extra={"world_clock": "live"}), sh.fields())
+        for t in range(5):
+            rec.put(eid, sh.step(0, t))
+        rec.end_episode(eid, sh.end(5))
+    (e,) = run_qc(store, config=tight, write=False).episodes
+    assert not e.episode.checks["time_alignment"] and e.figures[None]["latency_exceeded"] == 5
+
+
 def test_safety_clamps_in_a_window_fail_executability_and_are_counted(tmp_path, student):
     url = _record(tmp_path / "s", student, episodes=1,
                   **{"safety.limits": {"low": [-0.01, -0.01], "high": [0.01, 0.01]}})

@@ -129,7 +129,8 @@ def test_meta_world_run_replays(tmp_path):
 
 def test_auto_expert_episodes_all_record_a_seed_and_replay(tmp_path):
     cfg = AutoConfig.model_validate({
-        "task": "toy_reach", "num_envs": 2, "seed": 3, "iterations": 1, "episodes_per_iteration": 4,
+        "task": "toy_reach", "certification": "planner_auto", "num_envs": 2, "seed": 3, "iterations": 1,
+        "episodes_per_iteration": 4,
         "max_episode_steps": 25, "student": {"ensemble": 2, "hidden": [16]},
         "train": {"steps": 2, "batch_size": 16, "log_every": 10},
         "eval": {"episodes": 1, "num_envs": 1, "max_steps": 5},

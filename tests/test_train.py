@@ -18,6 +18,7 @@ from hg_dagger.contract import (
     TaskInfo,
     step_fields,
 )
+from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.toy import toy_ik_action
 from hg_dagger.learn.aggregate import ReplayConfig
@@ -31,7 +32,7 @@ POISON = 1e6
 
 
 def record(store_path, *, poison: bool, episodes: int = 4, seed: int = 0) -> list[str]:
-    """Toy episodes with an expert window over WINDOW; every 4th in-window label invalid (NaN).
+    """Toy episodes with a planner-certified expert window over WINDOW; every 4th in-window label invalid (NaN).
 
     With poison=True every non-trainable row holds absurd observations and actions.
     """
@@ -61,10 +62,10 @@ def record(store_path, *, poison: bool, episodes: int = 4, seed: int = 0) -> lis
                 )
                 rec.put(eid, step)
                 obs = env.step(a[None]).obs
+            windows = [CorrectionWindow(parent_episode_id=eid, parent_step_id=WINDOW[0], handover_start=WINDOW[0],
+                                        handover_end=WINDOW[1], source=ActionSource.EXPERT)]
             rec.end_episode(eid, EpisodeEnd(end_reason=EndReason.TIMEOUT, task_success=False, num_steps=STEPS),
-                            windows=[CorrectionWindow(parent_episode_id=eid, parent_step_id=WINDOW[0],
-                                                      handover_start=WINDOW[0], handover_end=WINDOW[1],
-                                                      source=ActionSource.EXPERT)])
+                            windows=windows, certifications=planner_certifications(eid, windows, "toy_ik"))
             ids.append(eid)
     return ids
 

@@ -18,6 +18,11 @@ def register(sub) -> None:
     t.add_argument("--ensemble", type=int)
     t.add_argument("--intervention-weight", help="IWR weight of correction rows: a number or 'balanced'")
     t.add_argument("--holdout-fraction", type=float, help="share of episodes kept out for `eval --store`")
+    t.add_argument("--include-unreviewed", action="store_true",
+                   help="also train on windows no reviewer approved and authorized (experiments; recorded in train.json)")
+    t.add_argument("--skip-qc", action="store_true", help="do not require passing QC results (experiments; recorded)")
+    t.add_argument("--include-replay-mismatch", action="store_true",
+                   help="also train on episodes whose replay diverged (experiments; recorded)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
 
@@ -62,9 +67,18 @@ def _train(args) -> int:
         replay["intervention_weight"] = iw if iw == "balanced" else float(iw)
     if args.holdout_fraction is not None:
         replay["holdout_fraction"] = args.holdout_fraction
+    rule = replay.get("authorization") or {}
+    for flag, key in (("include_unreviewed", "require_review"), ("skip_qc", "require_qc"),
+                      ("include_replay_mismatch", "exclude_replay_mismatch")):
+        if getattr(args, flag):
+            rule[key] = False
+    replay["authorization"] = rule
     result = train_from_store(args.store, args.task, args.out, student_cfg=student, train_cfg=train,
                               replay_cfg=ReplayConfig.model_validate(replay), resume=args.resume,
                               progress=not args.quiet)
+    from hg_dagger.learn.train import describe_selection
+
+    print(f"labels: {describe_selection(result['selection'])}")
     print(f"trained {result['version']} on {result['labels']} labels; loss {result['loss_first']:.4f} -> "
           f"{result['loss_last']:.4f}; checkpoint {result['checkpoint']}")
     return 0

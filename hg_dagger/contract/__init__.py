@@ -17,7 +17,16 @@ from hg_dagger.contract.enums import (
     Split,
     StepFlag,
 )
-from hg_dagger.contract.labels import Labels, derive_labels, label_violations
+from hg_dagger.contract.labels import (
+    Labels,
+    TrainingBlock,
+    TrainingRule,
+    TrainingSelection,
+    current_review,
+    derive_labels,
+    label_violations,
+    training_selection,
+)
 from hg_dagger.contract.schema import (
     SCHEMA_VERSION,
     CorrectionWindow,
@@ -38,7 +47,8 @@ __all__ = [
     "COMMAND_DIM", "HumanCommand",
     "NO_TIME", "ClockMapping", "now_ns", "ActionAlignment", "ActionSource", "CollectionMode", "ControlState",
     "EndReason", "EventKind", "LabelMask", "LabelTarget", "RecoveryOutcome", "ReplayStatus", "ReviewStatus",
-    "Split", "StepFlag", "Labels", "derive_labels", "label_violations", "SCHEMA_VERSION", "CorrectionWindow",
+    "Split", "StepFlag", "Labels", "TrainingBlock", "TrainingRule", "TrainingSelection", "current_review",
+    "derive_labels", "label_violations", "training_selection", "SCHEMA_VERSION", "CorrectionWindow",
     "EpisodeEnd", "EpisodeStart", "Event", "ExpertCertification", "FieldSpec", "QCResult", "ReviewDecision",
     "TaskInfo", "Versions", "new_id", "step_fields",
 ]

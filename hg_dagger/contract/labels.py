@@ -15,17 +15,33 @@ grants nothing.
 
 Evaluation rollouts (mode eval) and episodes an operator discarded (quality flag "discarded") are
 never training data: nothing in them is trainable, whatever windows or certifications they carry.
+
+Trainable is necessary, not sufficient: ``training_selection`` decides which trainable labels reach a
+training batch. A window's labels need a reviewer's approval with training authorization, or - for
+windows an automatic planner produced - a counting certification covering the whole window; a human
+window also needs a passing QC result; a failed QC result or a replay mismatch stops every label it
+touches. Every reader that trains (train, auto, the app's rounds, offline evaluation) uses it.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
-from hg_dagger.contract.enums import EXCLUDING_FLAGS, ActionSource, CollectionMode, LabelMask, LabelTarget
-from hg_dagger.contract.schema import CorrectionWindow, ExpertCertification
+from hg_dagger.contract.enums import (
+    EXCLUDING_FLAGS,
+    ActionSource,
+    CollectionMode,
+    LabelMask,
+    LabelTarget,
+    ReplayStatus,
+    ReviewStatus,
+)
+from hg_dagger.contract.schema import CorrectionWindow, ExpertCertification, QCResult, ReviewDecision
 
 _HUMAN = ActionSource.HUMAN.code
 _POLICY = ActionSource.POLICY.code
@@ -99,10 +115,13 @@ def derive_labels(
             target[s:e][ok] = LabelTarget.EXPERT_ACTION.code
         mask[s:e][ok] = _TRAINABLE
 
-    for c in certifications:
+    inside = np.zeros(n, dtype=bool)
+    for w in windows:
+        inside[w.handover_start:min(w.handover_end, n)] = True
+    for c in certifications:  # policy actions outside windows; a window keeps its own labels
         s, e = c.step_start, min(c.step_end, n)
         if certification_problem(c, operator=operator, policy_version=policy_version) is None:
-            free = mask[s:e] != _TRAINABLE
+            free = (mask[s:e] != _TRAINABLE) & ~inside[s:e]
             mask[s:e][free] = _TRAINABLE
             target[s:e][free] = LabelTarget.APPLIED_ACTION.code
 
@@ -164,3 +183,132 @@ def label_violations(
             why = f"{src} action is not a trainable label for this window (invalid, flagged or wrong source)"
         out.append(f"episode {episode_id} step {int(step)}: trainable {why}")
     return out
+
+
+# ---------------------------------------------------------------------- the training boundary
+
+
+class TrainingBlock(enum.IntFlag):
+    """Why a trainable label is kept out of training (bits; several may hold at once)."""
+
+    NOT_REVIEWED = 1  # its window has no decision yet (or a pending one)
+    REJECTED = 2
+    NEEDS_FIX = 4
+    NOT_AUTHORIZED = 8  # approved, but the reviewer did not authorize it for training
+    QC_NOT_RUN = 16  # a human window without a QC result for it and its episode
+    QC_FAILED = 32  # a failed QC result for its window or its episode
+    REPLAY_MISMATCH = 64  # its episode did not replay as recorded
+
+    @classmethod
+    def names(cls, bits: int) -> list[str]:
+        return [b.name.lower() for b in cls if bits & b]
+
+
+class TrainingRule(BaseModel):
+    """What a trainable label needs, besides the label rules, to reach training. The defaults are the
+    contract's; switching one off is for experiments and is recorded with the run that did it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    require_review: bool = True  # windows: approved and training-authorized (or a counting certification)
+    require_qc: bool = True  # human windows: QC ran and passed; any failed QC result stops its labels
+    exclude_replay_mismatch: bool = True
+
+    @property
+    def strict(self) -> bool:
+        return self.require_review and self.require_qc and self.exclude_replay_mismatch
+
+
+def current_review(reviews: Iterable[ReviewDecision], window_id: str) -> ReviewDecision | None:
+    """The window's latest decision (decisions are kept in the order they were made); None if it has none."""
+    found = None
+    for r in reviews:
+        if r.window_id == window_id:
+            found = r
+    return found
+
+
+@dataclass(frozen=True)
+class TrainingSelection:
+    """Which steps of one episode reach training, and what stopped the others."""
+
+    allowed: np.ndarray  # bool (T,)
+    labels: np.ndarray  # bool (T,): trainable under the label rules
+    blocks: np.ndarray  # uint16 TrainingBlock bits per step (0 where allowed or not a label)
+
+    def counts(self) -> dict[str, int]:
+        """Labels, allowed labels, and labels stopped by each reason (a label may count under several)."""
+        out = {"labels": int(self.labels.sum()), "allowed": int(self.allowed.sum())}
+        for b in TrainingBlock:
+            out[b.name.lower()] = int(((self.blocks & int(b)) != 0).sum())
+        return out
+
+
+def training_selection(
+    *,
+    mask: np.ndarray,
+    windows: Iterable[CorrectionWindow],
+    certifications: Iterable[ExpertCertification],
+    reviews: Iterable[ReviewDecision],
+    qc: Iterable[QCResult],
+    replay_status: ReplayStatus,
+    operator: str,
+    policy_version: str,
+    rule: TrainingRule | None = None,
+) -> TrainingSelection:
+    """The training boundary for one episode's stored label layer (``mask``) and its review state.
+
+    A label inside a window is allowed when the window is covered whole by a counting certification
+    (an automatic planner certified it) or its latest review approves it with training authorization;
+    a human window not so certified also needs a passing QC result for itself and for its episode.
+    A failed QC result (window or episode) and a replay mismatch stop every label they touch. Labels
+    outside windows exist only through a counting certification and obey the last two rules."""
+    rule = rule or TrainingRule()
+    labels = np.asarray(mask) == _TRAINABLE
+    n = len(labels)
+    blocks = np.zeros(n, dtype=np.uint16)
+    qc = list(qc)
+    reviews = list(reviews)
+    episode_qc = [q for q in qc if q.window_id is None]
+    window_qc = {q.window_id: q for q in qc if q.window_id is not None}
+    everywhere = 0
+    if rule.exclude_replay_mismatch and replay_status == ReplayStatus.REPLAY_MISMATCH:
+        everywhere |= TrainingBlock.REPLAY_MISMATCH
+    if rule.require_qc and any(not q.passed for q in episode_qc):
+        everywhere |= TrainingBlock.QC_FAILED
+    counting = [c for c in certifications
+                if certification_problem(c, operator=operator, policy_version=policy_version) is None]
+    for w in windows:
+        s, e = w.handover_start, min(w.handover_end, n)
+        bits = 0
+        wq = window_qc.get(w.window_id)
+        if rule.require_qc and wq is not None and not wq.passed:
+            bits |= TrainingBlock.QC_FAILED
+        certified = any(c.step_start <= w.handover_start and w.handover_end <= c.step_end for c in counting)
+        if not certified:
+            if rule.require_review:
+                bits |= _review_block(current_review(reviews, w.window_id))
+            if rule.require_qc and w.source == ActionSource.HUMAN and (wq is None or not episode_qc):
+                bits |= TrainingBlock.QC_NOT_RUN
+        blocks[s:e] |= np.uint16(bits)
+    blocks |= np.uint16(everywhere)
+    blocks[~labels] = 0
+    return TrainingSelection(allowed=labels & (blocks == 0), labels=labels, blocks=blocks)
+
+
+def _review_block(decision: ReviewDecision | None) -> int:
+    if decision is None or decision.status == ReviewStatus.PENDING:
+        return TrainingBlock.NOT_REVIEWED
+    if decision.status == ReviewStatus.REJECTED:
+        return TrainingBlock.REJECTED
+    if decision.status == ReviewStatus.NEEDS_FIX:
+        return TrainingBlock.NEEDS_FIX
+    return 0 if decision.replay_training_authorized else TrainingBlock.NOT_AUTHORIZED
+
+
+def planner_certifications(episode_id: str, windows: Iterable[CorrectionWindow], planner: str) -> list[ExpertCertification]:
+    """``planner_auto`` certifications for the windows an automatic planner produced (auto's expert windows,
+    a synthetic operator driven by that planner). Recorded only when a run config asks for them."""
+    return [ExpertCertification(episode_id=episode_id, step_start=w.handover_start, step_end=w.handover_end,
+                                certifier=f"planner:{planner}", method="planner_auto", executability_verified=True)
+            for w in windows if w.handover_end > w.handover_start]

@@ -23,6 +23,7 @@ from hg_dagger.contract.schema import (
     EpisodeEnd,
     EpisodeStart,
     Event,
+    ExpertCertification,
     TaskInfo,
     Versions,
     step_fields,
@@ -55,8 +56,9 @@ def backend_versions(backend: str) -> Versions:
 
 
 class EpisodeWriter:
-    def __init__(self, recorder, mapping, num_envs: int):
+    def __init__(self, recorder, mapping, num_envs: int, world_clock: str = "stepped"):
         self.rec, self.mapping, self.n = recorder, mapping, num_envs
+        self.world_clock = world_clock  # recorded in EpisodeStart.extra: whether latency could move the world
         self.fields = step_fields(mapping.obs_spec(), mapping.action_dim)
         self._meta = mapping.as_metadata()
         self.eids: list[str | None] = [None] * num_envs
@@ -77,7 +79,7 @@ class EpisodeWriter:
             versions=backend_versions(m.backend),
             policy_version=policy_version, mode=mode, control_hz=m.control_hz, action_alignment=m.action_alignment,
             mapping=self._meta, mapping_hash=m.hash, initial_state={"seed": seed} if seed is not None else {},
-            env_index=row, **start)
+            env_index=row, **{**start, "extra": {"world_clock": self.world_clock, **start.get("extra", {})}})
         eid = self.rec.begin_episode(record, self.fields)
         self.eids[row] = eid
         self.steps[row] = 0
@@ -103,9 +105,10 @@ class EpisodeWriter:
         if self.eids[row] is not None:
             self.rec.event(self.eids[row], event)
 
-    def end(self, row: int, end: EpisodeEnd, windows: list[CorrectionWindow] = ()) -> str:
+    def end(self, row: int, end: EpisodeEnd, windows: list[CorrectionWindow] = (),
+            certifications: list[ExpertCertification] = ()) -> str:
         """Commit the row's episode; returns its id."""
         eid = self.eids[row]
-        self.rec.end_episode(eid, end, windows=list(windows))
+        self.rec.end_episode(eid, end, windows=list(windows), certifications=list(certifications))
         self.eids[row] = None
         return eid

@@ -22,6 +22,7 @@ import numpy as np
 
 from hg_dagger.contract.clock import NO_TIME
 from hg_dagger.contract.command import COMMAND_DIM, ESTOP, RETURN, TAKEOVER
+from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.control.handover import AUTO, HUMAN, REQUESTED, WARNING
 from hg_dagger.errors import ConfigError
 
@@ -63,6 +64,11 @@ class Operator:
     def __init__(self, num_envs: int, mapping, name: str = ""):
         self.n, self.mapping = num_envs, mapping
         self.name = name or self.kind
+        self.certifier = ""  # the planner that certifies this operator's windows (planner_auto); "" = none
+
+    def certify(self, episode_id: str, windows: list) -> list:
+        """Certifications recorded with an episode's windows: planner_auto ones when a run config asked for them."""
+        return planner_certifications(episode_id, windows, self.certifier) if self.certifier else []
 
     def poll(self, obs: dict[str, np.ndarray], state: np.ndarray, active: np.ndarray) -> OperatorTick:
         """This tick's answer per row; ``state`` is the handover state before the tick, ``active`` the
@@ -283,16 +289,22 @@ def _query(expert, obs, rows: np.ndarray, mapping) -> tuple[np.ndarray, np.ndarr
 def make_operator(cfg, *, mapping, num_envs: int, expert=None, devices: list | None = None, seed: int = 0) -> Operator:
     """The operator a run config's ``operator`` section names (``devices`` = devices already made)."""
     name = cfg.name or cfg.type
+    if cfg.certification == "planner_auto" and (devices is not None or cfg.type == "device"):
+        raise ConfigError("operator.certification 'planner_auto' certifies a planner's windows; a person's need review")
+    if cfg.certification == "planner_auto" and cfg.type == "synthetic" and cfg.noise_std > 0:
+        raise ConfigError("operator.certification 'planner_auto' needs noise_std 0: with noise the synthetic "
+                          "operator's commands are not the planner's")
     if devices is not None:
         if len(devices) != num_envs:
             raise ConfigError(f"{len(devices)} operator devices for {num_envs} envs: give one per env")
         return DeviceOperator(devices, mapping, name)
-    if cfg.type == "expert":
-        return ExpertOperator(expert, mapping, num_envs, name)
-    if cfg.type == "synthetic":
-        return SyntheticOperators(expert, mapping, num_envs, reaction_delay_steps=cfg.reaction_delay_steps,
-                                  noise_std=cfg.noise_std, availability=cfg.availability,
-                                  return_after_steps=cfg.return_after_steps, seed=seed, name=name)
+    if cfg.type in ("expert", "synthetic"):
+        op = ExpertOperator(expert, mapping, num_envs, name) if cfg.type == "expert" else SyntheticOperators(
+            expert, mapping, num_envs, reaction_delay_steps=cfg.reaction_delay_steps, noise_std=cfg.noise_std,
+            availability=cfg.availability, return_after_steps=cfg.return_after_steps, seed=seed, name=name)
+        if cfg.certification == "planner_auto":
+            op.certifier = type(expert).__name__
+        return op
     from hg_dagger.devices import make_device
 
     if num_envs != 1:

@@ -28,6 +28,9 @@ class OperatorConfig(_Strict):
     noise_std: float = Field(default=0.0, ge=0.0)
     availability: float = Field(default=1.0, ge=0.0, le=1.0)
     return_after_steps: int | None = Field(default=None, ge=1)
+    certification: Literal["none", "planner_auto"] = Field(
+        default="none", description="planner_auto: the synthetic or expert operator's windows are certified by the "
+        "planner that produced them and reach training without a reviewer (recorded per window)")
     # a real device: a name in configs/devices or a path
     device: str | None = None
 

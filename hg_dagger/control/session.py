@@ -143,7 +143,7 @@ class Session:
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
         self.episode_extra = episode_extra or {}
-        self.writer = EpisodeWriter(recorder, self.mapping, self.n)
+        self.writer = EpisodeWriter(recorder, self.mapping, self.n, env.world_clock)
         self.fields = self.writer.fields
         self.mode = "expert" if operator.role == "expert" else "human_gated"
         self._person = None if operator.role == "expert" else operator  # the operator a person drives
@@ -786,7 +786,7 @@ class Session:
         if self.safety.estopped:
             flags.append("estop")
         self.writer.end(r, EpisodeEnd(end_reason=reason, task_success=success, recovery_outcome=outcome,
-                                      num_steps=num, quality_flags=flags), windows)
+                                      num_steps=num, quality_flags=flags), windows, self.operator.certify(eid, windows))
         self.summary.episodes += 1
         self.summary.successes += int(success)
         self.summary.windows += len(windows)

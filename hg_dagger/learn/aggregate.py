@@ -1,6 +1,7 @@
 """Aggregation of trainable labels across DAgger iterations: the replay the trainer samples.
 
-Only rows whose stored label mask is TRAINABLE enter; the target is the array the label layer
+Only rows whose stored label mask is TRAINABLE and that pass the contract's training boundary
+(contract.training_selection: reviewed, authorized, QC-passed, replayable) enter; the target is the array the label layer
 names (expert_action or applied_action). Everything else - context rows, excluded rows, invalid
 expert outputs - is dropped here, so nothing downstream can train on it.
 
@@ -19,7 +20,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hg_dagger.contract import ActionSource, LabelMask, LabelTarget, Split
+from hg_dagger.contract import ActionSource, LabelMask, LabelTarget, Split, TrainingRule, TrainingSelection
+from hg_dagger.contract.labels import training_selection
 from hg_dagger.errors import ContractError
 
 _TRAINABLE = LabelMask.TRAINABLE.code
@@ -44,6 +46,8 @@ class ReplayConfig(BaseModel):
     recent_fraction: float = Field(default=0.5, ge=0.0, le=1.0, description="share of each batch from recent iterations")
     intervention_weight: float | Literal["balanced"] | None = None  # IWR-style upweighting of corrections
     holdout_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="episodes kept out for offline eval")
+    authorization: TrainingRule = Field(default_factory=TrainingRule,
+                                        description="what a trainable label needs to enter (contract.TrainingRule)")
 
 
 def held_out(episode_id: str, split: Split | None, fraction: float) -> bool:
@@ -118,11 +122,23 @@ def extract_labels(
     )
 
 
-def load_labels(store, info, obs_keys: Iterable[str]) -> EpisodeLabels:
-    """Trainable rows of a stored episode (EpisodeInfo from ``store.episodes()``)."""
+def selection(store, info, rule: TrainingRule | None = None) -> TrainingSelection:
+    """The contract's training boundary (contract.training_selection) for a stored episode's latest label layer."""
+    layer = store.labels(info.episode_id)
+    return training_selection(
+        mask=layer.mask, windows=layer.windows, certifications=layer.certifications, reviews=layer.reviews,
+        qc=layer.qc, replay_status=store.replay_status(info.episode_id), operator=info.start.operator,
+        policy_version=info.start.policy_version, rule=rule)
+
+
+def load_labels(store, info, obs_keys: Iterable[str], rule: TrainingRule | None = None) -> EpisodeLabels:
+    """The rows of a stored episode that may be trained on (EpisodeInfo from ``store.episodes()``): its
+    trainable labels that pass the training boundary ``rule`` (the contract's defaults if None)."""
     keys = list(obs_keys)
     td = store.load(info.episode_id, fields=[f"obs/{k}" for k in keys] + list(LABEL_FIELDS))
     flat = flatten_td(td)
+    allowed = selection(store, info, rule).allowed
+    flat["label_mask"] = np.where(allowed, flat["label_mask"], LabelMask.CONTEXT_ONLY.code).astype(np.uint8)
     return extract_labels(
         flat, episode_id=info.episode_id, obs_keys=keys, iteration=info.start.iteration,
         success=bool(info.end.task_success) if info.end is not None else False,
@@ -197,8 +213,10 @@ class Replay:
         """Concatenated rows: obs (dict), target, weight, episode, step, segment, iteration, intervention."""
         if self._arrays is None:
             eps = self.episodes
-            if not eps:
-                raise ContractError("replay holds no trainable labels (no episode has a TRAINABLE row)")
+            if not sum(len(e) for e in eps):
+                raise ContractError("replay holds no label that may be trained on: none is trainable, or none passed "
+                                    "review, authorization and QC (`hg-dagger report STORE` says why); an auto run's "
+                                    "planner labels need `certification: planner_auto` in its config")
             cat = np.concatenate
             self._arrays = {
                 "obs": {k: cat([e.obs[k] for e in eps]) for k in eps[0].obs},

@@ -44,6 +44,7 @@ from hg_dagger.contract import (
     EventKind,
     now_ns,
 )
+from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.control.episodes import EpisodeWriter
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.aggregate import ReplayConfig, held_out
@@ -91,6 +92,9 @@ class AutoConfig(BaseModel):
 
     task: str
     mode: Literal["expert_demo", "dagger_sync", "dagger_async"] = "dagger_sync"
+    certification: Literal["none", "planner_auto"] = Field(
+        default="none", description="planner_auto: certify the expert's labels, so they reach training without a "
+        "reviewer (recorded per window); none: they wait for review like any window")
     expert: ExpertSpec = Field(default_factory=ExpertSpec)
     num_envs: int = Field(default=8, gt=0)
     seed: int = 0
@@ -173,7 +177,7 @@ class Collector:
     """Rolls the mixed student/expert policy in one VecEnv and records every active row."""
 
     def __init__(self, env, expert, recorder, *, mode: str, seed: int, expert_timeout_s: float | None = None,
-                 max_episode_steps: int | None = None, expert_name: str = ""):
+                 max_episode_steps: int | None = None, expert_name: str = "", certify: bool = False):
         self.env = env
         self.mapping = env.mapping
         self.expert = expert
@@ -183,7 +187,8 @@ class Collector:
         self.timeout_s = expert_timeout_s
         self.max_steps = max_episode_steps or self.mapping.horizon
         self.expert_name = expert_name or type(expert).__name__
-        self.writer = EpisodeWriter(recorder, self.mapping, env.num_envs)
+        self.certify = certify  # record a planner_auto certification per expert window (the run config's switch)
+        self.writer = EpisodeWriter(recorder, self.mapping, env.num_envs, env.world_clock)
         self.obs_keys = list(self.mapping.obs_spec())
         self.student = None
         self.stats = CollectStats()
@@ -215,7 +220,8 @@ class Collector:
         if complete and n > 0:  # a partial episode keeps its raw data but never becomes trainable
             windows = [CorrectionWindow(parent_episode_id=eid, parent_step_id=0, handover_start=0, handover_end=n,
                                         source=ActionSource.EXPERT, gate_reason=f"{self.mode.value}: expert labels")]
-        self.writer.end(row, EpisodeEnd(end_reason=reason, task_success=bool(success), num_steps=n), windows)
+        certs = planner_certifications(eid, windows, self.expert_name) if self.certify else []
+        self.writer.end(row, EpisodeEnd(end_reason=reason, task_success=bool(success), num_steps=n), windows, certs)
 
     def run(self, *, episodes: int | None, reset_seed: int, stop: Callable[[], bool] | None = None,
             may_begin: Callable[[], bool] | None = None, on_tick: Callable[[int, bool], None] | None = None,
@@ -396,7 +402,7 @@ class AutoRun:
         keys = list(mapping.obs_spec())
         infos = _wait_complete(store, new_ids)
         frac = trainer.replay.config.holdout_fraction
-        trainer.replay.add(load_labels(store, infos[eid], keys) for eid in new_ids
+        trainer.replay.add(load_labels(store, infos[eid], keys, trainer.replay.config.authorization) for eid in new_ids
                            if not held_out(eid, infos[eid].start.split, frac))
         trainer.iteration, trainer.beta = it + 1, beta
         fit = trainer.fit(log_path=self.out / "loss.jsonl", progress=progress, info={"beta": beta})
@@ -459,7 +465,8 @@ class AutoRun:
                 rss0 = _rss_mb()
                 rec = store.recorder(flush_interval_s=cfg.recorder_flush_s, queue_steps=cfg.recorder_queue_steps)
                 collector = Collector(env, expert, rec, mode=cfg.mode, seed=cfg.seed * 1000 + it,
-                                      expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps)
+                                      expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps,
+                                  certify=cfg.certification == "planner_auto")
                 collector.set_policy(trainer.student, iteration=it, beta=beta)
                 try:
                     stats = collector.run(episodes=cfg.episodes_per_iteration, reset_seed=_reset_seed(cfg, it),
@@ -614,7 +621,8 @@ def _async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop)
 
         with make_env(mapping, num_envs=cfg.num_envs, seed=cfg.seed) as env:
             collector = Collector(env, expert, rec, mode=cfg.mode, seed=cfg.seed * 1000 + 17,
-                                  expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps)
+                                  expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps,
+                                  certify=cfg.certification == "planner_auto")
             load_snapshot(collector)
 
             begun_for: dict[int, int] = {}

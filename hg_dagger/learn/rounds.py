@@ -109,13 +109,18 @@ def _stepper(report: Report, stage: str) -> Callable[[int, int], None]:
 
 def train_round(*, store: str, task: str, out_dir: str, resume: str | None = None, steps: int = 1500,
                 seed: int = 0, report: Report) -> dict[str, Any]:
-    """The next student from every trainable label of ``task`` in ``store``, starting from the weights of
-    the student at ``resume`` (a checkpoint from anywhere: its replay is not needed)."""
+    """The next student from every label of ``task`` in ``store`` that may be trained on (reviewed and
+    authorized, QC-passed, replayable: contract.training_selection), starting from the weights of the
+    student at ``resume`` (a checkpoint from anywhere: its replay is not needed). QC runs first, so the
+    operator's reviewed windows need nothing else."""
     import torch
 
     from hg_dagger.learn.train import TrainConfig, train_from_store
+    from hg_dagger.review.qc import run_qc
 
     torch.set_num_threads(1)
+    report("quality checks", 0.0)
+    run_qc(store, progress=False)
     report("loading labels", 0.0)
     cfg = TrainConfig(steps=steps, seed=seed)
     result = train_from_store(store, task, out_dir, train_cfg=cfg, warm_start=resume, progress=False,
@@ -123,6 +128,7 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
     report("calibrating the confidence gate", 0.0)
     unc = autonomous_uncertainty(store, result["checkpoint"], task)
     return {"checkpoint": result["checkpoint"], "version": result["version"], "labels": result["labels"],
+            "selection": result["selection"],
             "loss_last": result["loss_last"], "seconds": result["seconds"], "calibration": unc}
 
 
@@ -192,7 +198,7 @@ def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, st
     with make_env(mapping, num_envs=min(4, demos), seed=seed) as env:
         rec = st.recorder()
         try:
-            collector = Collector(env, expert, rec, mode="expert_demo", seed=seed)
+            collector = Collector(env, expert, rec, mode="expert_demo", seed=seed, certify=True)
             collector.set_policy(Student.create(mapping, seed=seed), iteration=0, beta=1.0)
             collector.run(episodes=demos, reset_seed=seed, on_episode=on_episode)
         finally:

@@ -276,7 +276,28 @@ def training_episodes(store, mapping, *, holdout_fraction: float = 0.0, held: bo
     return out
 
 
-def store_loader(store, mapping) -> Callable[[str], Any]:
+def selection_summary(store, episodes, rule) -> dict[str, Any]:
+    """Labels of ``episodes`` that pass the training boundary and what stopped the rest, with the rule used."""
+    from hg_dagger.learn.aggregate import selection
+
+    total: dict[str, Any] = {}
+    for info in episodes:
+        for k, v in selection(store, info, rule).counts().items():
+            total[k] = total.get(k, 0) + v
+    total["rule"] = rule.model_dump()
+    return total
+
+
+def describe_selection(counts: dict[str, Any]) -> str:
+    """'120 of 300 labels allowed; 150 not_reviewed, 30 qc_not_run' from selection_summary."""
+    from hg_dagger.contract import TrainingBlock
+
+    stops = [f"{counts[b.name.lower()]} {b.name.lower()}" for b in TrainingBlock if counts.get(b.name.lower())]
+    text = f"{counts.get('allowed', 0)} of {counts.get('labels', 0)} labels allowed"
+    return text + (f"; stopped: {', '.join(stops)}" if stops else "")
+
+
+def store_loader(store, mapping, rule=None) -> Callable[[str], Any]:
     keys = list(mapping.obs_spec())
     by_id = {}
 
@@ -285,7 +306,7 @@ def store_loader(store, mapping) -> Callable[[str], Any]:
             by_id.update({i.episode_id: i for i in store.episodes()})
         if episode_id not in by_id:
             raise ContractError(f"episode {episode_id}: listed in the checkpoint's replay state but not in the store")
-        return load_labels(store, by_id[episode_id], keys)
+        return load_labels(store, by_id[episode_id], keys, rule)
 
     return load
 
@@ -317,7 +338,7 @@ def train_from_store(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     replay_cfg = replay_cfg or ReplayConfig()
-    loader = store_loader(store, mapping)
+    loader = store_loader(store, mapping, replay_cfg.authorization)
     if resume and warm_start:
         raise ConfigError("give resume (continue a training run) or warm_start (start from a student), not both")
     if resume:
@@ -332,7 +353,12 @@ def train_from_store(
         trainer = Trainer(student, train_cfg or TrainConfig(), Replay(replay_cfg, seed=(train_cfg or TrainConfig()).seed))
     episodes = training_episodes(store, mapping, holdout_fraction=trainer.replay.config.holdout_fraction)
     keys = list(mapping.obs_spec())
-    trainer.replay.add(load_labels(store, info, keys) for info in
+    rule = trainer.replay.config.authorization
+    selected = selection_summary(store, episodes, rule)
+    if selected["allowed"] == 0:
+        raise ContractError(f"{store_url}: no label of task {mapping.task_id} may be trained on yet "
+                            f"({describe_selection(selected)}); see `hg-dagger report {store_url}`")
+    trainer.replay.add(load_labels(store, info, keys, rule) for info in
                        tqdm(episodes, desc="load labels", disable=not progress, leave=False))
     total = trainer.config.steps
     counter = iter(range(1, total + 1))
@@ -340,6 +366,6 @@ def train_from_store(
     result = trainer.fit(log_path=out / "loss.jsonl", progress=progress, info={"store": str(store_url)},
                          on_batch=on_batch)
     ckpt = trainer.save(out / "student.pt")
-    result.update(checkpoint=str(ckpt), replay=trainer.replay.summary())
+    result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected)
     (out / "train.json").write_text(json.dumps(result, indent=2))
     return result

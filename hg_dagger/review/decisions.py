@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.contract.labels import current_review
 from hg_dagger.contract.schema import CorrectionWindow, ReviewDecision
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import EpisodeStore
@@ -105,11 +106,7 @@ def open_store(store: EpisodeStore | str | os.PathLike, mode: str = "r") -> Epis
 
 
 def _current(layer: LabelLayer, window_id: str) -> ReviewDecision | None:
-    """The window's latest decision in a layer (decisions are kept in the order they were made)."""
-    for r in reversed(layer.reviews):
-        if r.window_id == window_id:
-            return r
-    return None
+    return current_review(layer.reviews, window_id)
 
 
 def _row(info, layer: LabelLayer, w: CorrectionWindow) -> WindowRow:

@@ -41,7 +41,7 @@ from hg_dagger.contract.enums import (
     ReviewStatus,
     StepFlag,
 )
-from hg_dagger.contract.labels import label_violations
+from hg_dagger.contract.labels import current_review, label_violations
 from hg_dagger.contract.schema import CorrectionWindow, QCResult
 from hg_dagger.errors import ConfigError, ContractError, HgDaggerError, StoreError
 from hg_dagger.store import EpisodeInfo, EpisodeStore
@@ -68,7 +68,8 @@ class QCConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     latency_budget_ms: float | None = Field(
-        default=None, gt=0, description="largest t_action_apply - t_obs; default: latency_periods control periods")
+        default=None, gt=0, description="largest t_action_apply - t_obs, for every episode; default: latency_periods "
+        "control periods, for episodes of a live world (a robot) only")
     latency_periods: float = Field(default=2.0, gt=0, description="default budget in control periods (1/control_hz)")
     max_alignment_error_ms: float = Field(default=5.0, ge=0, description="largest robot->app clock uncertainty")
     max_interpolated_fraction: float = Field(
@@ -267,6 +268,7 @@ class _Ep:
     high: np.ndarray | None
     max_delta: np.ndarray | None
     budget_ns: int
+    explicit_budget: bool  # the QC config set latency_budget_ms: it applies to stepped simulators too
 
     def flags(self, bit: StepFlag) -> np.ndarray:
         return (self.d["step_flags"].astype(np.int64) & int(bit)) != 0
@@ -284,7 +286,8 @@ def check_episode(store: EpisodeStore, info: EpisodeInfo, cfg: QCConfig) -> Epis
         if name not in d:
             d[name] = _absent(name, n, fields)
     low, high, max_delta = _limits(info)
-    ep = _Ep(info, store.labels(eid), d, missing, n, low, high, max_delta, cfg.budget_ns(info.start.control_hz))
+    ep = _Ep(info, store.labels(eid), d, missing, n, low, high, max_delta, cfg.budget_ns(info.start.control_hz),
+             cfg.latency_budget_ms is not None)
     wins = [_window_result(ep, w, cfg) for w in ep.layer.windows]
     result, figs = _episode_result(ep, cfg, [r for r, _ in wins])
     figs["replay_status"] = store.replay_status(eid).value  # reported beside the review state; `hg-dagger replay` sets it
@@ -327,7 +330,10 @@ def _time_figures(ep: _Ep, sel: np.ndarray, cfg: QCConfig) -> tuple[dict[str, An
     t_obs, t_pol, t_app = d["t_obs"], d["t_policy"], d["t_action_apply"]
     have = valid & (t_obs != NO_TIME) & (t_app != NO_TIME)
     latency = (t_app - t_obs)[have]
-    late = have & (((t_app - t_obs) > ep.budget_ns) | ep.flags(StepFlag.LATENCY_EXCEEDED))
+    # a stepped simulator waits for each action, so its latency fails only a budget set explicitly (or steps the
+    # session flagged); a live world's late action lands in another state than observed
+    live = ep.info.start.extra.get("world_clock", "live") == "live" or ep.explicit_budget
+    late = have & ((((t_app - t_obs) > ep.budget_ns) & live) | ep.flags(StepFlag.LATENCY_EXCEEDED))
     pol = have & (t_pol != NO_TIME)
     misordered = pol & ((t_pol < t_obs) | (t_app < t_pol)) | have & (t_app < t_obs)
     align = np.asarray(d["alignment_error_ms"], np.float64)[valid]
@@ -586,11 +592,9 @@ def _window_result(ep: _Ep, w: CorrectionWindow, cfg: QCConfig) -> tuple[QCResul
 
 
 def _review(layer: LabelLayer, window_id: str) -> tuple[ReviewStatus, bool]:
-    """The window's current decision: the last one recorded for it in the layer (pending if none)."""
-    for r in reversed(layer.reviews):
-        if r.window_id == window_id:
-            return r.status, r.replay_training_authorized
-    return ReviewStatus.PENDING, False
+    """The window's current decision (pending if none)."""
+    d = current_review(layer.reviews, window_id)
+    return (d.status, d.replay_training_authorized) if d else (ReviewStatus.PENDING, False)
 
 
 def _overlaps(windows: list[CorrectionWindow]) -> int:
