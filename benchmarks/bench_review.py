@@ -7,7 +7,10 @@ times against a baseline measured in the same run (reading the catalog alone, ``
              the same rows plus each window's QC verdict and replay status), each on a freshly opened store;
   filter   - the browser's filters (status / task / operator / combined) over those rows in memory, and the same
              filters pushed down into ``list_windows``;
-  qc       - ``qc.run_qc(store, write=True)`` over every episode, then a second run that must write nothing.
+  qc       - ``qc.run_qc(store, write=True)`` over every episode, then a second run that must write nothing;
+  layers   - ``EpisodeStore.write_labels`` (the review decisions written while building the store): ms per layer
+             in the first and the last quarter of the writes; a flat cost means the last quarter, written into a
+             store that already holds the others' layers, costs what the first did.
 
 Times are the median of --repeat runs (QC runs once: its first run writes). A share of the windows carries a
 review decision (approved / rejected / needs_fix) so status filters select something.
@@ -15,6 +18,7 @@ review decision (approved / rejected / needs_fix) so status filters select somet
     python benchmarks/bench_review.py              # 10,000 episodes (several minutes on 2 shared cores)
     python benchmarks/bench_review.py --quick      # 1,000 episodes
     python benchmarks/bench_review.py --json out.json
+    python benchmarks/bench_review.py --layers-only  # build the store and report only the write_labels figures
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ def build(path: str, n_eps: int, ep_len: int) -> dict:
     t0 = time.perf_counter()
     store = EpisodeStore.open(path, mode="a")
     decided = 0
+    layer_s = []
     now = _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
     for eid, (i, wid) in tqdm(first_windows.items(), desc="decide", unit="ep", mininterval=1.0):
         status = next((s for k, s in DECIDED.items() if i % k == 0), None)
@@ -123,12 +128,19 @@ def build(path: str, n_eps: int, ep_len: int) -> dict:
         d = ReviewDecision(window_id=wid, reviewer="rev-1", status=status,
                            replay_training_authorized=status == ReviewStatus.APPROVED,
                            notes="" if status == ReviewStatus.APPROVED else "bench", t_wall=now)
+        t1 = time.perf_counter()
         store.write_labels(eid, author="review:rev-1", reviews=[d])
+        layer_s.append(time.perf_counter() - t1)
         decided += 1
     t_dec = time.perf_counter() - t0
+    quarter = max(1, len(layer_s) // 4)
+    first_ms, last_ms = (statistics.mean(layer_s[:quarter]) * 1e3, statistics.mean(layer_s[-quarter:]) * 1e3)
+    print(f"write_labels: {first_ms:.2f} ms a layer in the first quarter of {decided} decisions, {last_ms:.2f} ms in "
+          f"the last", flush=True)
     files = sum(len(x) for _, _, x in os.walk(path))
     size = sum(os.path.getsize(os.path.join(d, x)) for d, _, fs in os.walk(path) for x in fs) / 1e6
-    return {"record_s": t_rec, "decide_s": t_dec, "decisions": decided, "files": files, "mb": size}
+    return {"record_s": t_rec, "decide_s": t_dec, "decisions": decided, "files": files, "mb": size,
+            "layer_first_ms": first_ms, "layer_last_ms": last_ms}
 
 
 def timed(fn, repeat: int):
@@ -191,6 +203,8 @@ def report(n_eps: int, ep_len: int, b: dict, r: dict) -> None:
     cat = r["catalog_s"]
     print(f"\n{n_eps} episodes x {ep_len} steps, {r['windows']} windows ({b['decisions']} decided); built in "
           f"{b['record_s']:.1f} s + {b['decide_s']:.1f} s decisions; {b['files']} files, {b['mb']:.1f} MB")
+    print(f"write_labels: {b['layer_first_ms']:.2f} ms a layer over the first quarter of the decisions (baseline), "
+          f"{b['layer_last_ms']:.2f} ms over the last ({b['layer_last_ms'] / b['layer_first_ms']:.2f}x)")
     width = 50
     print(f"\n{'measurement':{width}} {'ms':>10} {'x catalog':>10} {'us/episode':>11}")
 
@@ -216,6 +230,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="runs per read measurement; the median is reported")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--dir", help="where to build the store (default: a temporary directory, removed afterwards)")
+    ap.add_argument("--layers-only", action="store_true", help="build the store, report write_labels only")
     args = ap.parse_args()
     if args.quick:
         args.episodes = 1000
@@ -227,6 +242,11 @@ def main():
         load0 = os.getloadavg()[0]
         print(f"cpu cores {os.cpu_count()}, load average {load0:.1f}")
         b = build(path, args.episodes, args.episode_steps)
+        if args.layers_only:
+            print(f"{args.episodes} episodes: write_labels {b['layer_first_ms']:.2f} ms a layer over the first "
+                  f"quarter of {b['decisions']} decisions, {b['layer_last_ms']:.2f} ms over the last "
+                  f"({b['layer_last_ms'] / b['layer_first_ms']:.2f}x); load average {os.getloadavg()[0]:.1f}")
+            return
         r = measure(path, args.episodes, args.repeat)
         report(args.episodes, args.episode_steps, b, r)
         load1 = os.getloadavg()[0]

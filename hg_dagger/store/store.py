@@ -138,7 +138,7 @@ class EpisodeStore:
         for _eid, msg in store._damaged:
             log.warning("%s: %s", url, msg)
         for msg in store._uncommitted.values():
-            log.info("%s: %s", url, msg)
+            log.debug("%s: %s", url, msg)
         return store
 
     def __repr__(self) -> str:
