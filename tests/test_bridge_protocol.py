@@ -118,3 +118,19 @@ def test_hold_action_stops_motion_and_keeps_the_gripper_command():
     np.testing.assert_array_equal(hold_action(fetch, last, 2), [[0, 0, 0, -1.0], [0, 0, 0, 0.5]])
     toy = ["shoulder_vel", "elbow_vel"]
     np.testing.assert_array_equal(hold_action(toy, np.ones((1, 2), np.float32), 1), np.zeros((1, 2)))
+
+
+def test_hmac_key_is_the_token_files_hex_characters_not_the_bytes_they_encode(tmp_path):
+    import hashlib
+    import hmac
+
+    from hg_dagger.envs.bridge import new_token
+
+    path = tmp_path / "robot.token"
+    path.write_text(new_token() + "\n")  # what `hg-dagger bridge token` writes
+    key = load_token(path)
+    assert len(key) == 64 and key == path.read_text().strip().encode("ascii")  # the characters, as bytes
+    nonce = new_nonce()
+    by_hand = hmac.new(path.read_bytes().strip(), b"hg-dagger-bridge\0" + nonce, hashlib.sha256).digest()
+    assert auth_digest(key, nonce) == by_hand  # the recipe in docs/bridge-protocol.md
+    assert not check_digest(bytes.fromhex(key.decode()), nonce, by_hand)  # the 32 decoded bytes are another key
