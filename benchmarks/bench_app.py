@@ -141,6 +141,18 @@ def main() -> None:
         print(f"{k} / headless: rate {r['achieved_hz'] / base['achieved_hz']:.3f}, "
               f"jitter p99 {r['jitter_p99_ms'] / max(base['jitter_p99_ms'], 1e-9):.2f}x, "
               f"rate vs target {100 * r['achieved_hz'] / r['target_hz']:.1f}%")
+    from figures import record
+
+    for k in ("app", "blocked"):
+        r = res[k]
+        record(f"app {k}: achieved rate", r["achieved_hz"], unit="Hz", baseline=base["achieved_hz"],
+               baseline_name="headless loop", target=">= 99% of 25 Hz", met=r["achieved_hz"] >= 0.99 * r["target_hz"])
+        record(f"app {k}: tick jitter p99", r["jitter_p99_ms"], unit="ms", baseline=base["jitter_p99_ms"],
+               baseline_name="headless loop", target="<= 5 ms", met=r["jitter_p99_ms"] <= 5.0, higher_is_better=False)
+        record(f"app {k}: missed ticks", r["missed_ticks"], baseline=base["missed_ticks"], baseline_name="headless loop",
+               target="0", met=r["missed_ticks"] == 0, higher_is_better=False)
+    record("app: GUI frames drawn", res["app"]["gui_fps"], unit="fps", target=">= 20 fps",
+           met=res["app"]["gui_fps"] >= 20)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seconds": seconds, "results": res}, f, indent=2, default=float)

@@ -139,9 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--num-envs", type=int, default=1)
     args = parser.parse_args(argv)
+    from figures import record
+
     print(HEADER_ROWS)
     for task in args.tasks:
-        print(format_row(run(task, steps=args.steps, num_envs=args.num_envs)), flush=True)
+        r = run(task, steps=args.steps, num_envs=args.num_envs)
+        print(format_row(r), flush=True)
+        record(f"bridge {task}: steps/s", r["bridge_steps_per_s"], unit="steps/s", baseline=r["inproc_steps_per_s"],
+               baseline_name="in-process env")
+        record(f"bridge {task}: requests/s (ping)", r["bridge_requests_per_s"], unit="req/s",
+               target=f">= {TARGET_REQUESTS_PER_S:,.0f}", met=r["bridge_requests_per_s"] >= TARGET_REQUESTS_PER_S)
+        record(f"bridge {task}: request p99", r["bridge_request_p99_ms"], unit="ms", target=f"<= {TARGET_P99_MS}",
+               met=r["bridge_request_p99_ms"] <= TARGET_P99_MS, higher_is_better=False)
     print(f"targets: >= {TARGET_REQUESTS_PER_S:,.0f} requests/s and request p99 <= {TARGET_P99_MS} ms on loopback")
     return 0
 

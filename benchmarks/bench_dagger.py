@@ -200,6 +200,12 @@ def main(argv=None) -> int:
             ticks = (60 if args.quick else 300) if task.startswith("fetch") else (300 if args.quick else 2000)
             o = overhead(task, args.num_envs, ticks, 3 if args.quick else 5)
             result.setdefault("overhead", []).append(o)
+            from figures import record
+
+            record(f"auto collection {task} x{args.num_envs}: env-steps/s", statistics.median(o["auto_steps_per_s"]),
+                   unit="steps/s", baseline=statistics.median(o["bare_steps_per_s"]),
+                   baseline_name="bare env + expert loop", target=">= 0.85x baseline" if task.startswith("fetch") else "",
+                   met=o["ratio_median"] >= 0.85 if task.startswith("fetch") else None)
             print(f"overhead {task} x{args.num_envs}: bare {statistics.median(o['bare_steps_per_s']):.0f} env-steps/s, "
                   f"auto {statistics.median(o['auto_steps_per_s']):.0f} env-steps/s, ratio {o['ratio_median']:.2f} "
                   f"(target >= 0.85); per CPU-second: bare {statistics.median(o['bare_steps_per_cpu_s']):.0f}, auto "
@@ -210,6 +216,11 @@ def main(argv=None) -> int:
         result["learning"] = learning(args.task, args.quick, out, args.iterations, args.bc_iterations,
                                       args.eval_episodes, not args.serial, args.lr_schedule, args.train_steps, args.seed)
         lr = result["learning"]
+        from figures import record
+
+        record(f"DAgger {args.task}: labels to {GOAL_SUCCESS:.0%} success", lr["dagger_labels_for_goal"], unit="labels",
+               baseline=lr["bc_labels_for_goal"], baseline_name="BC", target=f"<= {GOAL_LABEL_RATIO:g}x BC",
+               met=lr["goal_met"], higher_is_better=False)
         print(f"DAgger best {lr['dagger_best_success']:.0%} at {lr['dagger_labels_for_best']} labels; BC reached it at "
               f"{lr['bc_labels_for_same_success'] or 'no point of its curve'} labels")
         print(f"goal {GOAL_SUCCESS:.0%}: DAgger at {lr['dagger_labels_for_goal'] or 'no point'} labels (then "

@@ -38,7 +38,7 @@ BEGIN, END = "<!-- devices:begin -->", "<!-- devices:end -->"
 
 
 def _virtual_pads():
-    spec = importlib.util.spec_from_file_location("_pads", ROOT / "tests" / "test_devices_gamepad.py")
+    spec = importlib.util.spec_from_file_location("_pads", ROOT / "tests" / "device_helpers.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.VirtualPads()
@@ -170,6 +170,13 @@ def main() -> None:
         }
     section = render(results, args.n)
     print(section)
+    from figures import record
+
+    # (group, measured row index, its bare baseline's row index)
+    for group, i, b in (("gamepad", 1, 0), ("gamepad", 3, 2), ("spacemouse", 1, 0), ("spacemouse", 2, 0)):
+        names = list(results[group])
+        record(f"{group}: {names[i]} p50", results[group][names[i]][0], unit="us",
+               baseline=results[group][names[b]][0], baseline_name=names[b], higher_is_better=False)
     if args.write:
         write_section(args.write, section)
         print(f"wrote the Devices section of {args.write}")

@@ -202,6 +202,11 @@ def main() -> int:
         rows.append(measure(task, n, env_steps, args.reps, bare))
     out = table(rows)
     print(out)
+    from figures import record
+
+    for r in rows:
+        record(f"env {r['task']} x{r['num_envs']}: env-steps per CPU second", r["ours"], unit="steps/s",
+               baseline=r.get("bare"), baseline_name="bare gymnasium" if "bare" in r else "")
     bridge = bridge_figures("fetch_reach")
     if bridge:
         print("\nbridge (benchmarks/bench_bridge.py, fetch_reach):\n" + bridge)

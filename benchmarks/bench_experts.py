@@ -72,6 +72,12 @@ def bench(task: str, episodes: int, num_envs: int, perturb: tuple[int, int], rep
     )
     for f in (clean.failures + pushed.failures)[:5]:
         print(f"    failed: {f}")
+    from figures import record
+
+    record(f"expert {task}: success after random pushes", pushed.success_rate, unit="fraction",
+           baseline=clean.success_rate, baseline_name="from reset")
+    record(f"expert {task}: query_expert p99", lat["query_99"], unit="us", baseline=lat["act_99"],
+           baseline_name="bare act()", higher_is_better=False)
     return row
 
 

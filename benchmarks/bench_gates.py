@@ -261,6 +261,8 @@ def main() -> None:
         for k in ("bc", "dagger", "gated"):
             print(f"{k:>12} {res[k]['labels']:>7} {res[k]['success']:>12.2f}")
         return
+    from figures import record
+
     ticks = 200 if args.quick else args.ticks
     t_start = now_ns()
     print(f"control layer (gates + handover + safety), FetchPickAndPlace configs, {ticks} ticks")
@@ -278,8 +280,12 @@ def main() -> None:
             (b50, b99), (g50, g99) = whole_tick(n, ticks // 2, quiet)
             label = "operator only (no handover)" if quiet else "toy_reach (synthetic op.)"
             print(f"{n:>8} {label:>24} {b50:9.0f} {b99:9.0f} {g50:9.0f} {g99:9.0f} {g50 / b50:9.2f}")
+            record(f"session tick toy_reach x{n}, {label}: p50", g50, unit="us", baseline=b50,
+                   baseline_name="student.act + env.step", higher_is_better=False)
     (l50, l99), k = poll_to_applied(ticks // 4)
     print(f"\nkeyboard poll -> applied (t_action_apply - t_device), {k} human steps: p50 {l50:.0f} us, p99 {l99:.0f} us")
+    record("keyboard poll -> applied p99", l99, unit="us", target="<= 40000 us (one 25 Hz tick)", met=l99 <= 40_000,
+           higher_is_better=False)
     print(f"\n(total {(now_ns() - t_start) / 1e9:.0f} s)")
 
 

@@ -169,6 +169,12 @@ def scenario(name, cameras, total, max_steps, ep_len, pace, tmp, frames=None):
     print(f"  base   : {base:8.0f} steps/s = {base / HZ:6.1f}x real time, {base * mb:6.1f} MB/s, "
           f"{c_base / max_steps * 1e3:.2f} CPU ms/step (one write per episode, after the fact)")
     print(f"  ratio  : ours/baseline = {ours / base:.2f}")
+    from figures import record
+
+    record(f"recorder {name}: steps/s", ours, unit="steps/s", baseline=base, baseline_name="zarr, one write per episode")
+    record(f"recorder {name}: steps dropped when paced at {pace:.0f}x real time", st_pac.dropped_steps, target="0",
+           met=st_pac.dropped_steps == 0, higher_is_better=False)
+    record(f"recorder {name}: hand-off p99", np.percentile(h_pac, 99) / 1e3, unit="us", higher_is_better=False)
     return ours / base
 
 
