@@ -8,10 +8,11 @@ Two stores, built with the recorder:
 
 Each measurement runs in a fresh process (so each peak RSS is its own and every import is paid):
   baseline   - open the store with zarr alone and read every array the export reads (committed rows of each
-               segment: obs/*, applied_action, expert_action, expert_valid, action_source, reward, valid,
-               terminated, truncated, success, rows/*), nothing else;
+               segment, in blocks of 16384 rows: obs/*, applied_action, expert_action, expert_valid,
+               action_source, reward, valid, terminated, truncated, success, rows/*), nothing else;
   lerobot    - export_lerobot(select(store), out): LeRobot v3.0 parquet (camera frames as PNG);
-  ods        - export_ods(select(store), out): memory-mapped TensorDict.
+  ods        - export_ods(select(store), out): memory-mapped TensorDict;
+  rlinf      - export_rlinf(select(store), out): the trainable runs only (--formats lerobot,ods,rlinf).
 
     python benchmarks/bench_export.py                              # 10,000 x 100 state, 1,000 x 50 camera
     python benchmarks/bench_export.py --episodes 1000 --cam-episodes 100
@@ -36,6 +37,7 @@ HZ = 50.0
 ACTION_DIM = 4
 STATE_DIM = 31
 CAM = 128
+BLOCK_ROWS = 16384
 READ_FIELDS = ("applied_action", "expert_action", "expert_valid", "action_source", "reward", "valid", "terminated",
                "truncated", "success")
 
@@ -111,7 +113,9 @@ def run_baseline(store: str, out: str) -> dict:
         n = seg.attrs["hg_dagger_segment"]["committed_rows"]
         names = [f"data/obs/{k}" for k in seg["data/obs"].array_keys()] + [f"data/{k}" for k in READ_FIELDS]
         for name in names + ["rows/episode", "rows/step"]:
-            seg[name][:n]
+            arr = seg[name]
+            for lo in range(0, n, BLOCK_ROWS):  # in blocks, as the export reads: memory stays bounded
+                arr[lo:min(n, lo + BLOCK_ROWS)]
         rows += n
     return {"rows": rows}
 
@@ -132,7 +136,15 @@ def run_ods(store: str, out: str) -> dict:
     return {"rows": s.frames, "episodes": s.episodes, "files": s.files, "mb": s.bytes / 1e6}
 
 
-KINDS = {"baseline": run_baseline, "lerobot": run_lerobot, "ods": run_ods}
+def run_rlinf(store: str, out: str) -> dict:
+    from hg_dagger.datasets import export_rlinf, select
+    from hg_dagger.store import EpisodeStore
+
+    s = export_rlinf(select(EpisodeStore.open(store)), out)
+    return {"rows": s.frames, "episodes": s.episodes, "files": s.files, "mb": s.bytes / 1e6}
+
+
+KINDS = {"baseline": run_baseline, "lerobot": run_lerobot, "ods": run_ods, "rlinf": run_rlinf}
 
 
 def child(kind: str, store: str, out: str) -> None:
@@ -179,7 +191,8 @@ def main() -> None:
     ap.add_argument("--cam-episodes", type=int, default=1000, help="episodes with two cameras (default 1000)")
     ap.add_argument("--cam-steps", type=int, default=50, help="steps per camera episode (default 50)")
     ap.add_argument("--only", choices=("state", "camera"), help="run one of the two stores")
-    ap.add_argument("--formats", default="lerobot,ods", help="formats to export (default lerobot,ods)")
+    ap.add_argument("--formats", default="lerobot,ods",
+                    help="formats to export, of lerobot, ods, rlinf (default lerobot,ods)")
     ap.add_argument("--dir", help="where to build the stores (default: a temporary directory, removed afterwards)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
@@ -203,7 +216,7 @@ def main() -> None:
             res = {}
             for kind in ["baseline", *formats]:
                 res[kind] = measure(kind, path, os.path.join(tmp, f"{name}-{kind}"))
-                assert kind == "baseline" or res[kind]["rows"] == n * length, res[kind]
+                assert kind in ("baseline", "rlinf") or res[kind]["rows"] == n * length, res[kind]
                 print(f"  {kind}: {res[kind]['wall_s']:.1f} s, peak RSS {res[kind]['peak_rss_mb']:.0f} MB", flush=True)
                 if kind != "baseline":
                     shutil.rmtree(os.path.join(tmp, f"{name}-{kind}"), ignore_errors=True)

@@ -66,6 +66,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
     specs = obs_fields(first.store, first.episode_id)
     a_dim = first.store.fields(first.episode_id)["applied_action"].shape[0]
     final, tmp = start_output(out)
+    writer = None
     try:
         skeleton = {k: _lazy(torch, (n_rows, t_max), dtype) for k, (dtype, _) in _FIELDS.items()}
         skeleton["actions"] = _lazy(torch, (n_rows, t_max, a_dim), "float32")
@@ -78,10 +79,11 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
                 node = node.setdefault(p, {})
             node[leaf] = _lazy(torch, (n_rows, t_max, *spec.shape), spec.dtype)
         skeleton["obs"] = obs
+        # memmap_like lays out tensordict's memmap folder (metadata and one file per leaf); the rows are then
+        # written with plain file writes, not through the memory maps, so written pages never count as our RSS
         td = TensorDict(skeleton, batch_size=[n_rows, t_max]).memmap_like(prefix=tmp / "data", num_threads=0)
-        for key, (_, pad) in _FIELDS.items():
-            if pad not in (0, False):
-                td[key].fill_(pad)
+        writer = _RowWriter(td)
+        del td
         tasks: dict[str, int] = {}
         rows = []
         trainable_total = 0
@@ -93,7 +95,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
         for ep in read_episodes(items, obs_keys=[n[4:] for n in specs]):
             fps = common_fps(ep, fps)
             task_index = tasks.setdefault(task_text(ep.info), len(tasks))
-            _fill_row(td, ep, specs, task_index)
+            writer.write(ep.index, _row_values(ep, specs, task_index))
             trainable_total += int(ep.trainable.sum())
             s = ep.info.start
             rows.append({"row": ep.index, "store": str(ep.item.store.url), "episode_id": ep.info.episode_id,
@@ -106,7 +108,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
                 bar.update(1)
         if bar is not None:
             bar.close()
-        del td  # flush the memory maps before the folder moves
+        writer.close()
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
             "source_id": _source_id(rows),
@@ -124,6 +126,8 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
                                 columns=sorted(_FIELDS) + sorted(specs))
         finish_output(final, tmp)
     except BaseException:
+        if writer is not None:
+            writer.close()
         abandon_output(tmp)
         raise
     return summary
@@ -134,11 +138,9 @@ def _lazy(torch, shape, dtype: str):
     return torch.zeros((), dtype=getattr(torch, str(np.dtype(dtype)))).expand(*shape)
 
 
-def _fill_row(td, ep, specs, task_index: int) -> None:
-    import torch
-
+def _row_values(ep, specs, task_index: int) -> dict[tuple[str, ...], np.ndarray]:
+    """One episode's values of every leaf (T rows each), keyed by the leaf's TensorDict key."""
     t = ep.num_steps
-    r = ep.index
     a = ep.arrays
     actions = a["applied_action"].astype(np.float32)
     valid = a["valid"].astype(bool) & np.isfinite(actions).all(1)
@@ -175,13 +177,42 @@ def _fill_row(td, ep, specs, task_index: int) -> None:
         "task_index": np.full(t, task_index, np.int64),
         "subtask_index": np.zeros(t, np.int64),  # no subtask text: one empty entry, so language resolves
     }
-    for key, v in values.items():
-        td[key][r, :t] = torch.from_numpy(np.ascontiguousarray(v))
+    out = {(key,): v for key, v in values.items()}
     for name in specs:
         v = a[name]
         if np.issubdtype(v.dtype, np.floating):
             v = np.where(valid.reshape(t, *([1] * (v.ndim - 1))), v, 0).astype(v.dtype)
-        td[("obs", *name[4:].split("/"))][r, :t] = torch.from_numpy(np.ascontiguousarray(v))
+        out[("obs", *name[4:].split("/"))] = v
+    return out
+
+
+class _RowWriter:
+    """Writes whole rows (one episode, padded to max_steps) into the leaf files of a memmap TensorDict."""
+
+    def __init__(self, td):
+        self.t_max = td.batch_size[1]
+        self.leaves = {}
+        for key, leaf in td.items(include_nested=True, leaves_only=True):
+            key = key if isinstance(key, tuple) else (key,)
+            dtype = np.dtype(str(leaf.dtype).removeprefix("torch."))
+            pad = _FIELDS[key[0]][1] if key[0] in _FIELDS else 0
+            self.leaves[key] = (os.open(leaf.filename, os.O_WRONLY), dtype, tuple(leaf.shape[2:]), pad)
+
+    def write(self, row: int, values: dict[tuple[str, ...], np.ndarray]) -> None:
+        for key, (fd, dtype, shape, pad) in self.leaves.items():
+            v = values[key]
+            full = np.full((self.t_max, *shape), pad, dtype)
+            full[:len(v)] = v
+            data = full.tobytes()
+            offset = row * len(data)
+            while data:
+                n = os.pwrite(fd, data, offset)
+                data, offset = data[n:], offset + n
+
+    def close(self) -> None:
+        for fd, *_ in self.leaves.values():
+            os.close(fd)
+        self.leaves = {}
 
 
 def _schema(specs, fps: float, a_dim: int) -> dict:
