@@ -37,6 +37,8 @@ def _labels(source, windows=(), certs=(), flags=None, valid=None, expert_valid=N
         windows=list(windows),
         certifications=list(certs),
         mode=mode,
+        operator="op",
+        policy_version="student-r1",
     )
 
 
@@ -138,7 +140,7 @@ def test_violations_name_episode_and_step_for_a_trainable_policy_action():
     stored = np.array([T, T, C], np.uint8)
     out = label_violations(episode_id="ep42", label_mask=stored, action_source=src, valid=np.ones(3, bool),
                            step_flags=np.zeros(3, np.uint16), expert_valid=np.zeros(3, bool),
-                           windows=[_window(1, 2)])
+                           windows=[_window(1, 2)], operator="op", policy_version="student-r1")
     assert out == ["episode ep42 step 0: trainable policy action outside any correction window without an expert certification"]
 
 
@@ -146,7 +148,8 @@ def test_a_stricter_stored_mask_is_not_a_violation():
     src = np.array([H, H], np.uint8)
     out = label_violations(episode_id="e", label_mask=np.array([X, C], np.uint8), action_source=src,
                            valid=np.ones(2, bool), step_flags=np.zeros(2, np.uint16),
-                           expert_valid=np.zeros(2, bool), windows=[_window(0, 2)])
+                           expert_valid=np.zeros(2, bool), windows=[_window(0, 2)], operator="op",
+                           policy_version="student-r1")
     assert out == []
 
 
@@ -214,7 +217,7 @@ def test_a_discarded_episode_has_no_trainable_step_and_a_looser_mask_is_a_violat
     assert list(kept.mask) == [C, T, T, C]
     n = len(src)
     common = dict(action_source=src, valid=np.ones(n, bool), step_flags=np.zeros(n, np.uint16),
-                  expert_valid=np.zeros(n, bool), windows=[_window(1, 3)])
+                  expert_valid=np.zeros(n, bool), windows=[_window(1, 3)], operator="op", policy_version="student-r1")
     gone = derive_labels(**common, quality_flags=["estop", DISCARDED])
     assert (gone.mask == C).all() and (gone.target == LabelTarget.NONE.code).all()
     out = label_violations(episode_id="ep7", label_mask=kept.mask, quality_flags=[DISCARDED], **common)

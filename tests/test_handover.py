@@ -266,7 +266,7 @@ def test_windows_give_trainable_labels_only_for_human_steps_inside():
     src = np.array([s[0] for s in d.sources], np.uint8)
     flags = np.array([f[0] for f in d.flags], np.uint16)
     lab = derive_labels(action_source=src, valid=np.ones(len(src), bool), step_flags=flags,
-                        expert_valid=np.zeros(len(src), bool), windows=windows)
+                        expert_valid=np.zeros(len(src), bool), windows=windows, operator="op", policy_version="")
     trainable = np.flatnonzero(lab.mask == LabelMask.TRAINABLE.code)
     # human from step 4 to 9; the first two are blend steps (excluded)
     assert list(trainable) == [6, 7, 8, 9]

@@ -128,7 +128,7 @@ def test_label_v1_is_contract_derive_labels(tmp_path):
         w = human_window(eid, 5, 12).model_copy(update={"source": ActionSource.EXPERT})
         rec.end_episode(eid, end(20), windows=[w])
     raw = store.read_steps(eid, ["action_source", "valid", "step_flags", "expert_valid"])
-    want = derive_labels(**raw, windows=[w], mode=CollectionMode.DAGGER_SYNC)
+    want = derive_labels(**raw, windows=[w], mode=CollectionMode.DAGGER_SYNC, operator="", policy_version="")
     layer = store.labels(eid)
     assert layer.version == 1 and layer.author == "recorder" and layer.windows == [w]
     np.testing.assert_array_equal(layer.mask, want.mask)

@@ -47,7 +47,7 @@ def rollout(seed: int, steps: int = 40, invalid_every: int = 0, window=None) -> 
         expert_valid=data["expert_valid"],
         windows=[CorrectionWindow(parent_episode_id=f"e{seed}", parent_step_id=win[0], handover_start=win[0],
                                   handover_end=win[1], source=ActionSource.EXPERT)],
-        mode=CollectionMode.DAGGER_SYNC,
+        mode=CollectionMode.DAGGER_SYNC, operator="", policy_version="",
     )
     data["label_mask"], data["label_target"] = labels.mask, labels.target
     return data

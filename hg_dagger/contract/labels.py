@@ -93,11 +93,12 @@ def derive_labels(
     certifications: Iterable[ExpertCertification] = (),
     mode: CollectionMode = CollectionMode.HUMAN_GATED,
     quality_flags: Iterable[str] = (),
-    operator: str = "",
-    policy_version: str = "",
+    operator: str,
+    policy_version: str,
 ) -> Labels:
     """Label mask and target for every step of one episode (``quality_flags``, ``operator``, ``policy_version``:
-    the episode's EpisodeEnd and EpisodeStart; the last two decide which certifications are independent)."""
+    the episode's EpisodeEnd and EpisodeStart; the last two decide which certifications are independent, so
+    they are required: "" only where the episode recorded none)."""
     n = len(action_source)
     mask = np.full(n, _CONTEXT, dtype=np.uint8)
     target = np.full(n, LabelTarget.NONE.code, dtype=np.uint8)
@@ -143,8 +144,8 @@ def label_violations(
     certifications: Iterable[ExpertCertification] = (),
     mode: CollectionMode = CollectionMode.HUMAN_GATED,
     quality_flags: Iterable[str] = (),
-    operator: str = "",
-    policy_version: str = "",
+    operator: str,
+    policy_version: str,
 ) -> list[str]:
     """Every step marked trainable that the rules above do not allow, as readable messages.
 
