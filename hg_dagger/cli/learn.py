@@ -7,7 +7,10 @@ import json
 
 def register(sub) -> None:
     t = sub.add_parser("train", help="train the student on the trainable labels of a store (BC / DAgger loss)")
-    t.add_argument("--store", required=True, help="episode store (path or fsspec URL)")
+    t.add_argument("--store", help="episode store (path or fsspec URL); optional with --dataset")
+    t.add_argument("--dataset", metavar="NAME@vN", help="train on exactly this dataset version's trainable samples "
+                   "(hg-dagger dataset build; NAME alone: the latest; or a manifest file)")
+    t.add_argument("--datasets-root", help="dataset folder (default: the folder 'datasets' beside --store)")
     t.add_argument("--task", required=True, help="task id (configs/tasks) or task YAML")
     t.add_argument("--out", required=True, help="output folder: student.pt, loss.jsonl, train.json")
     t.add_argument("--config", help="auto config (kind: auto) whose student/train/replay sections to use")
@@ -73,11 +76,18 @@ def _train(args) -> int:
         if getattr(args, flag):
             rule[key] = False
     replay["authorization"] = rule
+    if args.store is None and args.dataset is None:
+        from hg_dagger.errors import ConfigError
+
+        raise ConfigError("train needs --store STORE or --dataset NAME@vN")
     result = train_from_store(args.store, args.task, args.out, student_cfg=student, train_cfg=train,
                               replay_cfg=ReplayConfig.model_validate(replay), resume=args.resume,
-                              progress=not args.quiet)
+                              progress=not args.quiet, dataset=args.dataset, datasets_root=args.datasets_root)
     from hg_dagger.learn.train import describe_selection
 
+    if "dataset" in result:
+        print(f"dataset {result['dataset']['ref']} (hash {result['dataset']['hash'][:12]}): "
+              f"{result['selection']['samples']} trainable samples")
     print(f"labels: {describe_selection(result['selection'])}")
     print(f"trained {result['version']} on {result['labels']} labels; loss {result['loss_first']:.4f} -> "
           f"{result['loss_last']:.4f}; checkpoint {result['checkpoint']}")

@@ -7,7 +7,10 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("report", help="training-data report of a store: labels allowed, what stopped the rest, "
                                       "interventions, recoveries, rounds; report.json + report.html")
-    p.add_argument("store", metavar="STORE", help="store path or fsspec URL")
+    p.add_argument("store", metavar="STORE", nargs="?", help="store path or fsspec URL (omit with --dataset)")
+    p.add_argument("--dataset", metavar="NAME@vN", help="report one dataset version: its episodes and samples, usage "
+                   "classes per split, contribution per version (with STORE: the dataset folder beside it)")
+    p.add_argument("--datasets-root", help="dataset folder (default: the folder 'datasets' beside STORE)")
     p.add_argument("--out", required=True, help="folder for report.json and report.html")
     p.add_argument("--task", help="only this task id")
     p.add_argument("--include-unreviewed", action="store_true", help="report under train --include-unreviewed")
@@ -22,6 +25,12 @@ def _report(args) -> int:
     from hg_dagger.learn.train import describe_selection
     from hg_dagger.review.report import build_report, write_report
 
+    if args.dataset:
+        return _dataset_report(args)
+    if args.store is None:
+        from hg_dagger.errors import ConfigError
+
+        raise ConfigError("report needs STORE or --dataset NAME@vN")
     rule = TrainingRule(require_review=not args.include_unreviewed, require_qc=not args.skip_qc,
                         exclude_replay_mismatch=not args.include_replay_mismatch)
     report = build_report(args.store, rule=rule, task=args.task, progress=not args.quiet)
@@ -30,6 +39,24 @@ def _report(args) -> int:
     print(f"{report['episodes']} episodes, {len(report['windows'])} windows; labels: {describe_selection(report['labels'])}")
     print(f"intervention rate {_pct(f['intervention_rate'])}, recovery success {_pct(f['recovery_success_rate'])}, "
           f"e-stops {f['estops']}")
+    print(f"wrote {paths['json']} and {paths['html']}")
+    return 0
+
+
+def _dataset_report(args) -> int:
+    from hg_dagger.datasets import versions as dv
+    from hg_dagger.datasets.report import dataset_report, render_dataset_html
+    from hg_dagger.review.report import write_report
+
+    root = dv.root_of(args.dataset) if args.datasets_root is None and args.store is None and \
+        args.dataset.endswith(".json") else dv.default_root(args.datasets_root, [args.store] if args.store else [])
+    report = dataset_report(dv.load(root, args.dataset), root)
+    paths = write_report(report, args.out)
+    paths["html"].write_text(render_dataset_html(report))
+    d, f = report["dataset"], report["figures"]
+    print(f"{d['ref']}: {report['episodes']} episodes, " + ", ".join(f"{v} {k}" for k, v in d["usage"].items()))
+    print(f"trainable human-label ratio {_pct(f['trainable_human_label_ratio'])}, context-only "
+          f"{_pct(f['context_only_ratio'])}, intervention rate {_pct(f['intervention_rate'])}")
     print(f"wrote {paths['json']} and {paths['html']}")
     return 0
 

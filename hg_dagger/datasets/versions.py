@@ -857,7 +857,8 @@ def sequences(manifest: Manifest, length: int, stride: int | None = None,
             for a, b in cut_sequences(s.runs, length, stride)]
 
 
-def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | None = None) -> list:
+def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | None = None,
+                   mapping_hash: str | None = None) -> list:
     """The manifest's trainable samples as EpisodeLabels for a Replay: exactly the steps of their runs, with the
     target the label layer each sample names gives. A missing store or episode, or a step that layer does not
     make trainable, is an error naming the sample."""
@@ -874,7 +875,14 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
         e = entries.get(f"{sid}/{eid}")
         if task is not None and e is not None and e.task != task:
             raise DatasetError(f"{manifest.ref}: episode {eid} is of task {e.task!r}, not {task!r}")
-        data = st.read_steps(eid, [f"obs/{k}" for k in obs_keys] + list(LABEL_FIELDS))
+        info = st.info(eid)
+        if mapping_hash and info.start.mapping_hash and info.start.mapping_hash != mapping_hash:
+            raise DatasetError(f"{manifest.ref}: episode {eid} was recorded under mapping hash "
+                               f"{info.start.mapping_hash}, the task now has {mapping_hash}")
+        try:
+            data = st.read_steps(eid, [f"obs/{k}" for k in obs_keys] + list(LABEL_FIELDS))
+        except StoreError as exc:
+            raise DatasetError(f"{manifest.ref}: sample {parts[0][0].id}: {exc}") from None
         n = len(data["action_source"])
         mask = np.full(n, LabelMask.CONTEXT_ONLY.code, np.uint8)
         target = np.zeros(n, np.uint8)
@@ -887,7 +895,6 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
                 mask[a:b] = _TRAINABLE
                 target[a:b] = layer.target[a:b]
         data["label_mask"], data["label_target"] = mask, target
-        info = st.info(eid)
         try:
             out.append(extract_labels(data, episode_id=eid, obs_keys=obs_keys, iteration=info.start.iteration,
                                       success=bool(info.end.task_success)))

@@ -312,7 +312,7 @@ def store_loader(store, mapping, rule=None) -> Callable[[str], Any]:
 
 
 def train_from_store(
-    store_url: str,
+    store_url: str | None,
     task: str,
     out_dir: str | Path,
     *,
@@ -323,17 +323,27 @@ def train_from_store(
     progress: bool = True,
     on_step: Callable[[int, int], None] | None = None,
     warm_start: str | Path | None = None,
+    dataset: str | None = None,
+    datasets_root: str | Path | None = None,
 ) -> dict[str, Any]:
     """`hg-dagger train`: all trainable labels of a task in a store -> a student checkpoint.
 
     ``resume`` continues a training run (its optimizer and replay, whose episodes must be in this store);
     ``warm_start`` starts from a student checkpoint's weights and round, wherever it was trained, with
     a fresh optimizer and this store's labels (the next round of a live session).
+    ``dataset`` ('NAME@vN' under ``datasets_root``, default the folder beside the store, or a manifest file)
+    trains on exactly that version's trainable samples instead, read from the label layers it names.
     ``on_step(done, total)`` is called after every gradient step (progress for a front end)."""
     from hg_dagger.envs import load_mapping
     from hg_dagger.store import EpisodeStore
 
     mapping = load_mapping(task)
+    if dataset is not None:
+        return _train_on_dataset(dataset, datasets_root, store_url, mapping, out_dir, student_cfg=student_cfg,
+                                 train_cfg=train_cfg, replay_cfg=replay_cfg, resume=resume, progress=progress,
+                                 on_step=on_step, warm_start=warm_start)
+    if store_url is None:
+        raise ConfigError("train needs --store (or --dataset NAME@vN)")
     store = EpisodeStore.open(store_url, mode="r")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -367,5 +377,62 @@ def train_from_store(
                          on_batch=on_batch)
     ckpt = trainer.save(out / "student.pt")
     result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected)
+    (out / "train.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _new_trainer(mapping, student_cfg, train_cfg, replay_cfg, resume, warm_start, loader) -> Trainer:
+    if resume and warm_start:
+        raise ConfigError("give resume (continue a training run) or warm_start (start from a student), not both")
+    tc = train_cfg or TrainConfig()
+    if resume:
+        return Trainer.resume(resume, mapping, loader, train_cfg)
+    if warm_start:
+        return Trainer(Student.load(warm_start, mapping), tc, Replay(replay_cfg, seed=tc.seed))
+    sc = student_cfg or StudentConfig()
+    student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=tc.seed)
+    return Trainer(student, tc, Replay(replay_cfg, seed=tc.seed))
+
+
+def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, train_cfg, replay_cfg, resume,
+                      progress, on_step, warm_start) -> dict[str, Any]:
+    """`train --dataset NAME@vN`: exactly the version's trainable samples (hg_dagger.datasets.versions); the
+    dataset version is recorded in train.json, in the checkpoint and beside the manifest."""
+    from hg_dagger.datasets import versions as dv
+
+    root = dv.root_of(ref) if root is None and store_url is None and str(ref).endswith(".json") else \
+        dv.default_root(root, [store_url] if store_url else [])
+    manifest = dv.load(root, ref)
+    keys = list(mapping.obs_spec())
+    labels = dv.episode_labels(manifest, keys, task=mapping.task_id, mapping_hash=mapping.hash)
+    by_id = {e.episode_id: e for e in labels}
+    replay_cfg = (replay_cfg or ReplayConfig()).model_copy(update={"authorization": manifest.config.selection.rule})
+
+    def loader(episode_id: str):
+        if episode_id not in by_id:
+            raise ContractError(f"episode {episode_id}: listed in the checkpoint's replay state but not a trainable "
+                                f"sample of {manifest.ref}")
+        return by_id[episode_id]
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = _new_trainer(mapping, student_cfg, train_cfg, replay_cfg, resume, warm_start, loader)
+    n_labels = sum(len(e) for e in labels)
+    selected = {"dataset": manifest.ref, "labels": n_labels, "allowed": n_labels,
+                "samples": len(manifest.by_usage("trainable")), "rule": manifest.config.selection.rule.model_dump()}
+    if n_labels == 0:
+        raise ContractError(f"{manifest.ref}: no trainable sample of task {mapping.task_id} "
+                            f"({manifest.summary.get('usage')}); see `hg-dagger dataset show {manifest.ref}`")
+    trainer.replay.add(labels)
+    total = trainer.config.steps
+    counter = iter(range(1, total + 1))
+    on_batch = None if on_step is None else (lambda _rows: on_step(next(counter), total))
+    info = {"dataset": manifest.ref, "dataset_hash": manifest.hash}
+    result = trainer.fit(log_path=out / "loss.jsonl", progress=progress, info=info, on_batch=on_batch)
+    ckpt = trainer.save(out / "student.pt", dataset=info)
+    dv.record_training(root, manifest, result["version"], str(ckpt))
+    result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected,
+                  dataset={"name": manifest.name, "version": manifest.version, "ref": manifest.ref,
+                           "hash": manifest.hash, "root": str(root)})
     (out / "train.json").write_text(json.dumps(result, indent=2))
     return result
