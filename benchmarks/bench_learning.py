@@ -1,0 +1,214 @@
+"""Fair learning comparison (issue 12): BC, classic DAgger and human-gated DAgger on one task, over seeds.
+
+    python benchmarks/bench_learning.py --quick --out runs/bench_learning_quick      # toy_reach, 3 seeds, minutes
+    python benchmarks/bench_learning.py --task fetch_pick_place --seeds 3 --out runs/bench_learning_fpp
+
+Same student (architecture and initial weights per seed), same round 0 (expert demonstrations), same
+gradient steps per label (``--steps-per-label``), same fixed-seed evaluation episodes after every round.
+Human-gated DAgger uses the synthetic operator (the planner through ``raw_to_human``, certified with
+``operator.certification: planner_auto``) and the task's gates. Human effort is counted as labels,
+operator seconds and context switches (benchmarks/learning_common.py says how).
+
+Writes OUT/results.json (every round of every arm and seed, and the summary), OUT/learning_curve.png
+(success against labels: mean over seeds, bars = min..max over seeds) and OUT/<method>_s<seed>/curve.jsonl
+as each arm runs. Arms run in ``--jobs`` spawned processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from learning_common import first_reaching, run_arm  # noqa: E402
+
+METHODS = ("bc", "dagger", "gated")
+LABEL = {"bc": "BC", "dagger": "classic DAgger", "gated": "human-gated DAgger"}
+
+# Settings per task. quick = toy_reach sized for about 10 minutes on 2 shared cores.
+PRESETS = {
+    "toy_reach": {
+        "num_envs": 8, "rounds": 6, "warm_episodes": 8, "episodes_per_round": 8, "max_episode_steps": 100,
+        "beta_decay": 0.5, "steps_per_label": 0.5,
+        "student": {"kind": "mlp", "ensemble": 5, "hidden": [64, 64]},
+        "train": {"batch_size": 256, "lr": 2e-3},
+        "eval": {"episodes": 40, "num_envs": 20, "seed": 100_000},
+        "gated": {"num_envs": 4, "calibrate_steps": 200, "target_rate": 0.1},
+    },
+    "fetch_pick_place": {
+        "num_envs": 6, "rounds": 8, "warm_episodes": 6, "episodes_per_round": 6, "max_episode_steps": 80,
+        "beta_decay": 0.5, "steps_per_label": 3.3,
+        "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
+        "train": {"batch_size": 256, "lr": 1e-3},
+        "eval": {"episodes": 50, "num_envs": 10, "seed": 100_000, "max_steps": 80},
+        "gated": {"num_envs": 3, "calibrate_steps": 300, "target_rate": 0.1},
+    },
+}
+
+
+def arm_spec(task: str, seed: int, **over) -> dict:
+    base = PRESETS.get(task) or PRESETS["fetch_pick_place"]
+    spec = json.loads(json.dumps(base))
+    spec.update(task=task, seed=seed)
+    for k, v in over.items():
+        if v is None:
+            continue
+        if k in ("eval_episodes",):
+            spec["eval"]["episodes"] = v
+        elif k == "target_rate":
+            spec["gated"]["target_rate"] = v
+        else:
+            spec[k] = v
+    return spec
+
+
+def _arm(method: str, spec: dict, out: str) -> dict:
+    return run_arm(method, spec, Path(out) / f"{method}_s{spec['seed']}", log=lambda s: print(s, flush=True))
+
+
+def summarize(arms: list[dict], target: float) -> dict:
+    """Per method: the curve's mean and spread over seeds, effort totals, labels to reach ``target``."""
+    out = {}
+    for m in METHODS:
+        runs = sorted((a for a in arms if a["method"] == m), key=lambda a: a["seed"])
+        if not runs:
+            continue
+        n = min(len(a["rounds"]) for a in runs)
+
+        def col(key, runs=runs, n=n):
+            return np.array([[a["rounds"][i][key] for i in range(n)] for a in runs], np.float64)
+
+        lab, suc = col("labels"), col("success")
+        last = [a["rounds"][n - 1] for a in runs]
+        out[m] = {
+            "seeds": [a["seed"] for a in runs],
+            "labels_mean": lab.mean(0).tolist(), "labels_std": lab.std(0).tolist(),
+            "success_mean": suc.mean(0).tolist(), "success_std": suc.std(0).tolist(),
+            "success_min": suc.min(0).tolist(), "success_max": suc.max(0).tolist(),
+            "operator_s_mean": col("operator_s_total").mean(0).tolist(),
+            "context_switches_mean": col("context_switches_total").mean(0).tolist(),
+            "grad_steps_mean": col("grad_steps").mean(0).tolist(),
+            "final_success_mean": float(suc[:, -1].mean()), "final_success_std": float(suc[:, -1].std()),
+            "final_labels_mean": float(lab[:, -1].mean()),
+            "final_operator_s_mean": float(np.mean([r["operator_s_total"] for r in last])),
+            "final_context_switches_mean": float(np.mean([r["context_switches_total"] for r in last])),
+            "last_round_intervention_rate_mean": float(np.mean([r["intervention_rate"] for r in last])),
+            "labels_to_target": [first_reaching([r["labels"] for r in a["rounds"]],
+                                                [r["success"] for r in a["rounds"]], target) for a in runs],
+            "seconds": float(np.mean([a["seconds"] for a in runs])),
+        }
+    if "gated" in out and "bc" in out:
+        g, b = out["gated"]["labels_to_target"], out["bc"]["labels_to_target"]
+        ratios = [gi / bi if gi is not None and bi else None for gi, bi in zip(g, b, strict=False)]
+        out["gated_over_bc_labels_at_target"] = ratios
+    return out
+
+
+def plot(summary: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m, color in zip(METHODS, ("tab:gray", "tab:blue", "tab:red"), strict=True):
+        s = summary.get(m)
+        if not s:
+            continue
+        x, y = np.array(s["labels_mean"]), np.array(s["success_mean"])
+        lo, hi = y - np.array(s["success_min"]), np.array(s["success_max"]) - y
+        ax.errorbar(x, y, yerr=[lo, hi], xerr=s["labels_std"], marker="o", capsize=3, color=color,
+                    label=f"{LABEL[m]} (n={len(s['seeds'])} seeds)")
+    ax.set_xlabel("human labels (mean over seeds; x bars = std)")
+    ax.set_ylabel("student-only success (mean; bars = min..max)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(summary: dict, target: float) -> None:
+    print(f"\n{'method':>20} {'labels':>8} {'operator s':>10} {'switches':>8} {'success':>13} "
+          f"{'last-round interv.':>18} {'labels to ' + format(target, '.0%'):>16}")
+    for m in METHODS:
+        s = summary.get(m)
+        if not s:
+            continue
+        reach = ", ".join("-" if v is None else str(int(v)) for v in s["labels_to_target"])
+        print(f"{LABEL[m]:>20} {s['final_labels_mean']:8.0f} {s['final_operator_s_mean']:10.1f} "
+              f"{s['final_context_switches_mean']:8.1f} {s['final_success_mean']:7.0%} ±{s['final_success_std']:4.0%} "
+              f"{s['last_round_intervention_rate_mean']:18.1%} {reach:>16}")
+    for m in METHODS:
+        s = summary.get(m)
+        if s:
+            print(f"{LABEL[m]} per round: " + ", ".join(
+                f"{lab:.0f} -> {suc:.0%}" for lab, suc in zip(s["labels_mean"], s["success_mean"], strict=True)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="toy_reach, 3 seeds, about 10 minutes on 2 cores")
+    p.add_argument("--task", default=None, help="task id (default: toy_reach with --quick, else fetch_pick_place)")
+    p.add_argument("--seeds", default="3", help="a count (3 = seeds 0,1,2) or a comma list (0,4,7)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/bench_learning_<task>)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--episodes-per-round", type=int)
+    p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
+    p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
+    p.add_argument("--eval-episodes", type=int)
+    p.add_argument("--target-rate", type=float, help="gated: the confidence gate's calibrated intervention rate")
+    p.add_argument("--target", type=float, default=None, help="success level for 'labels to reach' (quick 0.9, else 0.95)")
+    p.add_argument("--jobs", type=int, default=2, help="arms in parallel processes")
+    args = p.parse_args(argv)
+    task = args.task or ("toy_reach" if args.quick else "fetch_pick_place")
+    seeds = list(range(int(args.seeds))) if "," not in args.seeds else [int(s) for s in args.seeds.split(",")]
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        p.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
+    target = args.target if args.target is not None else (0.9 if task == "toy_reach" else 0.95)
+    out = Path(args.out or f"runs/bench_learning_{task}")
+    out.mkdir(parents=True, exist_ok=True)
+    over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
+            "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
+            "target_rate": args.target_rate}
+    specs = [(m, arm_spec(task, s, **over)) for s in seeds for m in methods]
+    print(f"bench_learning: {task}, methods {methods}, seeds {seeds}, {len(specs)} arms in {args.jobs} processes; "
+          f"out {out}", flush=True)
+    t0 = time.perf_counter()
+    arms = []
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+        futs = {pool.submit(_arm, m, spec, str(out)): (m, spec["seed"]) for m, spec in specs}
+        for f in as_completed(futs):
+            arms.append(f.result())
+            m, s = futs[f]
+            print(f"done {m} seed {s}: {len(arms)}/{len(specs)} arms, {time.perf_counter() - t0:.0f} s", flush=True)
+    summary = summarize(arms, target)
+    result = {"argv": sys.argv[1:] if argv is None else list(argv), "task": task, "seeds": seeds, "target": target,
+              "spec": specs[0][1], "summary": summary, "arms": arms, "seconds": time.perf_counter() - t0}
+    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    plot(summary, out / "learning_curve.png", f"{task}: success vs human labels, {len(seeds)} seeds, "
+         f"{specs[0][1]['steps_per_label']:g} grad steps/label, {specs[0][1]['eval']['episodes']} eval episodes")
+    print_table(summary, target)
+    if "gated_over_bc_labels_at_target" in summary:
+        print(f"gated / BC labels to reach {target:.0%} per seed: "
+              + ", ".join("-" if r is None else f"{r:.2f}" for r in summary["gated_over_bc_labels_at_target"]))
+    print(f"results: {out / 'results.json'}, curve: {out / 'learning_curve.png'} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Shared round loop of the learning benchmarks: BC, classic DAgger and human-gated DAgger on one task.
+
+Every method goes through the project's own code paths: collection by `hg_dagger.learn.auto.Collector`
+(the `hg-dagger auto` collector: expert demonstrations or beta mixing), human-gated collection by a
+`Session` built with `build_session` (gates, handover machine, safety, the synthetic operator driven by
+the planner), labels read back from the zarr store through the training boundary (`load_labels`), one
+`Trainer` per arm, and the student alone evaluated by `closed_loop` on the same fixed-seed episodes.
+
+Fairness rules (issue 12):
+- every arm starts from the same round 0 (the same expert demonstrations, same seed, same student init);
+- training steps are tied to labels: after every round the trainer runs until its total gradient steps
+  equal ``steps_per_label`` x the labels it has trained on, so each method gets the same budget per label;
+- evaluation: the same ``eval`` episodes (fixed seeds) after every round, nothing tuned per method.
+
+Human effort per round, counted three ways:
+- labels: trainable labels that reached the replay (expert / operator steps);
+- operator seconds: a demonstration or a DAgger episode keeps a person busy for all its steps; a gated
+  window from the handover request (the gate's step, ``parent_step_id``) to the hand-back
+  (``handover_end``), both times step_dt (simulated time: the run is not paced in real time);
+- context switches: the times a person has to turn to the robot: one per demonstration or DAgger episode,
+  one per policy -> operator handover in a gated run (LazyDAgger's measure).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def first_reaching(labels: list[float], success: list[float], target: float) -> float | None:
+    """Labels at the first point of a curve with success >= ``target`` (None: never)."""
+    return next((lab for lab, s in zip(labels, success, strict=True) if s >= target - 1e-9), None)
+
+
+def _gate_config(task: str, target_rate: float | None, gates: str = ""):
+    """The task's gate config, its confidence calibration target set to ``target_rate`` when given."""
+    from hg_dagger.control.run_config import load_gate_config
+
+    cfg = load_gate_config(gates, task)
+    if target_rate is None:
+        return cfg
+    out = []
+    for g in cfg.gates:
+        cal = getattr(g, "calibration", None)
+        if cal is not None:
+            g = g.model_copy(update={"calibration": cal.model_copy(update={"target_rate": target_rate})})
+        out.append(g)
+    return cfg.model_copy(update={"gates": out})
+
+
+def _new_episodes(store, ids: list[str]) -> list:
+    if hasattr(store, "refresh"):
+        store.refresh()
+    infos = {i.episode_id: i for i in store.episodes()}
+    missing = [e for e in ids if e not in infos or not infos[e].complete]
+    if missing:
+        raise RuntimeError(f"episodes {missing[:3]} are not complete in the store")
+    return [infos[e] for e in ids]
+
+
+def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> dict[str, Any]:
+    """One learning curve: ``method`` in bc | dagger | gated, ``spec`` as built by bench_learning.arm_spec.
+
+    Returns {"method", "seed", "rounds": [per-round cumulative figures], "seconds"}; writes
+    OUT/curve.jsonl as it grows (one line per round)."""
+    import torch
+
+    from hg_dagger.control.build import build_session
+    from hg_dagger.control.run_config import load_run_config
+    from hg_dagger.envs import load_mapping, make_env
+    from hg_dagger.experts import make_expert
+    from hg_dagger.learn.aggregate import Replay, ReplayConfig, load_labels
+    from hg_dagger.learn.auto import Collector
+    from hg_dagger.learn.evaluate import EvalConfig, closed_loop
+    from hg_dagger.learn.train import TrainConfig, Trainer
+    from hg_dagger.policy import Student
+    from hg_dagger.store import EpisodeStore
+
+    torch.set_num_threads(1)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    curve_path = out / "curve.jsonl"
+    curve_path.unlink(missing_ok=True)
+    task, seed = spec["task"], int(spec["seed"])
+    mapping = load_mapping(task)
+    dt = float(mapping.step_dt or 1.0 / mapping.control_hz)
+    keys = list(mapping.obs_spec())
+    sc = spec["student"]
+    student = Student.create(mapping, kind=sc["kind"], ensemble=sc["ensemble"], hidden=tuple(sc["hidden"]), seed=seed)
+    trainer = Trainer(student, TrainConfig(**{**spec["train"], "seed": seed}), Replay(ReplayConfig(), seed=seed))
+    store = EpisodeStore.create(out / "store")
+    expert = make_expert(task, kind="planner", mapping=mapping)
+    ev = EvalConfig(**spec["eval"])
+    totals = {"labels": 0, "operator_s": 0.0, "context_switches": 0, "episodes": 0}
+    rows: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+
+    def add(infos) -> int:
+        eps = [load_labels(store, i, keys) for i in infos]
+        trainer.replay.add(eps)
+        return sum(len(e) for e in eps)
+
+    with make_env(task, num_envs=min(ev.num_envs, ev.episodes), seed=ev.seed) as env_eval:
+        for r in range(int(spec["rounds"])):
+            t0 = time.perf_counter()
+            row: dict[str, Any] = {"round": r}
+            gated = method == "gated" and r > 0
+            if not gated:  # round 0 of every arm, and every round of bc / dagger: the auto collector
+                mode = "expert_demo" if (method != "dagger" or r == 0) else "dagger_sync"
+                beta = 1.0 if mode == "expert_demo" else float(spec["beta_decay"]) ** r
+                episodes = int(spec["warm_episodes"] if r == 0 else spec["episodes_per_round"])
+                rec = store.recorder(flush_interval_s=2.0, queue_steps=1 << 16)
+                with make_env(task, num_envs=spec["num_envs"], seed=seed) as env:
+                    col = Collector(env, expert, rec, mode=mode, seed=seed * 1000 + r,
+                                    max_episode_steps=spec.get("max_episode_steps"), certify=True)
+                    col.set_policy(trainer.student, iteration=r, beta=beta)
+                    try:
+                        stats = col.run(episodes=episodes, reset_seed=seed + 7919 * (r + 1) * spec["num_envs"])
+                    finally:
+                        rec.close()
+                infos = _new_episodes(store, stats.episode_ids)
+                labels = add(infos)
+                steps = sum(i.num_steps for i in infos)
+                row.update(mode=mode, beta=beta, episodes=len(infos), env_steps=steps, new_labels=labels,
+                           operator_s=steps * dt, context_switches=len(infos),
+                           intervention_rate=(stats.expert_used / stats.steps) if stats.steps else 0.0,
+                           collect_success=float(np.mean(stats.successes)) if stats.successes else None)
+            else:
+                g = spec["gated"]
+                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0,
+                        "gates": _gate_config(task, g.get("target_rate"), g.get("gates", ""))}
+                over.update(g.get("overrides", {}))
+                cfg = load_run_config(None, task, num_envs=g["num_envs"], seed=seed + 1000 * r,
+                                      calibrate_steps=g["calibrate_steps"], **over)
+                rec = store.recorder(flush_interval_s=2.0, queue_steps=1 << 16)
+                with make_env(task, num_envs=g["num_envs"], seed=seed + r) as env:
+                    session = build_session(cfg, rec, trainer.student, env=env, expert=expert)
+                    try:
+                        cal = session.calibrate(g["calibrate_steps"]) if g["calibrate_steps"] else None
+                        summary = session.run(int(spec["episodes_per_round"]), progress=False)
+                    finally:
+                        rec.close()
+                infos = _new_episodes(store, summary.episode_ids)
+                labels = add(infos)
+                op_s = sum((w.handover_end - w.parent_step_id) * dt for i in infos
+                           for w in store.labels(i.episode_id).windows)
+                row.update(mode="gated", episodes=len(infos), env_steps=summary.steps, new_labels=labels,
+                           operator_s=op_s, context_switches=summary.context_switches, windows=summary.windows,
+                           gate_triggers=summary.gate_triggers,
+                           intervention_rate=summary.human_steps / max(1, summary.steps),
+                           collect_success=summary.successes / max(1, summary.episodes),
+                           calibration=cal)
+            totals["labels"] += labels
+            totals["operator_s"] += row["operator_s"]
+            totals["context_switches"] += row["context_switches"]
+            totals["episodes"] += row["episodes"]
+            budget = int(round(spec["steps_per_label"] * totals["labels"]))
+            steps = budget - trainer.total_steps
+            fit = None
+            if steps > 0 and len(trainer.replay):
+                trainer.iteration = r + 1
+                fit = trainer.fit(steps, progress=False, info={"round": r, "method": method})
+            e = closed_loop(trainer.student, env_eval, ev)
+            row.update(labels=totals["labels"], operator_s_total=totals["operator_s"],
+                       context_switches_total=totals["context_switches"], episodes_total=totals["episodes"],
+                       grad_steps=trainer.total_steps, train_loss=fit["loss_last"] if fit else None,
+                       success=float(e["success_rate"]), eval_length=float(e["episode_length_mean"]),
+                       policy_version=trainer.student.version, seconds=time.perf_counter() - t0)
+            rows.append(row)
+            with open(curve_path, "a") as f:
+                f.write(json.dumps({"method": method, "seed": seed, **row}, default=str) + "\n")
+            log(f"  {method} seed {seed} round {r}: {totals['labels']} labels, {row['operator_s']:.0f} operator-s, "
+                f"{row['context_switches']} switches, intervention {row['intervention_rate']:.1%}, "
+                f"{trainer.total_steps} grad steps -> success {e['success_rate']:.0%} ({row['seconds']:.0f} s)")
+    return {"method": method, "seed": seed, "rounds": rows, "seconds": time.perf_counter() - t_start}
