@@ -109,6 +109,8 @@ class AutoConfig(BaseModel):
     recorder_queue_steps: int = Field(default=16384, gt=0)
     recorder_flush_s: float = Field(default=2.0, gt=0, description="writer flush period; longer = fewer, larger writes")
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
+    dataset_versions: bool = Field(default=True, description="build one dataset version per iteration "
+                                   "(OUT/datasets/<task>/vN.json, hg-dagger dataset) and link the policy trained")
 
     def beta_at(self, iteration: int) -> float:
         return 1.0 if self.mode == "expert_demo" else self.beta(iteration)
@@ -401,6 +403,7 @@ class AutoRun:
 
         keys = list(mapping.obs_spec())
         infos = _wait_complete(store, new_ids)
+        dataset = self._dataset_version(it)
         frac = trainer.replay.config.holdout_fraction
         trainer.replay.add(load_labels(store, infos[eid], keys, trainer.replay.config.authorization) for eid in new_ids
                            if not held_out(eid, infos[eid].start.split, frac))
@@ -417,12 +420,28 @@ class AutoRun:
             "eval_success_rate": ev["success_rate"], "eval_episode_length": ev["episode_length_mean"],
             "eval": ev, "rss_mb": _rss_mb(),
         }
+        if dataset is not None:
+            from hg_dagger.datasets.versions import record_training
+
+            row["dataset"] = dataset.ref
+            record_training(self.out / "datasets", dataset, trainer.student.version, str(self.checkpoint_path))
         trainer.save(self.checkpoint_path, last_metrics=json.loads(json.dumps(_flat(row))))
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row, default=str) + "\n")
         log.info("iteration %d: beta %.3f labels %d eval success %.0f%% (policy %s)", it, beta, len(trainer.replay),
                  100 * ev["success_rate"], trainer.student.version)
         return row
+
+    def _dataset_version(self, it: int):
+        """dataset_v(N+1) of this run's store after iteration ``it``'s episodes are committed (None when off)."""
+        if not self.cfg.dataset_versions:
+            return None
+        from hg_dagger.datasets.versions import DatasetConfig, SelectionConfig, build
+
+        cfg = DatasetConfig(selection=SelectionConfig(task=self.cfg.task, rule=self.cfg.replay.authorization))
+        manifest, _ = build(self.cfg.task, [self.store_url], root=self.out / "datasets", config=cfg,
+                            author=f"auto iteration {it}")
+        return manifest
 
     # -------------------------------------------------------------- run
 
