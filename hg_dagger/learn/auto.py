@@ -23,7 +23,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -156,6 +156,7 @@ class CollectStats:
     successes: list[bool] = field(default_factory=list)
     episode_ids: list[str] = field(default_factory=list)
     partial_ids: list[str] = field(default_factory=list)
+    episode_index: dict[str, int] = field(default_factory=dict)  # episode id -> its index in ``seeds`` (if given)
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latency_ns, dtype=np.float64) / 1e6
@@ -185,7 +186,11 @@ class Collector:
         self.expert = expert
         self.recorder = recorder
         self.mode = CollectionMode(mode)
-        self.rng = np.random.default_rng(seed)
+        self.seed = int(seed)
+        # one coin stream per episode, seeded by (collector seed, episode seed): an episode's expert/student
+        # mix does not depend on which rows or workers ran beside it (executor results equal local ones)
+        self._coins: list[np.random.Generator | None] = [None] * env.num_envs
+        self.extra: dict[str, Any] = {}  # added to every EpisodeStart.extra (executor, worker, staleness)
         self.timeout_s = expert_timeout_s
         self.max_steps = max_episode_steps or self.mapping.horizon
         self.expert_name = expert_name or type(expert).__name__
@@ -208,10 +213,14 @@ class Collector:
                                                                      "iteration": int(iteration), "beta": float(beta)}))
         self.student, self.iteration, self.beta = student, int(iteration), float(beta)
 
-    def _begin(self, row: int, seed: int | None) -> str:
+    def _begin(self, row: int, seed: int, index: int | None = None) -> str:
+        self._coins[row] = np.random.default_rng([self.seed, int(seed)])
+        extra = {"expert": self.expert_name, **self.extra}
+        if index is not None:
+            extra["episode_index"] = int(index)
         return self.writer.begin(row, mode=self.mode, policy_version=self.student.version, seed=seed,
                                  iteration=self.iteration, beta=self.beta,
-                                 bc_only=self.mode == CollectionMode.EXPERT_DEMO, extra={"expert": self.expert_name})
+                                 bc_only=self.mode == CollectionMode.EXPERT_DEMO, extra=extra)
 
     def _end(self, row: int, *, success: bool, truncated: bool, complete: bool) -> None:
         n = int(self.writer.steps[row])
@@ -227,16 +236,23 @@ class Collector:
 
     def run(self, *, episodes: int | None, reset_seed: int, stop: Callable[[], bool] | None = None,
             may_begin: Callable[[], bool] | None = None, on_tick: Callable[[int, bool], None] | None = None,
-            on_episode: Callable[[str, dict], None] | None = None, progress: bool = False) -> CollectStats:
+            on_episode: Callable[[str, dict], None] | None = None, progress: bool = False,
+            seeds: Sequence[int] | None = None, indices: Sequence[int] | None = None) -> CollectStats:
         """Collect ``episodes`` complete episodes, or with episodes=None until ``stop()``.
 
         A free row begins a new episode while the quota (or ``may_begin()``) allows; otherwise it idles
         (stepped by the student, not recorded, not queried) and is reset before its next episode.
+        ``seeds`` (an executor's share of a round) fixes each episode's reset seed: episode k starts from
+        ``seeds[k]`` and records its index ``indices[k]`` (default k); episodes then equals len(seeds).
         """
         from hg_dagger.experts import query_expert  # lazily: student-only paths never import experts
 
         env, m = self.env, self.mapping
         n = env.num_envs
+        if seeds is not None:
+            seeds = [int(s) for s in seeds]
+            episodes = len(seeds)
+        index = [None] * n
         stats = self.stats = CollectStats()
         obs, info = env.reset(seed=reset_seed)
         t_obs = np.asarray(info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
@@ -249,27 +265,30 @@ class Collector:
             while not (stop is not None and stop()):
                 obs = {k: np.array(v) for k, v in obs.items()}  # the recorder owns what it is handed
                 free = [i for i in range(n) if self.writer.eids[i] is None]
-                starting, seeds = [], {}
+                starting, plan = [], {}
                 for i in free:
                     if episodes is not None and begun >= episodes:
                         break
                     if may_begin is not None and not may_begin():
                         break
                     starting.append(i)
-                    # the first tick's reset(seed=reset_seed) gave row i reset_seed + i; later ones get fresh seeds
-                    seeds[i] = reset_seed + (i if stats.ticks == 0 else begun)
+                    if seeds is not None:
+                        plan[i], index[i] = seeds[begun], int(indices[begun]) if indices is not None else begun
+                    else:  # the first tick's reset(seed=reset_seed) gave row i reset_seed + i; later ones fresh seeds
+                        plan[i] = reset_seed + (i if stats.ticks == 0 else begun)
                     begun += 1
                 if starting:
                     # every later episode starts from an explicit seeded reset (an env's own auto-reset after an
                     # ended episode draws an unrecorded seed), so each one records the seed that replays it
-                    again = np.array([i for i in starting if stats.ticks > 0 or not fresh[i]], dtype=np.int64)
+                    again = np.array([i for i in starting if stats.ticks > 0 or not fresh[i] or seeds is not None],
+                                     dtype=np.int64)
                     if len(again):
-                        new_obs, new_info = env.reset(seed=[seeds[int(i)] for i in again], env_ids=again)
+                        new_obs, new_info = env.reset(seed=[plan[int(i)] for i in again], env_ids=again)
                         for k in obs:
                             obs[k][again] = new_obs[k][again]
                         t_obs[again] = np.asarray(new_info.get("t_obs", np.full(n, now_ns())))[again]
                     for i in starting:
-                        self._begin(i, seeds[i])
+                        self._begin(i, plan[i], index[i])
                     self.expert.reset(starting, {k: v[starting] for k, v in obs.items()}, info)
                 active = self.writer.active()
                 if not active.any():
@@ -284,7 +303,9 @@ class Collector:
                 t_policy = now_ns()
                 q = query_expert(self.expert, {k: v[ids] for k, v in obs.items()}, ids, m, timeout_s=self.timeout_s)
                 expert_action, expert_valid = q.scatter(ids, n)
-                coin = self.rng.random(n) < self.beta
+                coin = np.zeros(n, dtype=bool)
+                for i in ids:
+                    coin[i] = self._coins[i].random() < self.beta
                 used = coin & expert_valid
                 chosen = np.where(used[:, None], expert_action, out.action)
                 applied = m.clip_raw(chosen)
@@ -325,11 +346,14 @@ class Collector:
                     self._end(int(i), success=bool(success[i]), truncated=bool(res.truncated[i] or cut[i]),
                               complete=True)
                     stats.episode_ids.append(eid)
+                    if index[i] is not None:
+                        stats.episode_index[eid] = index[i]
                     stats.lengths.append(length)
                     stats.successes.append(bool(success[i]))
                     bar.update(1)
                     if on_episode is not None:
-                        on_episode(eid, {"length": length, "success": bool(success[i]), "iteration": self.iteration})
+                        on_episode(eid, {"length": length, "success": bool(success[i]), "iteration": self.iteration,
+                                         "index": index[i]})
                 obs = res.obs
                 info = res.info
                 t_obs = np.asarray(res.info.get("t_obs", np.full(n, now_ns())), dtype=np.int64)
@@ -358,8 +382,9 @@ def _rss_mb() -> float:
 class AutoRun:
     """State of one `hg-dagger auto` run: out_dir holds checkpoint.pt, metrics.jsonl, loss.jsonl, eval/."""
 
-    def __init__(self, cfg: AutoConfig, out_dir: str | Path, store_url: str | None = None):
+    def __init__(self, cfg: AutoConfig, out_dir: str | Path, store_url: str | None = None, executor=None):
         self.cfg = cfg
+        self.executor = executor  # learn.executor: local (default) or ray; the caller closes one it passes
         self.out = Path(out_dir)
         self.store_url = str(store_url or self.out / "store")
         self.checkpoint_path = self.out / "checkpoint.pt"
@@ -411,7 +436,10 @@ class AutoRun:
         fit = trainer.fit(log_path=self.out / "loss.jsonl", progress=progress, info={"beta": beta})
         if after_fit is not None:
             after_fit()
-        ev = closed_loop(trainer.student, env_eval, self.cfg.eval)
+        if self.executor is not None and self.executor.kind != "local":
+            ev = self.executor.evaluate(trainer.student, mapping.task_id, self.cfg.eval)
+        else:
+            ev = closed_loop(trainer.student, env_eval, self.cfg.eval)
         ev.pop("per_episode")
         row = {
             "iteration": it, "mode": self.cfg.mode, "beta": beta, "policy_version": trainer.student.version,
@@ -430,6 +458,8 @@ class AutoRun:
             f.write(json.dumps(row, default=str) + "\n")
         log.info("iteration %d: beta %.3f labels %d eval success %.0f%% (policy %s)", it, beta, len(trainer.replay),
                  100 * ev["success_rate"], trainer.student.version)
+        if getattr(self, "on_round", None) is not None:  # unattended runs: a summary line, ETA, curve.png
+            self.on_round(row)
         return row
 
     def _dataset_version(self, it: int):
@@ -464,7 +494,7 @@ class AutoRun:
         rows: list[dict[str, Any]] = []
         try:
             with make_env(mapping, num_envs=min(cfg.eval.num_envs, cfg.eval.episodes), seed=cfg.eval.seed) as env_eval:
-                if cfg.mode == "dagger_async":
+                if cfg.mode == "dagger_async" and (self.executor is None or self.executor.kind == "local"):
                     rows = self._run_async(start, trainer, store, mapping, env_eval, progress)
                 else:
                     rows = self._run_sync(start, trainer, store, mapping, env_eval, progress)
@@ -473,30 +503,44 @@ class AutoRun:
         return rows
 
     def _run_sync(self, start, trainer, store, mapping, env_eval, progress) -> list[dict[str, Any]]:
-        from hg_dagger.envs import make_env
+        """Rounds through the executor: round ``it`` collects episodes seeded _reset_seed(cfg, it) + k.
+
+        dagger_async here (a Ray executor) is pipelined: round it + 1 is submitted with the policy of round it
+        before round it trains, so the workers collect while the driver trains, with a staleness of one round."""
+        from hg_dagger.learn.executor import LocalExecutor
 
         cfg = self.cfg
-        expert = build_expert(cfg.expert, mapping, relabel=cfg.mode != "expert_demo")
+        ex = self.executor if self.executor is not None else LocalExecutor()
+        pipelined = cfg.mode == "dagger_async"
         rows = []
-        with make_env(mapping, num_envs=cfg.num_envs, seed=cfg.seed) as env:
+        ahead = None
+        try:
             for it in range(start, cfg.iterations):
                 beta = cfg.beta_at(it)
                 rss0 = _rss_mb()
-                rec = store.recorder(flush_interval_s=cfg.recorder_flush_s, queue_steps=cfg.recorder_queue_steps)
-                collector = Collector(env, expert, rec, mode=cfg.mode, seed=cfg.seed * 1000 + it,
-                                      expert_timeout_s=cfg.expert.timeout_s, max_episode_steps=cfg.max_episode_steps,
-                                  certify=cfg.certification == "planner_auto")
-                collector.set_policy(trainer.student, iteration=it, beta=beta)
-                try:
-                    stats = collector.run(episodes=cfg.episodes_per_iteration, reset_seed=_reset_seed(cfg, it),
-                                          progress=progress)
-                finally:
-                    rec.close()
+                seeds = [_reset_seed(cfg, it) + k for k in range(cfg.episodes_per_iteration)]
+                if ahead is None:
+                    ahead = ex.collect(cfg, self.store_url, trainer.student, iteration=it, beta=beta, seeds=seeds,
+                                       progress=progress)
+                round_ = ahead.result()
+                ahead = None
+                if pipelined and it + 1 < cfg.iterations:  # the next round starts now, with this round's policy
+                    ahead = ex.collect(cfg, self.store_url, trainer.student, iteration=it + 1,
+                                       beta=cfg.beta_at(it + 1), policy_iteration=it,
+                                       seeds=[_reset_seed(cfg, it + 1) + k for k in range(cfg.episodes_per_iteration)])
+                stats = round_.stats
                 collect = stats.summary()
-                collect.update(recorder=_rec_stats(rec), rss_growth_mb=_rss_mb() - rss0,
-                               policy_versions=[trainer.student.version])
-                rows.append(self._learn(it, beta, trainer, store, mapping, stats.episode_ids, collect, env_eval,
+                staleness = 1 if pipelined and it > start else 0
+                collect.update(recorder=round_.recorder, rss_growth_mb=_rss_mb() - rss0,
+                               policy_versions=round_.policy_versions, executor=ex.describe(),
+                               staleness_rounds=staleness, worker_failures=round_.failures)
+                rows.append(self._learn(it, beta, trainer, store, mapping, round_.episode_ids, collect, env_eval,
                                         progress))
+            if ahead is not None:
+                ahead.result()
+        finally:
+            if self.executor is None:
+                ex.close()
         return rows
 
     def _run_async(self, start, trainer, store, mapping, env_eval, progress) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ buckets come from info["scene_id"] when the env reports one, else from the initi
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +33,22 @@ class EvalConfig(BaseModel):
     max_steps: int | None = Field(default=None, gt=0, description="stop an episode early (default: the task horizon)")
 
 
-def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, trace: list | None = None) -> dict[str, Any]:
+def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, trace: list | None = None,
+                seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Roll the student alone in ``env`` until ``config.episodes`` episodes finished.
 
+    Episode k starts from a reset with seed ``config.seed + k`` (or ``seeds[k]``, an executor's share), in
+    whichever row is free: its result does not depend on how episodes are spread over rows or workers.
     ``trace`` (a list), when given, receives (obs, action) of every step, for audits and tests.
     """
     n = env.num_envs
-    obs, info = env.reset(seed=config.seed)
-    max_steps = config.max_steps or env.mapping.horizon
-    want = config.episodes
+    seeds = [int(s) for s in seeds] if seeds is not None else [config.seed + k for k in range(config.episodes)]
+    want = len(seeds)
     started = min(n, want)
+    # rows past the episodes wanted idle from seeds of their own (never recorded)
+    obs, info = env.reset(seed=[seeds[i] if i < started else seeds[-1] + 1 + i for i in range(n)])
+    max_steps = config.max_steps or env.mapping.horizon
+    index = [i if i < started else None for i in range(n)]
     running = np.arange(n) < started
     t = np.zeros(n, dtype=np.int64)
     progress_hist: list[list[float]] = [[] for _ in range(n)]
@@ -80,22 +87,31 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
             first_fail = None
             if not success:
                 first_fail = int(np.argmax(hist)) + 1 if hist else int(t[i])
-            episodes.append({"success": success, "length": int(t[i]), "first_failure_step": first_fail,
-                             "scene": scene[i], "initial_progress": float(initial[i]) if hist else None,
-                             "return": None})
+            episodes.append({"index": index[i], "seed": seeds[index[i]], "success": success, "length": int(t[i]),
+                             "first_failure_step": first_fail, "scene": scene[i],
+                             "initial_progress": float(initial[i]) if hist else None, "return": None})
             bar.update(1)
             running[i] = started < want
+            index[i] = started if running[i] else None
             started += int(running[i])
-        forced = done & ~(res.terminated | res.truncated)
-        if forced.any():  # stopped early by max_steps: reset these rows ourselves
-            rows = np.flatnonzero(forced)
-            new_obs, new_info = env.reset(env_ids=rows)
-            res.obs = {k: np.where(_rows_mask(forced, v), new_obs[k], res.obs[k]) for k, v in res.obs.items()}
+        # the next episode in a row starts from its own seeded reset (an env's auto-reset draws an unrecorded
+        # seed); an idle row stopped early by max_steps is reset unseeded
+        again = np.flatnonzero(done & running)
+        idle = np.flatnonzero(done & ~running & ~(res.terminated | res.truncated))
+        info_now = res.info
+        for rows, seed in ((again, [seeds[index[i]] for i in again]), (idle, None)):
+            if len(rows):
+                new_obs, new_info = env.reset(seed=seed, env_ids=rows)
+                mask = np.zeros(n, dtype=bool)
+                mask[rows] = True
+                res.obs = {k: np.where(_rows_mask(mask, v), new_obs[k], res.obs[k]) for k, v in res.obs.items()}
+                if seed is not None:
+                    info_now = new_info
         for i in np.flatnonzero(done):
-            start_row(i, res.info)
+            start_row(i, info_now if i in again else res.info)
         obs = res.obs
     bar.close()
-    return summarize(episodes[:want], steps=steps)
+    return summarize(sorted(episodes, key=lambda e: e["index"]), steps=steps)
 
 
 def _rows_mask(rows: np.ndarray, like: np.ndarray) -> np.ndarray:
