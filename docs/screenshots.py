@@ -4,8 +4,10 @@
 
 Opens the operator app on the embedded task with the in-window keyboard, starts an episode, and
 grabs the window: the student driving, a gate asking for the operator, the operator correcting
-(keys sent as the window would send them), and the rounds tab after the next student was trained
-and has run an episode. Needs a display (Xvfb is fine).
+(keys sent as the window would send them), the rounds tab after the next student was trained
+and has run an episode, and the Review tab scrubbed into one of the session's corrections. Then
+the review workspace (`hg-dagger review open`) on the same store, after a reviewer approved a
+planner demonstration and sent the operator's correction back, then approved it on a second look. Needs a display (Xvfb is fine).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 
 from PyQt6 import QtCore, QtWidgets
 
+from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.control import live
 from hg_dagger.ui.application import AppOptions, OperatorApp
+from hg_dagger.ui.review import ReviewWorkspace
 
 OUT = Path(__file__).resolve().parent / "images"
 
@@ -45,12 +49,72 @@ def main() -> int:
     op = OperatorApp(opts, settings)
     shots: list[str] = []
     state = {"phase": "wait-window", "t": 0}
+    review: dict = {}  # the standalone workspace and the rows it decided on
 
-    def grab(name: str) -> None:
+    def grab(name: str, widget=None) -> None:
         path = out / f"{name}.png"
-        op.window.grab().save(str(path))
+        (widget or op.window).grab().save(str(path))
         shots.append(str(path))
         print(f"wrote {path}")
+
+    def middle(row) -> int:
+        return (row.window.handover_start + row.window.handover_end) // 2
+
+    def shown(ws, row) -> bool:
+        d = ws.episode.data
+        return ws.worker.pending == 0 and d is not None and d.episode_id == row.window.episode_id
+
+    def review_step(ph: str) -> None:
+        """The Review tab, then the standalone workspace with three decisions."""
+        tab = op.window.review
+        if ph == "review-wait" and tab.rows_loaded and tab.browser.model.rowCount() and tab.worker.pending == 0:
+            rows = tab.browser.visible_rows()
+            row = next((r for r in rows if r.window.source == "human"), rows[0])
+            tab.browser.select(row.window_id)
+            review["tab_row"] = row
+            state["phase"] = "review-select"
+        elif ph == "review-select" and shown(tab, review["tab_row"]):
+            tab.episode.set_step(middle(review["tab_row"]))
+            grab("app-review-tab")
+            ws = ReviewWorkspace([op.opts.store_url], "rev-07")
+            ws.resize(1500, 940)
+            ws.show()
+            review["ws"] = ws
+            state["phase"] = "ws-wait"
+        elif ph == "ws-wait" and review["ws"].rows_loaded and review["ws"].worker.pending == 0:
+            ws = review["ws"]
+            rows = ws.browser.visible_rows()
+            human = next((r for r in rows if r.window.source == "human"), rows[-1])
+            other = next((r for r in rows if r.window_id != human.window_id), human)
+            review["rows"] = [other, human]  # decided in this order; the picture shows the human window
+            ws.browser.select(other.window_id)
+            state["phase"] = "ws-approve"
+        elif ph == "ws-approve" and shown(review["ws"], review["rows"][0]):
+            panel = review["ws"].panel
+            panel.authorize.setChecked(True)
+            panel.reason.setPlainText("clean planner demonstration")
+            panel.submit(ReviewStatus.APPROVED)
+            state["phase"] = "ws-second"
+        elif ph == "ws-second" and review["ws"].worker.pending == 0 and not review["ws"].panel.busy:
+            review["ws"].browser.select(review["rows"][1].window_id)
+            state["phase"] = "ws-fix"
+        elif ph == "ws-fix" and shown(review["ws"], review["rows"][1]) and not review["ws"].panel.busy:
+            review["ws"].panel.reason.setPlainText("gripper closed late? check against the frames")
+            review["ws"].panel.submit(ReviewStatus.NEEDS_FIX)
+            state["phase"] = "ws-reapprove"
+        elif ph == "ws-reapprove" and review["ws"].worker.pending == 0 and not review["ws"].panel.busy:
+            panel = review["ws"].panel
+            panel.authorize.setChecked(True)
+            panel.reason.setPlainText("second look: the grasp holds after hand-back")
+            panel.submit(ReviewStatus.APPROVED)
+            state["phase"] = "ws-grab"
+        elif ph == "ws-grab" and review["ws"].worker.pending == 0 and len(review["ws"].panel.trail) >= 2:
+            ws = review["ws"]
+            ws.episode.set_step(middle(review["rows"][1]))
+            grab("review-workspace", ws)
+            ws.close()
+            op.window.close()
+            state["phase"] = "closing"
 
     def step() -> None:
         state["t"] += 1
@@ -99,8 +163,10 @@ def main() -> int:
                 cmd(live.StartEpisodes(1))
         elif ph == "second" and snap.counters.episodes >= state["episodes"] + 1:
             grab("console-rounds")
-            op.window.close()
-            state["phase"] = "closing"
+            op.window.show_review()
+            state["phase"] = "review-wait"
+        elif ph.startswith(("review-", "ws-")):
+            review_step(ph)
         elif ph == "wait-gate" and snap.phase == "idle" and snap.counters.episodes >= 3:
             cmd(live.StartEpisodes(3))  # no gate fired yet: keep going
 
@@ -111,7 +177,7 @@ def main() -> int:
     QtCore.QTimer.singleShot(0, op.start)
     code = app.exec()
     print(f"{len(shots)} screenshots")
-    return code if len(shots) == 4 else 1
+    return code if len(shots) == 6 else 1
 
 
 if __name__ == "__main__":

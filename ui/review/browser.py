@@ -19,8 +19,8 @@ from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.ui import style
 from hg_dagger.ui.review.model import ANY, FILTER_VALUES, Filters, ReviewRow, counts
 
-COLUMNS = ("window", "episode", "store", "date", "task", "mode", "policy", "operator", "gate", "steps", "source",
-           "outcome", "status", "auth", "reviewer", "QC", "QC flags", "replay", "privacy")
+COLUMNS = ("window", "status", "auth", "QC", "replay", "task", "operator", "gate", "steps", "source", "outcome",
+           "reviewer", "QC flags", "mode", "policy", "date", "episode", "store", "privacy")
 STATUS_COLOURS = {"pending": style.NEUTRAL, "approved": style.OK, "rejected": style.SAFETY, "needs_fix": style.WARNING}
 FILTERS = (("task", "task"), ("operator", "operator"), ("mode", "mode"), ("gate_reason", "gate reason"),
            ("outcome", "recovery"), ("status", "review"), ("qc", "QC"), ("qc_flag", "QC flag"), ("replay", "replay"),
@@ -32,16 +32,18 @@ def _cell(row: ReviewRow, col: int):
     """(display text, sort key) of one cell."""
     w = row.window
     flags = ", ".join(row.qc_flags)
-    values = (
-        (w.short_id, w.window_id), (w.episode_id[:12], w.episode_id), (row.store, row.store), (row.date, row.date),
-        (w.task, w.task), (row.mode, row.mode), (row.policy_version or "-", row.policy_version),
-        (w.operator or "-", w.operator), (w.gate_reason or "-", w.gate_reason),
-        (f"[{w.handover_start}, {w.handover_end})", (w.handover_start, w.handover_end)), (w.source, w.source),
-        (w.outcome, w.outcome), (w.status.value, w.status.value), ("yes" if w.authorized else "no", w.authorized),
-        (w.reviewer or "-", w.reviewer), (row.qc, row.qc), (flags or "-", flags), (row.replay, row.replay),
-        (row.privacy, row.privacy),
-    )
-    return values[col]
+    values = {
+        "window": (w.short_id, w.window_id), "status": (w.status.value, w.status.value),
+        "auth": ("yes" if w.authorized else "no", w.authorized), "QC": (row.qc, row.qc),
+        "replay": (row.replay, row.replay), "task": (w.task, w.task), "operator": (w.operator or "-", w.operator),
+        "gate": (w.gate_reason or "-", w.gate_reason),
+        "steps": (f"[{w.handover_start}, {w.handover_end})", (w.handover_start, w.handover_end)),
+        "source": (w.source, w.source), "outcome": (w.outcome, w.outcome), "reviewer": (w.reviewer or "-", w.reviewer),
+        "QC flags": (flags or "-", flags), "mode": (row.mode, row.mode),
+        "policy": (row.policy_version or "-", row.policy_version), "date": (row.date, row.date),
+        "episode": (w.episode_id[:12], w.episode_id), "store": (row.store, row.store), "privacy": (row.privacy, row.privacy),
+    }
+    return values[COLUMNS[col]]
 
 
 class WindowTableModel(QAbstractTableModel):
