@@ -42,7 +42,6 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
 STATS_ROWS = 32768
 IMAGE_STATS_FRAMES = 256  # frames per read group that image statistics sample
-DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
 def _pa():
@@ -50,7 +49,7 @@ def _pa():
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - pyarrow is a dependency of the export extra
-        raise ExportError("the LeRobot export needs pyarrow: pip install 'hg-dagger[export]'") from exc
+        raise ExportError("parquet exports (lerobot, rlinf) need pyarrow: pip install 'hg-dagger[export]'") from exc
     return pa, pq
 
 
