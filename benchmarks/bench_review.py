@@ -4,7 +4,9 @@ On a store of N short episodes (20 steps, state only), each ending with one or t
 times against a baseline measured in the same run (reading the catalog alone, ``EpisodeStore.open(url).episodes()``):
 
   open     - ``decisions.list_windows(store, WindowFilter())`` and the workspace rows (``model.rows_of_store``:
-             the same rows plus each window's QC verdict and replay status), each on a freshly opened store;
+             the same rows plus each window's QC verdict and flags, replay status, mode, policy, day and privacy
+             status), each on a freshly opened store, before and after QC; then the browser's table filled with
+             those rows (``WindowBrowser.set_rows`` on Qt's offscreen platform: model, filter choices, counts);
   filter   - the browser's filters (status / task / operator / combined) over those rows in memory, and the same
              filters pushed down into ``list_windows``;
   qc       - ``qc.run_qc(store, write=True)`` over every episode, then a second run that must write nothing;
@@ -153,6 +155,26 @@ def timed(fn, repeat: int):
     return statistics.median(times), out
 
 
+def browser_fill(rows, repeat: int) -> float:
+    """Median seconds to fill a fresh WindowBrowser with ``rows`` (the GUI's share of opening the browser)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PyQt6.QtWidgets import QApplication
+
+    from hg_dagger.ui.review.browser import WindowBrowser
+
+    app = QApplication.instance() or QApplication(["bench_review"])
+    times = []
+    for _ in range(repeat):
+        b = WindowBrowser()
+        t0 = time.perf_counter()
+        b.set_rows(rows)
+        app.processEvents()
+        times.append(time.perf_counter() - t0)
+        assert b.model.rowCount() == len(rows)
+        b.deleteLater()
+    return statistics.median(times)
+
+
 def measure(path: str, n_eps: int, repeat: int) -> dict:
     r: dict = {}
     t_cat, infos = timed(lambda: EpisodeStore.open(path).episodes(), repeat)
@@ -163,7 +185,9 @@ def measure(path: str, n_eps: int, repeat: int) -> dict:
     t_rows, rows = timed(lambda: rows_of_store(path), repeat)
     r["rows_s"] = t_rows
     assert len(rows) == len(windows)
-    print(f"catalog {t_cat:.3f} s, list_windows {t_lw:.3f} s, workspace rows {t_rows:.3f} s", flush=True)
+    r["browser_s"] = browser_fill(rows, repeat)
+    print(f"catalog {t_cat:.3f} s, list_windows {t_lw:.3f} s, workspace rows {t_rows:.3f} s, "
+          f"browser filled in {r['browser_s']:.3f} s", flush=True)
 
     filters = {
         "status=pending": (Filters(status="pending"), WindowFilter(status="pending")),
@@ -196,6 +220,7 @@ def measure(path: str, n_eps: int, repeat: int) -> dict:
     t_rows2, rows2 = timed(lambda: rows_of_store(path), repeat)
     r["rows_after_qc_s"] = t_rows2
     r["rows_qc_passed"] = sum(x.qc == "passed" for x in rows2)
+    r["browser_after_qc_s"] = browser_fill(rows2, repeat)
     return r
 
 
@@ -220,6 +245,8 @@ def report(n_eps: int, ep_len: int, b: dict, r: dict) -> None:
     line(f"qc run 1 ({r['qc1_layers']} layers written)", r["qc1_s"])
     line(f"qc run 2 ({r['qc2_layers']} layers written)", r["qc2_s"])
     line(f"workspace rows after QC ({r['rows_qc_passed']} passed)", r["rows_after_qc_s"])
+    line("browser table filled (WindowBrowser.set_rows)", r["browser_s"])
+    line("browser table filled, rows after QC", r["browser_after_qc_s"])
 
 
 def main():

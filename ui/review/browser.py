@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from PyQt6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, pyqtSignal
 from PyQt6.QtGui import QColor
 from PyQt6.QtWidgets import (
@@ -19,8 +22,6 @@ from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.ui import style
 from hg_dagger.ui.review.model import ANY, FILTER_VALUES, Filters, ReviewRow, counts
 
-COLUMNS = ("window", "status", "auth", "QC", "replay", "task", "operator", "gate", "steps", "source", "outcome",
-           "reviewer", "QC flags", "mode", "policy", "date", "episode", "store", "privacy")
 STATUS_COLOURS = {"pending": style.NEUTRAL, "approved": style.OK, "rejected": style.SAFETY, "needs_fix": style.WARNING}
 FILTERS = (("task", "task"), ("operator", "operator"), ("mode", "mode"), ("gate_reason", "gate reason"),
            ("outcome", "recovery"), ("status", "review"), ("qc", "QC"), ("qc_flag", "QC flag"), ("replay", "replay"),
@@ -28,22 +29,37 @@ FILTERS = (("task", "task"), ("operator", "operator"), ("mode", "mode"), ("gate_
 FILTERS_PER_ROW = 6
 
 
-def _cell(row: ReviewRow, col: int):
-    """(display text, sort key) of one cell."""
-    w = row.window
-    flags = ", ".join(row.qc_flags)
-    values = {
-        "window": (w.short_id, w.window_id), "status": (w.status.value, w.status.value),
-        "auth": ("yes" if w.authorized else "no", w.authorized), "QC": (row.qc, row.qc),
-        "replay": (row.replay, row.replay), "task": (w.task, w.task), "operator": (w.operator or "-", w.operator),
-        "gate": (w.gate_reason or "-", w.gate_reason),
-        "steps": (f"[{w.handover_start}, {w.handover_end})", (w.handover_start, w.handover_end)),
-        "source": (w.source, w.source), "outcome": (w.outcome, w.outcome), "reviewer": (w.reviewer or "-", w.reviewer),
-        "QC flags": (flags or "-", flags), "mode": (row.mode, row.mode),
-        "policy": (row.policy_version or "-", row.policy_version), "date": (row.date, row.date),
-        "episode": (w.episode_id[:12], w.episode_id), "store": (row.store, row.store), "privacy": (row.privacy, row.privacy),
-    }
-    return values[COLUMNS[col]]
+def _flags(r: ReviewRow) -> str:
+    return ", ".join(r.qc_flags)
+
+
+# column -> (display text, sort key) of a row's cell
+CELLS: dict[str, Callable[[ReviewRow], tuple[Any, Any]]] = {
+    "window": lambda r: (r.window.short_id, r.window.window_id),
+    "status": lambda r: (r.window.status.value, r.window.status.value),
+    "auth": lambda r: ("yes" if r.window.authorized else "no", r.window.authorized),
+    "QC": lambda r: (r.qc, r.qc),
+    "replay": lambda r: (r.replay, r.replay),
+    "task": lambda r: (r.window.task, r.window.task),
+    "operator": lambda r: (r.window.operator or "-", r.window.operator),
+    "gate": lambda r: (r.window.gate_reason or "-", r.window.gate_reason),
+    "steps": lambda r: (f"[{r.window.handover_start}, {r.window.handover_end})",
+                        (r.window.handover_start, r.window.handover_end)),
+    "source": lambda r: (r.window.source, r.window.source),
+    "outcome": lambda r: (r.window.outcome, r.window.outcome),
+    "reviewer": lambda r: (r.window.reviewer or "-", r.window.reviewer),
+    "QC flags": lambda r: (_flags(r) or "-", _flags(r)),
+    "mode": lambda r: (r.mode, r.mode),
+    "policy": lambda r: (r.policy_version or "-", r.policy_version),
+    "date": lambda r: (r.date, r.date),
+    "episode": lambda r: (r.window.episode_id[:12], r.window.episode_id),
+    "store": lambda r: (r.store, r.store),
+    "privacy": lambda r: (r.privacy, r.privacy),
+}
+COLUMNS = tuple(CELLS)
+_GETTERS = tuple(CELLS.values())
+SIZE_ROWS = 100
+"""Rows sampled to size the columns (Qt would read up to 1,000 rows of every column, about 1 s at 19 columns)."""
 
 
 class WindowTableModel(QAbstractTableModel):
@@ -95,9 +111,9 @@ class WindowTableModel(QAbstractTableModel):
             return None
         row = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
-            return _cell(row, index.column())[0]
+            return _GETTERS[index.column()](row)[0]
         if role == Qt.ItemDataRole.UserRole:
-            key = _cell(row, index.column())[1]
+            key = _GETTERS[index.column()](row)[1]
             return str(key) if isinstance(key, tuple) and not all(isinstance(k, int) for k in key) else key
         if role == Qt.ItemDataRole.ForegroundRole and COLUMNS[index.column()] == "status":
             return QColor(STATUS_COLOURS.get(row.window.status.value, style.NEUTRAL))
@@ -113,6 +129,8 @@ class FilterProxy(QSortFilterProxyModel):
         self.setSortRole(Qt.ItemDataRole.UserRole)
 
     def set_filters(self, filters: Filters) -> None:
+        if filters == self.filters:
+            return  # the rows are filtered with these already (a model reset filters them)
         self.filters = filters
         self.invalidateFilter()
 
@@ -146,6 +164,7 @@ class WindowBrowser(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.horizontalHeader().setResizeContentsPrecision(SIZE_ROWS)
         self.table.selectionModel().currentRowChanged.connect(self._current_changed)
         self.combos: dict[str, QComboBox] = {}
         form = QGridLayout()
@@ -171,9 +190,8 @@ class WindowBrowser(QWidget):
     def set_rows(self, rows: list[ReviewRow]) -> None:
         self.model.set_rows(rows)
         self.table.setColumnHidden(COLUMNS.index("store"), len({r.store for r in rows}) <= 1)
-        self._fill_choices()
+        self._fill_choices()  # also applies the filters and counts
         self.table.resizeColumnsToContents()
-        self._update_counts()
 
     def add_rows(self, rows: list[ReviewRow]) -> None:
         """Add the rows of newly committed episodes; filters, choices and counts follow."""
@@ -240,8 +258,8 @@ class WindowBrowser(QWidget):
         self._update_counts()
 
     def _update_counts(self) -> None:
-        shown = self.visible_rows()
         total = len(self.model.rows)
+        shown = self.model.rows if self.proxy.rowCount() == total else self.visible_rows()
         text = counts(shown)
         if len(shown) != total:
             text += f"  (of {total})"

@@ -12,6 +12,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -92,12 +93,12 @@ class Filters:
     policy_version: str = ANY
     date: str = ANY
 
+    @cached_property
+    def _active(self) -> tuple[tuple[Callable[[ReviewRow], Iterable[str]], str], ...]:
+        return tuple((FILTER_VALUES[f.name], getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) != ANY)
+
     def accepts(self, row: ReviewRow) -> bool:
-        for f in fields(self):
-            want = getattr(self, f.name)
-            if want != ANY and want not in FILTER_VALUES[f.name](row):
-                return False
-        return True
+        return all(want in get(row) for get, want in self._active)
 
 
 def privacy_status(start: EpisodeStart, has_camera: bool) -> str:
