@@ -865,6 +865,11 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
     from hg_dagger.learn.aggregate import LABEL_FIELDS, extract_labels
 
     opened = _Stores()
+    for ref in manifest.stores:  # every store the version names must be there, trainable samples or not
+        try:
+            opened.get(ref.url)
+        except StoreError as exc:
+            raise DatasetError(f"{manifest.ref}: store {ref.id}: {exc}") from None
     out = []
     entries = {e.key: e for e in manifest.episodes}
     for (sid, eid), parts in trainable_steps(manifest).items():
