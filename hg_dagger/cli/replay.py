@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from hg_dagger.learn import executor
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -19,14 +21,16 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="report only; write no label layer")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    executor.add_arguments(p)
     p.set_defaults(func=_replay)
 
 
 def _replay(args) -> int:
     from hg_dagger.review.replay import replay_store
 
-    report = replay_store(args.store, episodes=args.episodes, write=not args.dry_run, author=args.author,
-                          progress=not args.quiet)
+    with executor.from_args(args) as ex:
+        report = replay_store(args.store, episodes=args.episodes, write=not args.dry_run, author=args.author,
+                              progress=not args.quiet, executor=ex)
     if args.json:
         print(json.dumps({**report.to_json(), "summary": report.summary()}, indent=2))
     else:

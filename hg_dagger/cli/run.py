@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from hg_dagger.errors import ConfigError, StoreError
+from hg_dagger.learn import executor
 
 
 def register(sub) -> None:
@@ -28,6 +29,7 @@ def register(sub) -> None:
                    "else the environment variable HG_DAGGER_BRIDGE_TOKEN)")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    executor.add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -56,7 +58,11 @@ def _run(args) -> int:
                               "run config)")
         overrides["robot.token_file"] = args.token_file
     cfg = load_run_config(args.config, args.task, **overrides)
-    summary = run_gated(cfg, args.store, student_path=args.student, progress=not args.quiet)
+    if args.executor == "ray" and (cfg.robot is not None or cfg.operator.type == "device"):
+        raise ConfigError("--executor ray runs simulated envs with the synthetic or expert operator; a robot or a "
+                          "device operator runs with --executor local")
+    with executor.from_args(args) as ex:
+        summary = run_gated(cfg, args.store, student_path=args.student, progress=not args.quiet, executor=ex)
     d = summary.as_dict()
     d.pop("episode_ids")
     if args.json:

@@ -56,8 +56,10 @@ def _robot_metadata(env) -> dict[str, Any]:
     return {"robot_bridge": {"endpoint": f"{env.host}:{env.port}", "instance": env.status().get("instance", "")}}
 
 
-def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, operators: list | None = None) -> Session:
-    """Wire env, gates, handover, safety and the operator named by ``cfg`` around ``student``."""
+def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, operators: list | None = None,
+                  extra: dict[str, Any] | None = None) -> Session:
+    """Wire env, gates, handover, safety and the operator named by ``cfg`` around ``student``; ``extra`` goes
+    into every episode's EpisodeStart.extra (an executor's worker and job)."""
     env = env if env is not None else make_run_env(cfg)
     cfg = _follow_robot(cfg, env)
     m = env.mapping
@@ -78,10 +80,11 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     return Session(env, student, recorder, gates=gates, handover=machine, safety=safety, operator=operator,
                    expert=expert, latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene,
                    seed=cfg.seed, realtime=cfg.realtime, gate_config_extra={"operator_config": op.model_dump(mode="json")},
-                   episode_extra=_robot_metadata(env))
+                   episode_extra={**_robot_metadata(env), **(extra or {})})
 
 
-def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = None) -> Session:
+def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = None,
+                 extra: dict[str, Any] | None = None) -> Session:
     """The session a run config describes, recording into ``store_url`` (created if missing): the env, the
     student (a fresh, untrained one when no checkpoint is given), a recorder, and the confidence gate
     calibrated if the config asks. The caller closes ``session.rec`` and then ``session.env``."""
@@ -103,7 +106,7 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
         raise
     rec = store.recorder()
     try:
-        session = build_session(cfg, rec, student, env=env)
+        session = build_session(cfg, rec, student, env=env, extra=extra)
         if cfg.calibrate_steps:
             cal = session.calibrate(cfg.calibrate_steps)
             log.info("confidence gate calibrated: %s", cal if cal else "too few samples, thresholds unchanged")
@@ -114,9 +117,15 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
     return session
 
 
-def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True) -> RunSummary:
-    """A whole human-gated collection run: ``open_session``, then record ``cfg.episodes`` episodes."""
-    session = open_session(cfg, store_url, student_path=student_path)
+def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True,
+              extra: dict[str, Any] | None = None, executor=None) -> RunSummary:
+    """A whole human-gated collection run: ``open_session``, then record ``cfg.episodes`` episodes.
+
+    With a Ray ``executor`` (learn.executor) the episodes are split into contiguous seed blocks, one
+    session per worker, each recording into its own store segments."""
+    if executor is not None and executor.kind != "local":
+        return executor.run_gated(cfg, store_url, student_path=student_path, progress=progress)
+    session = open_session(cfg, store_url, student_path=student_path, extra=extra)
     try:
         return session.run(cfg.episodes, progress=progress)
     finally:

@@ -241,8 +241,10 @@ def evaluate(
     store_url: str | None = None,
     holdout_fraction: float = 0.0,
     progress: bool = True,
+    executor=None,
 ) -> dict[str, Any]:
-    """`hg-dagger eval`: closed-loop student-only rollouts (+ offline error on held-out windows of a store)."""
+    """`hg-dagger eval`: closed-loop student-only rollouts (+ offline error on held-out windows of a store);
+    with a Ray ``executor`` (learn.executor) the closed-loop episodes run on its workers, same seeds."""
     from hg_dagger.envs import load_mapping, make_env
     from hg_dagger.policy import Student
 
@@ -251,8 +253,12 @@ def evaluate(
     student = Student.load(checkpoint, mapping)
     result: dict[str, Any] = {"checkpoint": str(checkpoint), "policy_version": student.version, "task": task,
                               "seed": cfg.seed}
-    with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:
-        result["closed_loop"] = closed_loop(student, env, cfg, progress=progress)
+    if executor is not None and executor.kind != "local":
+        result["closed_loop"] = executor.evaluate(student, mapping.task_id, cfg)
+        result["executor"] = executor.describe()
+    else:
+        with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:
+            result["closed_loop"] = closed_loop(student, env, cfg, progress=progress)
     if store_url:
         from hg_dagger.policy import read_checkpoint
         from hg_dagger.store import EpisodeStore

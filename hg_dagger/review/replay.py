@@ -89,10 +89,12 @@ def replay_store(
     write: bool = True,
     author: str = REPLAY_AUTHOR,
     progress: bool = True,
+    executor=None,
 ) -> ReplayReport:
     """Replay episodes of a store (all committed ones by default; ids or unique prefixes in ``episodes``)
     and, with ``write``, record each verdict in a new label layer by ``author``. Incomplete episodes are
-    skipped when the whole store is replayed and refused when named."""
+    skipped when the whole store is replayed and refused when named. With a Ray ``executor``
+    (learn.executor) the workers replay and this process alone writes the verdicts."""
     from hg_dagger.store import EpisodeStore
 
     if not isinstance(store, EpisodeStore):
@@ -103,6 +105,10 @@ def replay_store(
         raise ContractError(f"{store.url}: replay results need an author")
     infos = _select(store, episodes)
     report = ReplayReport(store=store.url)
+    remote = {}
+    if executor is not None and executor.kind != "local":
+        ids = [i.episode_id for i in infos if i.complete]
+        remote = dict(zip(ids, executor.replay(store.url, ids), strict=True))
     bar = tqdm(infos, desc="replay", unit="ep", disable=not progress)
     try:
         for info in bar:
@@ -112,7 +118,7 @@ def replay_store(
                 report.results.append(ReplayResult(info.episode_id, info.task_id, check,
                                                    skipped="incomplete (never committed): nothing recorded"))
                 continue
-            check = replay_episode(store, info.episode_id)
+            check = remote[info.episode_id] if remote else replay_episode(store, info.episode_id)
             version = store.write_labels(info.episode_id, author=author, replay=check) if write else None
             report.results.append(ReplayResult(info.episode_id, info.task_id, check, version))
             bar.set_postfix(mismatch=len(report.mismatches), refresh=False)

@@ -1,0 +1,149 @@
+"""A Ray env worker killed (SIGKILL) mid-episode during `auto`: the episode it was recording stays incomplete in
+the store (never trainable), the episodes it committed are kept, the run continues on a replacement worker that
+re-runs the unfinished episodes from the same seeds, and every episode of the round ends up complete exactly once.
+
+Mid-episode is made certain, not hoped for: the worker is frozen (SIGSTOP) while the store shows one of its
+episodes begun with steps and not ended; the store is read again while it is frozen, and only if that episode is
+still open is the worker killed (otherwise it is let go and the search goes on)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from hg_dagger.contract import EndReason
+from hg_dagger.learn.auto import AutoConfig, AutoRun
+from hg_dagger.learn.executor import RayExecutor
+from hg_dagger.store import EpisodeStore, validate_store
+
+pytestmark = pytest.mark.timeout(600)
+
+EPISODES = 16
+CFG = {
+    # an untrained student acts (beta 0): episodes run to the cut (60 steps), long enough to be caught open
+    "task": "toy_reach", "certification": "planner_auto", "mode": "dagger_sync", "num_envs": 1, "seed": 2,
+    "iterations": 1, "episodes_per_iteration": EPISODES, "max_episode_steps": 60,
+    "beta": {"kind": "constant", "beta0": 0.0}, "student": {"ensemble": 2, "hidden": [16]},
+    "train": {"steps": 5, "batch_size": 32, "log_every": 5}, "eval": {"episodes": 2, "num_envs": 2, "max_steps": 5},
+    "recorder_flush_s": 0.02,
+}
+
+
+def _children() -> set[int]:
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    import ray
+
+    before = _children()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20, logging_level=logging.ERROR,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _children() - before:
+        time.sleep(0.2)
+    assert _children() - before == set(), "Ray left processes running"
+
+
+def _open_episodes(url, pid) -> list[str]:
+    """Episodes of worker ``pid`` that the store shows begun, with steps, and not ended."""
+    try:
+        store = EpisodeStore.open(url, mode="r")
+    except Exception:  # noqa: BLE001 - not created yet
+        return []
+    return [i.episode_id for i in store.episodes()
+            if not i.complete and i.num_steps > 0 and i.start.extra.get("worker_pid") == pid]
+
+
+def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ray_runtime, tmp_path):
+    cfg = AutoConfig.model_validate(CFG)
+    out = tmp_path / "run"
+    url = str(out / "store")
+    ex = RayExecutor(workers=2)
+    victim = ex.pids[0]
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["rows"] = AutoRun(cfg, out, executor=ex).run(progress=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            result["error"] = exc
+
+    runner = threading.Thread(target=run, name="auto-run")
+    runner.start()
+    killed: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not killed and runner.is_alive() and time.monotonic() < deadline:
+            if _open_episodes(url, victim):
+                os.kill(victim, signal.SIGSTOP)  # frozen: what the store shows now is what it will keep
+                still = _open_episodes(url, victim)
+                if still:
+                    os.kill(victim, signal.SIGKILL)
+                    killed = still
+                else:
+                    os.kill(victim, signal.SIGCONT)
+            time.sleep(0.005)
+        runner.join(300)
+    finally:
+        if not killed:
+            try:
+                os.kill(victim, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        runner.join(60)
+        ex.close()
+    assert killed, "the worker finished before it could be caught mid-episode"
+    assert "error" not in result, result.get("error")
+
+    # the run went on: its round completed, trained and recorded the lost worker
+    (row,) = result["rows"]
+    assert row["episodes"] == EPISODES
+    assert len(row["worker_failures"]) == 1 and row["worker_failures"][0]["pid"] == victim
+    assert victim not in ex.pids  # a replacement took the dead worker's place
+
+    store = EpisodeStore.open(url)
+    assert validate_store(store) == []  # a killed writer is a crash the store is built for
+    infos = store.episodes()
+    complete: dict[int, object] = {}
+    for i in infos:
+        if i.complete:
+            k = i.start.extra["episode_index"]
+            assert k not in complete, f"episode index {k} committed twice"
+            complete[k] = i
+    assert sorted(complete) == list(range(EPISODES))  # nothing lost, nothing doubled
+    for eid in killed:
+        info = store.info(eid)
+        assert not info.complete and info.end.end_reason == EndReason.INCOMPLETE
+        # the replacement re-ran it from the same seed; the steps the killed worker flushed are the same steps
+        redo = complete[info.start.extra["episode_index"]]
+        assert redo.start.initial_state["seed"] == info.start.initial_state["seed"]
+        assert redo.start.extra["worker_pid"] != victim
+        cut, full = store.read_steps(eid), store.read_steps(redo.episode_id)
+        n = info.num_steps
+        assert 0 < n < redo.num_steps or n == redo.num_steps
+        np.testing.assert_array_equal(cut["applied_action"][:n], full["applied_action"][:n])
+        np.testing.assert_array_equal(cut["obs/qpos"][:n], full["obs/qpos"][:n])
+    # training took the complete episodes only, each once
+    from hg_dagger.policy import read_checkpoint
+
+    trained = [e for e, _ in read_checkpoint(out / "checkpoint.pt")["extra"]["train"]["replay"]["episodes"]]
+    assert sorted(trained) == sorted(i.episode_id for i in complete.values())
+    assert not set(killed) & set(trained)
