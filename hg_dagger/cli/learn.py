@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from hg_dagger.learn import executor
+
 
 def register(sub) -> None:
     t = sub.add_parser("train", help="train the student on the trainable labels of a store (BC / DAgger loss)")
@@ -40,6 +42,7 @@ def register(sub) -> None:
     e.add_argument("--store", help="also score action prediction on held-out episodes of this store")
     e.add_argument("--holdout-fraction", type=float, default=0.0)
     e.add_argument("--quiet", action="store_true")
+    executor.add_arguments(e)
     e.set_defaults(func=_eval)
 
     a = sub.add_parser("auto", help="automatic-expert DAgger: collect with beta mixing, aggregate, train, evaluate")
@@ -52,6 +55,7 @@ def register(sub) -> None:
     a.add_argument("--num-envs", type=int)
     a.add_argument("--seed", type=int)
     a.add_argument("--quiet", action="store_true")
+    executor.add_arguments(a)
     a.set_defaults(func=_auto)
 
 
@@ -98,8 +102,9 @@ def _eval(args) -> int:
     from hg_dagger.learn.evaluate import EvalConfig, evaluate
 
     cfg = EvalConfig(episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, max_steps=args.max_steps)
-    result = evaluate(args.checkpoint, args.task, args.out, config=cfg, store_url=args.store,
-                      holdout_fraction=args.holdout_fraction, progress=not args.quiet)
+    with executor.from_args(args) as ex:
+        result = evaluate(args.checkpoint, args.task, args.out, config=cfg, store_url=args.store,
+                          holdout_fraction=args.holdout_fraction, progress=not args.quiet, executor=ex)
     cl = result["closed_loop"]
     print(f"{result['policy_version']}: success {cl['success_rate']:.1%} over {cl['episodes']} episodes, "
           f"mean length {cl['episode_length_mean']:.1f}")
@@ -113,7 +118,8 @@ def _auto(args) -> int:
     from hg_dagger.learn.auto import AutoRun, load_config
 
     cfg = load_config(args.config, iterations=args.iterations, mode=args.mode, num_envs=args.num_envs, seed=args.seed)
-    rows = AutoRun(cfg, args.out, args.store).run(resume=args.resume, progress=not args.quiet)
+    with executor.from_args(args) as ex:
+        rows = AutoRun(cfg, args.out, args.store, executor=ex).run(resume=args.resume, progress=not args.quiet)
     for r in rows:
         print(f"iteration {r['iteration']}: beta {r['beta']:.3f}, labels {r['replay']['labels']}, "
               f"eval success {r['eval_success_rate']:.1%}, length {r['eval_episode_length']:.1f}, "
