@@ -62,6 +62,18 @@ class ConfidenceGate(_GateBase):
     calibration: Calibration | None = None
 
 
+class RiskGate(_GateBase):
+    """ThriftyDAgger's risk half: a learned estimate of the chance that the policy, left in control from
+    this state, fails (a classifier fit on recorded outcomes, ``RiskModel``). The score is that
+    probability; ``calibration`` sets the trigger to the (1 - target_rate) quantile of the risk of
+    recent autonomous states, as for the confidence gate. Without a model the gate never fires."""
+
+    type: Literal["risk"] = "risk"
+    model: str | None = Field(default=None, description="a RiskModel file (.npz) written by RiskModel.save")
+    trigger: float = Field(default=0.5, gt=0)
+    calibration: Calibration | None = None
+
+
 class ProgressStallGate(_GateBase):
     """The task's progress measure (info["signals"]["progress"]) has not improved by ``min_delta`` for
     ``trigger`` seconds of control time (the score is the stalled time in seconds)."""
@@ -110,7 +122,7 @@ class OperatorGate(_GateBase):
 
 
 GateSpec = Annotated[
-    ConfidenceGate | ProgressStallGate | ConstraintGate | SignalGate | PolicyFailedGate | OperatorGate,
+    ConfidenceGate | RiskGate | ProgressStallGate | ConstraintGate | SignalGate | PolicyFailedGate | OperatorGate,
     Field(discriminator="type"),
 ]
 
@@ -212,6 +224,86 @@ class _Confidence(_Gate):
         self.recent_n += len(u)
 
 
+class RiskModel:
+    """P(failure | state) as a one-hidden-layer MLP in numpy (cheap on the hot path, no torch import).
+
+    Features are the observation keys it was fit on, flattened in order and standardized with the
+    training data's mean/std; ``fit`` is full-batch Adam on the class-balanced logistic loss."""
+
+    def __init__(self, keys: list[str], mean: np.ndarray, std: np.ndarray, w1: np.ndarray, b1: np.ndarray,
+                 w2: np.ndarray, b2: np.ndarray):
+        self.keys, self.mean, self.std = list(keys), mean.astype(np.float32), std.astype(np.float32)
+        self.w1, self.b1, self.w2, self.b2 = (a.astype(np.float32) for a in (w1, b1, w2, b2))
+
+    @staticmethod
+    def features(obs: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
+        return np.concatenate([np.asarray(obs[k], np.float32).reshape(len(obs[k]), -1) for k in keys], axis=1)
+
+    @classmethod
+    def fit(cls, obs: dict[str, np.ndarray], failed: np.ndarray, *, keys: list[str] | None = None, hidden: int = 32,
+            steps: int = 400, lr: float = 1e-2, seed: int = 0) -> RiskModel:
+        keys = list(keys or obs)
+        x = cls.features(obs, keys).astype(np.float64)
+        y = np.asarray(failed, np.float64).ravel()
+        if len(x) != len(y) or len(y) == 0:
+            raise ValueError(f"risk model: {len(x)} states and {len(y)} outcomes")
+        mean, std = x.mean(0), x.std(0) + 1e-6
+        z = (x - mean) / std
+        rng = np.random.default_rng(seed)
+        params = [rng.normal(0, 1 / np.sqrt(z.shape[1]), (z.shape[1], hidden)), np.zeros(hidden),
+                  rng.normal(0, 1 / np.sqrt(hidden), (hidden,)), np.zeros(1)]
+        pos = y.mean()
+        w = np.where(y > 0.5, 0.5 / max(pos, 1e-6), 0.5 / max(1 - pos, 1e-6)) / len(y)  # balanced classes
+        m = [np.zeros_like(p) for p in params]
+        v = [np.zeros_like(p) for p in params]
+        for t in range(1, steps + 1):
+            w1, b1, w2, b2 = params
+            h = np.tanh(z @ w1 + b1)
+            p = 1.0 / (1.0 + np.exp(-(h @ w2 + b2)))
+            d = (p - y) * w  # d loss / d logit
+            dh = np.outer(d, w2) * (1 - h**2)
+            grads = [z.T @ dh, dh.sum(0), h.T @ d, np.array([d.sum()])]
+            for i, g in enumerate(grads):
+                m[i] = 0.9 * m[i] + 0.1 * g
+                v[i] = 0.999 * v[i] + 0.001 * g * g
+                params[i] = params[i] - lr * (m[i] / (1 - 0.9**t)) / (np.sqrt(v[i] / (1 - 0.999**t)) + 1e-8)
+        return cls(keys, mean, std, *params)
+
+    def predict(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        z = (self.features(obs, self.keys) - self.mean) / self.std
+        logit = np.tanh(z @ self.w1 + self.b1) @ self.w2 + self.b2
+        return (1.0 / (1.0 + np.exp(-np.clip(logit, -30, 30)))).astype(np.float32)
+
+    def save(self, path) -> None:
+        with open(path, "wb") as f:
+            np.savez(f, keys=np.array(self.keys), mean=self.mean, std=self.std, w1=self.w1, b1=self.b1, w2=self.w2,
+                     b2=self.b2)
+
+    @classmethod
+    def load(cls, path) -> RiskModel:
+        try:
+            with np.load(path) as d:
+                return cls([str(k) for k in d["keys"]], d["mean"], d["std"], d["w1"], d["b1"], d["w2"], d["b2"])
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(f"{path}: not a risk model file ({type(exc).__name__}: {exc})") from None
+
+
+class _Risk(_Gate):
+    def __init__(self, spec: RiskGate, *a):
+        super().__init__(spec, *a)
+        self.model = RiskModel.load(spec.model) if spec.model else None
+        self.last = np.zeros(self.n, np.float32)
+
+    def score(self, inp, armed):
+        if self.model is None:
+            return np.zeros(self.n, np.float32)
+        self.last = self.model.predict(inp.obs)
+        return self.last
+
+    def values(self, row, inp):
+        return {"risk": float(self.last[row])}
+
+
 class _Stall(_Gate):
     def __init__(self, spec: ProgressStallGate, *a):
         super().__init__(spec, *a)
@@ -309,7 +401,7 @@ class _Operator(_Gate):
         return {"takeover": True}
 
 
-_IMPLS = {"confidence": _Confidence, "progress_stall": _Stall, "constraint": _Constraint, "signal": _Signal,
+_IMPLS = {"confidence": _Confidence, "risk": _Risk, "progress_stall": _Stall, "constraint": _Constraint, "signal": _Signal,
           "policy_failed": _Failed, "operator": _Operator}
 
 
@@ -407,6 +499,24 @@ class GateEngine:
         trig = max(trig, 1e-9)
         self.set_threshold(g.name, trigger=trig, warn=min(warn, trig))
         return {"trigger": trig, "warn": min(warn, trig), "samples": int(u.size), "target_rate": cal.target_rate}
+
+    def calibrate_gate(self, name: str, scores: np.ndarray) -> dict[str, float] | None:
+        """The quantile rule for any gate with a 'calibration' section (e.g. a risk gate): its trigger becomes
+        the (1 - target_rate) quantile of ``scores`` (the gate's scores on autonomous states), so about
+        target_rate of such states would ask for a person. None when there are too few samples."""
+        g = next((x for x in self.gates if x.name == name), None)
+        cal = getattr(g.spec, "calibration", None) if g is not None else None
+        if cal is None:
+            raise ConfigError(f"gate {name!r}: calibration needs a gate with a 'calibration' section "
+                              f"(gates: {', '.join(x.name for x in self.gates)})")
+        u = np.asarray(scores, np.float32)
+        u = u[np.isfinite(u)]
+        if u.size < cal.min_samples:
+            return None
+        trig = max(calibrate_threshold(u, cal.target_rate), 1e-9)
+        warn = min(calibrate_threshold(u, cal.warn_rate or min(0.99, 2 * cal.target_rate)), trig)
+        self.set_threshold(name, trigger=trig, warn=warn)
+        return {"trigger": trig, "warn": warn, "samples": int(u.size), "target_rate": cal.target_rate}
 
     # ---- per-env state ---------------------------------------------------------------------
 
