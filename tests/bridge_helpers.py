@@ -15,10 +15,13 @@ TOKEN = "s3cret-token-for-tests"
 
 
 class Robot:
-    """A `hg-dagger bridge serve` subprocess; its log (stderr) goes to a file we can read."""
+    """A `hg-dagger bridge serve` subprocess; its log (stderr) goes to a file we can read.
+
+    The heartbeat timeout defaults to 5 s: a client is never dropped by chance on a busy machine (a
+    dropped session holds the robot until someone resumes it); tests of heartbeat loss set their own."""
 
     def __init__(self, tmp_path: Path, task: str = "toy_reach", *args: str, port: int = 0, num_envs: int = 1,
-                 seed: int = 0, heartbeat: float = 0.5):
+                 seed: int = 0, heartbeat: float = 5.0):
         self.token_file = tmp_path / "token"
         self.token_file.write_text(TOKEN + "\n")
         n = len(list(tmp_path.glob("robot*.log")))
