@@ -166,7 +166,7 @@ def test_shipped_configs_pass_config_check(name):
 def test_bad_device_configs_name_file_and_key(tmp_path):
     bad = tmp_path / "pad.yaml"
     bad.write_text("kind: device\ntype: gamepad\ndefault_map: nes\nmaps: {snes: {buttons: {estop: 3}}}\n")
-    with pytest.raises(ConfigError, match=r"pad.yaml.*\n.*default_map 'nes' is not one of maps: snes"):
+    with pytest.raises(ConfigError, match=r"pad.yaml: key gamepad: default_map 'nes' is not one of maps: snes"):
         load_device_config(bad)
     bad.write_text("kind: device\ntype: keyboard\nbuttons: {panic: escape}\n")
     with pytest.raises(ConfigError, match=r"keyboard.buttons.panic"):
