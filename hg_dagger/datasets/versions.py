@@ -778,7 +778,8 @@ def diff(a: Manifest, b: Manifest) -> dict[str, Any]:
     removed = [s for k, s in sa.items() if k not in sb]
     changed = [(sa[k], s) for k, s in sb.items() if k in sa and (sa[k].usage, sa[k].why, sa[k].label_version)
                != (s.usage, s.why, s.label_version)]
-    moved = [(ea, eb) for ea in a.episodes for eb in b.episodes if ea.key == eb.key and ea.split != eb.split]
+    ea = {e.key: e for e in a.episodes}
+    moved = [(ea[e.key], e) for e in b.episodes if e.key in ea and ea[e.key].split != e.split]
     add_u = Counter(s.usage for s in added)
     text = (f"+{len(added)} samples ({', '.join(f'{n} {u}' for u, n in sorted(add_u.items())) or 'none'}), "
             f"-{len(removed)}, {len(changed)} changed, {len(moved)} episodes moved between splits")
