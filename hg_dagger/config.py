@@ -27,6 +27,7 @@ KINDS: dict[str, str] = {
     "device": "hg_dagger.devices.configs:DeviceFile",
     "auto": "hg_dagger.learn.auto:AutoConfig",
     "qc": "hg_dagger.review.qc:QCConfig",
+    "dataset": "hg_dagger.datasets.versions:DatasetConfig",
 }
 
 
