@@ -221,3 +221,19 @@ def test_manifest_round_trip_and_hash(tmp_path):
     data = json.loads((tmp_path / "datasets" / "toy" / "v1.json").read_text())
     assert data["format"] == "hg_dagger.dataset" and data["samples"][0]["store"] == "s0"
     assert ACTION_DIM and ActionSource.HUMAN.value in {s["source"] for s in data["samples"]}
+
+
+def test_config_file_and_its_errors(tmp_path):
+    _small(tmp_path)
+    good = tmp_path / "ds.yaml"
+    good.write_text("kind: dataset\nselection: {task: toy_reach, quota: 1}\nsplits: {isolate: [operator]}\n")
+    r = _cli("dataset", "build", "cfg", "--store", tmp_path / "store", "--config", good, "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["dataset"] == "cfg@v1" and out["written"] and out["splits"] == {"train": 3}
+    m = dv.load(tmp_path / "datasets", "cfg")
+    assert m.config.selection.quota == 1 and m.config.splits.isolate == ("operator",)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: dataset\nselection: {quota: -1}\n")
+    _fails("dataset", "build", "x", "--store", tmp_path / "store", "--config", bad, match=str(bad))
+    assert not (tmp_path / "datasets" / "x").exists()

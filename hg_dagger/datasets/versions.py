@@ -491,9 +491,9 @@ def _episode_samples(store_id: str, info, layer, entry: EpisodeEntry, rule: Trai
     for w in layer.windows:
         s, e = w.handover_start, min(w.handover_end, n)
         labels, allowed = int(sel.labels[s:e].sum()), int(sel.allowed[s:e].sum())
-        certified = any(c.step_start <= w.handover_start and w.handover_end <= c.step_end for c in counting)
+        cover = next((c for c in counting if c.step_start <= w.handover_start and w.handover_end <= c.step_end), None)
         d = current_review(layer.reviews, w.window_id)
-        ok = (f"certified: {counting[0].method} by {counting[0].certifier}" if certified else
+        ok = (f"certified: {cover.method} by {cover.certifier}" if cover is not None else
               f"approved with training authorization by {d.reviewer if d else '?'}"
               + ("; QC passed" if w.source == ActionSource.HUMAN and rule.require_qc else ""))
         blocks = block_names(s, e)
