@@ -31,14 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from learning_common import first_reaching, run_arm  # noqa: E402
 
-METHODS = ("bc", "dagger", "gated")
-LABEL = {"bc": "BC", "dagger": "classic DAgger", "gated": "human-gated DAgger"}
+METHODS = ("bc", "dagger", "gated", "gated_risk")
+DEFAULT_METHODS = ("bc", "dagger", "gated")
+LABEL = {"bc": "BC", "dagger": "classic DAgger", "gated": "human-gated DAgger",
+         "gated_risk": "human-gated + risk gate"}
 
 # Settings per task. quick = toy_reach sized for about 10 minutes on 2 shared cores.
 PRESETS = {
     "toy_reach": {
         "num_envs": 8, "rounds": 6, "warm_episodes": 8, "episodes_per_round": 8, "max_episode_steps": 100,
-        "beta_decay": 0.5, "steps_per_label": 0.5,
+        "beta_decay": 0.5, "steps_per_label": 4.0,
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [64, 64]},
         "train": {"batch_size": 256, "lr": 2e-3},
         "eval": {"episodes": 40, "num_envs": 20, "seed": 100_000},
@@ -73,6 +75,20 @@ def arm_spec(task: str, seed: int, **over) -> dict:
 
 def _arm(method: str, spec: dict, out: str) -> dict:
     return run_arm(method, spec, Path(out) / f"{method}_s{spec['seed']}", log=lambda s: print(s, flush=True))
+
+
+def arms_from_curves(out: Path, rounds: int | None) -> list[dict]:
+    """The arms recorded so far under OUT (each arm's curve.jsonl grows one line per round): a run stopped
+    at a deadline is still reported; arms with fewer than ``rounds`` rounds are marked partial."""
+    arms = []
+    for path in sorted(out.glob("*_s*/curve.jsonl")):
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        if not rows:
+            continue
+        arms.append({"method": rows[0]["method"], "seed": rows[0]["seed"], "rounds": rows,
+                     "seconds": float(sum(r["seconds"] for r in rows)),
+                     "partial": rounds is not None and len(rows) < rounds})
+    return arms
 
 
 def summarize(arms: list[dict], target: float) -> dict:
@@ -120,7 +136,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m, color in zip(METHODS, ("tab:gray", "tab:blue", "tab:red"), strict=True):
+    for m, color in zip(METHODS, ("tab:gray", "tab:blue", "tab:red", "tab:orange"), strict=True):
         s = summary.get(m)
         if not s:
             continue
@@ -163,7 +179,8 @@ def main(argv=None) -> int:
     p.add_argument("--task", default=None, help="task id (default: toy_reach with --quick, else fetch_pick_place)")
     p.add_argument("--seeds", default="3", help="a count (3 = seeds 0,1,2) or a comma list (0,4,7)")
     p.add_argument("--out", default=None, help="output folder (default: runs/bench_learning_<task>)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma list of bc, dagger, gated, gated_risk (gated plus the learned risk gate)")
     p.add_argument("--rounds", type=int)
     p.add_argument("--episodes-per-round", type=int)
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
@@ -172,6 +189,8 @@ def main(argv=None) -> int:
     p.add_argument("--target-rate", type=float, help="gated: the confidence gate's calibrated intervention rate")
     p.add_argument("--target", type=float, default=None, help="success level for 'labels to reach' (quick 0.9, else 0.95)")
     p.add_argument("--jobs", type=int, default=2, help="arms in parallel processes")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: rebuild results.json and the curve from OUT/*/curve.jsonl (e.g. a run cut short)")
     args = p.parse_args(argv)
     task = args.task or ("toy_reach" if args.quick else "fetch_pick_place")
     seeds = list(range(int(args.seeds))) if "," not in args.seeds else [int(s) for s in args.seeds.split(",")]
@@ -189,6 +208,13 @@ def main(argv=None) -> int:
     print(f"bench_learning: {task}, methods {methods}, seeds {seeds}, {len(specs)} arms in {args.jobs} processes; "
           f"out {out}", flush=True)
     t0 = time.perf_counter()
+    if args.report:
+        arms = arms_from_curves(out, specs[0][1]["rounds"])
+        if not arms:
+            p.error(f"--report: no */curve.jsonl under {out}")
+        specs = [(a["method"], {**specs[0][1], "seed": a["seed"]}) for a in arms]
+        seeds = sorted({a["seed"] for a in arms})
+        return _report(args, argv, task, seeds, target, specs, arms, out, t0)
     arms = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
         futs = {pool.submit(_arm, m, spec, str(out)): (m, spec["seed"]) for m, spec in specs}
@@ -196,9 +222,14 @@ def main(argv=None) -> int:
             arms.append(f.result())
             m, s = futs[f]
             print(f"done {m} seed {s}: {len(arms)}/{len(specs)} arms, {time.perf_counter() - t0:.0f} s", flush=True)
+    return _report(args, argv, task, seeds, target, specs, arms, out, t0)
+
+
+def _report(args, argv, task, seeds, target, specs, arms, out: Path, t0: float) -> int:
     summary = summarize(arms, target)
     result = {"argv": sys.argv[1:] if argv is None else list(argv), "task": task, "seeds": seeds, "target": target,
-              "spec": specs[0][1], "summary": summary, "arms": arms, "seconds": time.perf_counter() - t0}
+              "spec": specs[0][1], "partial_arms": [f"{a['method']}_s{a['seed']}" for a in arms if a.get("partial")],
+              "summary": summary, "arms": arms, "seconds": time.perf_counter() - t0}
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     plot(summary, out / "learning_curve.png", f"{task}: success vs human labels, {len(seeds)} seeds, "
          f"{specs[0][1]['steps_per_label']:g} grad steps/label, {specs[0][1]['eval']['episodes']} eval episodes")

@@ -52,6 +52,39 @@ def _gate_config(task: str, target_rate: float | None, gates: str = ""):
     return cfg.model_copy(update={"gates": out})
 
 
+FAILURE_GATES = ("progress_stall", "policy_failed", "constraint", "collision", "object_drop", "signal")
+
+
+def risk_data(store, infos, keys: list[str], horizon: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Training data for the risk gate from recorded gated episodes: every step the policy ran, labelled 1
+    when, within ``horizon`` steps, a failure gate (not the novelty gate) asked for the operator or the
+    episode ended in failure; 0 otherwise (ThriftyDAgger's risk: failing from this state if left alone)."""
+    from hg_dagger.contract.enums import ActionSource
+
+    obs: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    ys = []
+    for info in infos:
+        d = store.read_steps(info.episode_id, ["action_source", *(f"obs/{k}" for k in keys)])
+        n = len(d["action_source"])
+        bad = np.zeros(n + horizon + 1, bool)
+        for w in store.labels(info.episode_id).windows:
+            if any(g in w.gate_reason for g in FAILURE_GATES):
+                bad[w.parent_step_id] = True
+        if not (info.end is not None and info.end.task_success):
+            bad[n - 1] = True
+        # y[t] = any bad event in (t, t + horizon]
+        c = np.concatenate([[0], np.cumsum(bad)])
+        t = np.arange(n)
+        y = (c[np.minimum(t + horizon + 1, len(bad))] - c[t + 1]) > 0
+        pol = d["action_source"] == ActionSource.POLICY.code
+        for k in keys:
+            obs[k].append(d[f"obs/{k}"][pol])
+        ys.append(y[pol])
+    if not ys:
+        return {k: np.zeros((0,)) for k in keys}, np.zeros(0, bool)
+    return {k: np.concatenate(v) for k, v in obs.items()}, np.concatenate(ys)
+
+
 def _new_episodes(store, ids: list[str]) -> list:
     if hasattr(store, "refresh"):
         store.refresh()
@@ -97,6 +130,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     ev = EvalConfig(**spec["eval"])
     totals = {"labels": 0, "operator_s": 0.0, "context_switches": 0, "episodes": 0}
     rows: list[dict[str, Any]] = []
+    gated_infos: list = []
     t_start = time.perf_counter()
 
     def add(infos) -> int:
@@ -108,7 +142,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
         for r in range(int(spec["rounds"])):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"round": r}
-            gated = method == "gated" and r > 0
+            gated = method in ("gated", "gated_risk") and r > 0
             if not gated:  # round 0 of every arm, and every round of bc / dagger: the auto collector
                 mode = "expert_demo" if (method != "dagger" or r == 0) else "dagger_sync"
                 beta = 1.0 if mode == "expert_demo" else float(spec["beta_decay"]) ** r
@@ -131,8 +165,11 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                            collect_success=float(np.mean(stats.successes)) if stats.successes else None)
             else:
                 g = spec["gated"]
-                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0,
-                        "gates": _gate_config(task, g.get("target_rate"), g.get("gates", ""))}
+                gate_cfg = _gate_config(task, g.get("target_rate"), g.get("gates", ""))
+                risk_states = None
+                if method == "gated_risk":  # the novelty gate plus a risk gate fit on this arm's outcomes so far
+                    gate_cfg, risk_states, row["risk"] = _with_risk_gate(gate_cfg, store, gated_infos, keys, g, out, r)
+                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0, "gates": gate_cfg}
                 over.update(g.get("overrides", {}))
                 cfg = load_run_config(None, task, num_envs=g["num_envs"], seed=seed + 1000 * r,
                                       calibrate_steps=g["calibrate_steps"], **over)
@@ -141,10 +178,15 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                     session = build_session(cfg, rec, trainer.student, env=env, expert=expert)
                     try:
                         cal = session.calibrate(g["calibrate_steps"]) if g["calibrate_steps"] else None
+                        if risk_states is not None:
+                            gate = next(x for x in session.gates.gates if x.name == "risk")
+                            row["risk"]["calibration"] = session.gates.calibrate_gate(
+                                "risk", gate.model.predict(risk_states))
                         summary = session.run(int(spec["episodes_per_round"]), progress=False)
                     finally:
                         rec.close()
                 infos = _new_episodes(store, summary.episode_ids)
+                gated_infos += infos
                 labels = add(infos)
                 op_s = sum((w.handover_end - w.parent_step_id) * dt for i in infos
                            for w in store.labels(i.episode_id).windows)
@@ -177,3 +219,21 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 f"{row['context_switches']} switches, intervention {row['intervention_rate']:.1%}, "
                 f"{trainer.total_steps} grad steps -> success {e['success_rate']:.0%} ({row['seconds']:.0f} s)")
     return {"method": method, "seed": seed, "rounds": rows, "seconds": time.perf_counter() - t_start}
+
+
+def _with_risk_gate(gate_cfg, store, infos, keys, g: dict, out: Path, r: int):
+    """gate_cfg plus a risk gate whose model is fit on the gated episodes so far (none yet: no risk gate),
+    calibrated to the same target rate on the policy's recorded states."""
+    from hg_dagger.control.gates import RiskGate, RiskModel
+
+    obs, failed = risk_data(store, infos, keys, int(g.get("risk_horizon", 25)))
+    info = {"samples": int(len(failed)), "failure_rate": float(failed.mean()) if len(failed) else None}
+    if len(failed) < 100 or failed.all() or not failed.any():
+        return gate_cfg, None, info
+    model = RiskModel.fit(obs, failed, keys=keys, seed=r)
+    path = out / f"risk_r{r}.npz"
+    model.save(path)
+    target = g.get("target_rate") or 0.1
+    gate = RiskGate(name="risk", model=str(path), trigger=0.5, hysteresis=0.15, debounce_ticks=2,
+                    calibration={"target_rate": target, "min_samples": 100})
+    return gate_cfg.model_copy(update={"gates": [*gate_cfg.gates, gate]}), obs, info

@@ -68,3 +68,15 @@ def test_effort_is_counted_three_ways(result):
     assert gated["context_switches"] == gated["windows"]
     assert (gated["operator_s"] > 0) == (gated["context_switches"] > 0)
     assert 0.0 <= gated["intervention_rate"] <= 1.0
+
+
+def test_report_rebuilds_the_summary_from_the_curve_files(bench, result):
+    out, res = result
+    (out / "results.json").unlink()
+    assert bench.main(["--quick", "--report", "--rounds", "3", "--steps-per-label", "0.2", "--out", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    for m in ("bc", "dagger", "gated"):
+        assert again["summary"][m]["success_mean"] == res["summary"][m]["success_mean"]
+        assert again["summary"][m]["labels_mean"] == res["summary"][m]["labels_mean"]
+    # the arms ran 2 of the 3 rounds asked for: reported, and marked partial
+    assert sorted(again["partial_arms"]) == ["bc_s0", "dagger_s0", "gated_s0"]
