@@ -116,10 +116,15 @@ def _eval(args) -> int:
 
 def _auto(args) -> int:
     from hg_dagger.learn.auto import AutoRun, load_config
+    from hg_dagger.learn.progress import RoundReporter
 
     cfg = load_config(args.config, iterations=args.iterations, mode=args.mode, num_envs=args.num_envs, seed=args.seed)
-    with executor.from_args(args) as ex:
-        rows = AutoRun(cfg, args.out, args.store, executor=ex).run(resume=args.resume, progress=not args.quiet)
+    ex = executor.from_args(args)
+    run = AutoRun(cfg, args.out, args.store, executor=ex)
+    # one line per finished iteration (progress, ETA) and OUT/curve.png redrawn: unattended runs can be watched
+    run.on_round = RoundReporter(args.out, cfg.iterations, write=lambda line: print(line, flush=True))
+    with ex:
+        rows = run.run(resume=args.resume, progress=not args.quiet)
     for r in rows:
         print(f"iteration {r['iteration']}: beta {r['beta']:.3f}, labels {r['replay']['labels']}, "
               f"eval success {r['eval_success_rate']:.1%}, length {r['eval_episode_length']:.1f}, "
