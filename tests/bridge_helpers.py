@@ -78,7 +78,8 @@ class LinkProxy:
 
     ``cut()`` closes every connection it carries (a cable pulled, a VPN dropped): both sides see the
     connection end. ``freeze()`` keeps them open but stops carrying bytes (a silent link): the robot
-    hears nothing until its heartbeat timeout. New connections are carried normally either way."""
+    hears nothing until its heartbeat timeout. New connections are carried normally either way, except
+    while the link is ``down()`` (until ``up()``): then they are closed at once, so the robot is unreachable."""
 
     def __init__(self, port: int):
         import socket
@@ -91,6 +92,7 @@ class LinkProxy:
         self._pairs: list[tuple] = []  # (client socket, server socket, frozen event)
         self._lock = threading.Lock()
         self._closed = False
+        self._down = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -99,6 +101,9 @@ class LinkProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._down:
+                client.close()
+                continue
             try:
                 server = self._socket.create_connection(("127.0.0.1", self.upstream), timeout=10)
             except OSError:
@@ -143,6 +148,13 @@ class LinkProxy:
             pairs, self._pairs = self._pairs, []
         for _, _, frozen in pairs:
             frozen.set()
+
+    def down(self) -> None:
+        self._down = True
+        self.cut()
+
+    def up(self) -> None:
+        self._down = False
 
     def close(self) -> None:
         self._closed = True

@@ -79,3 +79,36 @@ def test_control_loop_shows_the_hold_and_resumes_only_on_the_command(tmp_path):
         assert env.status()["resumed_by"] == "bob" and env.robot_state == RobotState.HOLD  # the app said bye
     robot.stop()
     assert "resumed by bob after hold (session from" in robot.log()
+
+
+@pytest.mark.timeout(300)
+def test_control_loop_survives_an_outage_while_the_robot_holds(tmp_path):
+    robot = Robot(tmp_path, heartbeat=30.0)
+    link = LinkProxy(robot.port)
+    store = str(tmp_path / "store")
+    loop = ControlLoop(lambda: _build(link.port, store), view_hz=0, store=store).start()
+    try:
+        loop.commands.put(live.StartEpisodes(1))
+        assert loop.slot.wait_for(lambda s: s.phase == "running" and s.episode_step >= 3, 60) is not None
+        link.down()  # the robot cannot be reached at all for a while
+        held = loop.slot.wait_for(lambda s: s.phase == "held", 120)
+        assert held is not None and "unreachable" in held.message, loop.slot.read()
+        assert robot.wait_log("backend commanded to hold position")  # the robot saw its session go
+        later = loop.slot.wait_for(lambda s: s.seq >= held.seq + 3, 120)  # the loop keeps going, retrying
+        assert later is not None and later.phase == "held" and loop.alive
+        loop.commands.put(live.Resume(by="bob"))  # still down: the resume fails, says why, nothing changes
+        failed = loop.slot.wait_for(lambda s: s.seq > later.seq + 1 and "unreachable" in s.message, 120)
+        assert failed is not None and failed.phase == "held"
+        link.up()
+        loop.commands.put(live.Resume(by="bob"))
+        moving = loop.slot.wait_for(lambda s: s.phase == "running" and s.episode_step >= held.episode_step + 5, 120)
+        assert moving is not None, loop.slot.read()
+    finally:
+        loop.stop()
+        link.close()
+        robot.stop()
+    assert loop.error == ""
+    (info,) = EpisodeStore.open(store).episodes()
+    notes = [e for e in info.end.events if e.kind == EventKind.NOTE and e.reason.startswith("robot resumed")]
+    assert [e.values["resumed_by"] for e in notes] == ["bob"] and "unreachable" in notes[0].values["after"]
+    assert "resumed by bob after hold (session from" in robot.log()

@@ -486,10 +486,11 @@ class Session:
         try:
             result = self.env.step(applied)
         except EnvError as exc:
-            if getattr(exc, "code", None) != "state":  # ErrorCode.STATE: the robot holds or is e-stopped
+            code = getattr(exc, "code", None)  # ErrorCode.STATE: the robot holds or is e-stopped
+            if code == "unreachable" or (code == "state" and getattr(exc, "robot_state", None) == "hold"):
+                self._robot_held(str(exc), t_ns)  # unreachable: the robot holds on its own heartbeat timeout
+            elif code != "state":
                 raise
-            if getattr(exc, "robot_state", None) == "hold":
-                self._robot_held(str(exc), t_ns)
             else:
                 self._robot_refused(str(exc), t_ns)
             return None
@@ -572,8 +573,16 @@ class Session:
     def refresh_obs(self) -> bool:
         """Sample the observation again just before a tick (live loops): over the bridge, the robot's state
         now; for a simulator, frozen between ticks, the same state stamped now. The env's signals of the
-        last step stay. False when the env cannot observe without stepping (the last step's obs stays)."""
-        got = self.env.observe()
+        last step stay. False when the env cannot observe without stepping (the last step's obs stays), or
+        when the robot cannot be reached: then it holds on its own heartbeat timeout, and so does the session."""
+        try:
+            got = self.env.observe()
+        except EnvError as exc:
+            if getattr(exc, "code", None) != "unreachable" or not self.running:
+                raise
+            if not self.robot_hold:
+                self._robot_held(str(exc), now_ns())
+            return False
         if got is None:
             return False
         obs, info = got
@@ -766,7 +775,10 @@ class Session:
         self._stop_all()
         self.robot_hold = ""
         if hasattr(self.env, "estop"):
-            self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
+            try:
+                self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
+            except EnvError as exc:  # the link is still down: the robot holds on its heartbeat timeout meanwhile
+                log.warning("could not latch the robot's e-stop: %s", exc)
 
     def _robot_refused(self, message: str, t_ns: int) -> None:
         """The robot refused to move (its own e-stop or safe stop): an e-stop from the bridge."""

@@ -108,12 +108,12 @@ def test_link_silent_during_a_handover_holds_the_robot_until_the_operator_resume
     assert robot.wait_log("resumed by alice after hold (heartbeat lost")
 
 
-def _cut_after(proxy: LinkProxy, session, steps: int) -> threading.Thread:
+def _cut_after(proxy: LinkProxy, session, steps: int, how: str = "cut") -> threading.Thread:
     def cut():
         deadline = time.monotonic() + 120
         while session.summary.steps < steps and time.monotonic() < deadline:
             time.sleep(0.005)
-        proxy.cut()
+        getattr(proxy, how)()
 
     t = threading.Thread(target=cut, daemon=True)
     t.start()
@@ -137,6 +137,22 @@ def test_headless_run_stops_when_the_link_drops_and_leaves_the_robot_holding(tmp
     (lost,) = _events(last, EventKind.HEARTBEAT_LOSS)
     assert lost.source == "bridge" and "hold" in lost.reason
     assert not [e for e in _events(last, EventKind.NOTE) if e.reason.startswith("robot resumed")]
+
+
+def test_headless_run_stops_cleanly_when_the_robot_cannot_be_reached(tmp_path, link):
+    robot, proxy = link
+    env, rec, s = _session(tmp_path, proxy.port, max_retries=2, backoff_s=0.01)
+    cutter = _cut_after(proxy, s, 10, how="down")
+    summary = s.run(50, progress=False)  # ends with the episodes kept, instead of an exception
+    cutter.join(10)
+    assert summary.stopped_by == "robot_hold" and "unreachable" in s.robot_hold
+    assert robot.wait_log("backend commanded to hold position")  # the robot saw its session go
+    rec.close()
+    env.close()
+    last = _episodes(tmp_path)[-1]
+    assert last.end.end_reason == EndReason.SAFETY_STOP
+    (lost,) = _events(last, EventKind.HEARTBEAT_LOSS)
+    assert "unreachable" in lost.reason and lost.source == "bridge"
 
 
 def test_headless_run_with_the_explicit_flag_resumes_and_records_who(tmp_path, link):

@@ -312,7 +312,8 @@ class BridgeEnv(VecEnv):
                     log.warning("%s: connection dropped during %s (%s); reconnecting (%d/%d)", self._where,
                                 msg["type"], exc, attempt + 1, self.max_retries)
                     self._disconnect()
-            raise BridgeError(f"{self._where}: {msg['type']} failed after {self.max_retries} reconnects")
+            raise BridgeError(f"{self._where}: {msg['type']} failed after {self.max_retries} reconnects",
+                              ErrorCode.UNREACHABLE)
 
     def _roundtrip(self, msg: dict) -> tuple[dict, int, int]:
         self._seq += 1
@@ -368,7 +369,8 @@ class BridgeEnv(VecEnv):
             except _Dropped as exc:
                 last = exc
                 log.info("%s: connect attempt %d/%d failed: %s", self._where, attempt + 1, self.max_retries + 1, exc)
-        raise BridgeError(f"{self._where} unreachable after {self.max_retries + 1} attempts: {last}")
+        raise BridgeError(f"{self._where} unreachable after {self.max_retries + 1} attempts: {last}",
+                          ErrorCode.UNREACHABLE)
 
     def _connect_once(self) -> None:
         try:

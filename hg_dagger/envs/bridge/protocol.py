@@ -91,6 +91,7 @@ class ErrorCode:
     STATE = "state"  # refused because the robot holds or is e-stopped
     SUPERSEDED = "superseded"  # a newer authenticated session took over
     INTERNAL = "internal"  # the backend raised
+    UNREACHABLE = "unreachable"  # client side only, never on the wire: the robot could not be reached
 
 
 # Refusals after which the robot closes the connection: the peer is not (yet) trusted or the byte
