@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 from store_helpers import fields, record, start, step
 
-from hg_dagger.contract import ActionSource, EndReason, EpisodeEnd, LabelMask
+from hg_dagger.contract import ActionSource, EndReason, EpisodeEnd, LabelMask, LabelTarget
 from hg_dagger.datasets import ExportError, ExportItem, export_lerobot, select
 from hg_dagger.datasets.source import check_frames
 from hg_dagger.errors import ContractError
@@ -106,6 +106,8 @@ def test_lerobot_export_equals_the_store(store_path, tmp_path):
         np.testing.assert_array_equal(f["intervene_flag"][sl], trainable & human)
         np.testing.assert_array_equal(f["action_source"][sl], stored["action_source"])
         np.testing.assert_array_equal(f["label_mask"][sl], store.labels(eid).mask)
+        np.testing.assert_array_equal(f["label_target"][sl], store.labels(eid).target)
+        assert (f["label_target"][sl][trainable] == LabelTarget.APPLIED_ACTION.code).all()
         if window:
             assert human[window[0]:window[1]].all() and not human[:window[0]].any()
         # contiguity and timestamps, checked here because LeRobot's loader does not

@@ -57,6 +57,7 @@ def test_tensor_data_source_reads_the_export_and_values_equal_the_store(export):
         trainable = store.labels(eid).mask == LabelMask.TRAINABLE.code
         np.testing.assert_array_equal(d["trainable"][:n].numpy(), trainable)
         np.testing.assert_array_equal(d["segment_accepted"][:n].numpy(), trainable)
+        np.testing.assert_array_equal(d["label_target"][:n].numpy(), store.labels(eid).target)
         assert d["valid"][:n].all() and not d["valid"][n:].any()  # padding past the episode's end
         assert (d["continuity_id"][:n] == 0).all() and (d["continuity_id"][n:] == -1).all()
         np.testing.assert_array_equal(d["episode_step"][:n].numpy(), np.arange(n))

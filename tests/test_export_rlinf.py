@@ -88,3 +88,36 @@ def test_a_gap_in_the_mask_splits_the_run_and_nothing_trainable_is_an_error(stor
     with pytest.raises(ExportError, match="none of the 1 episode"):
         export_rlinf([ExportItem(store, eid)], tmp_path / "none")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two"]
+
+
+def test_expert_window_labels_are_the_expert_actions(tmp_path):
+    """Classic DAgger: the policy may act while the expert labels; RLinf's `actions` must be the expert's label,
+    and the LeRobot export names that target per frame."""
+    from store_helpers import end, fields, start
+
+    from hg_dagger.contract import CorrectionWindow, LabelTarget
+    from hg_dagger.datasets import export_lerobot
+
+    s = EpisodeStore.create(tmp_path / "s")
+    with s.recorder(on_full="block") as rec:
+        eid = rec.begin_episode(start(), fields())
+        for t in range(12):
+            x = step(4, t)
+            if 3 <= t < 8:  # expert window: the expert labels, the policy's action is executed
+                x |= {"expert_action": np.full(4, 100 + t, np.float32), "expert_valid": True}
+            rec.put(eid, x)
+        rec.end_episode(eid, end(12), windows=[CorrectionWindow(
+            parent_episode_id=eid, parent_step_id=2, handover_start=3, handover_end=8, source=ActionSource.EXPERT)])
+    s = EpisodeStore.open(tmp_path / "s")
+    assert (s.labels(eid).target[3:8] == LabelTarget.EXPERT_ACTION.code).all()
+    export_rlinf(select(s), tmp_path / "shard")
+    _, _, eps = _read_shard(tmp_path / "shard")
+    ((e, rows),) = eps
+    assert (e["hg_dagger_first_step"], e["length"]) == (3, 5)
+    for t, row in enumerate(rows):
+        np.testing.assert_array_equal(np.asarray(row["actions"], np.float32), np.full(4, 103 + t, np.float32))
+        assert row["intervene_flag"] is False  # the policy's action was executed
+    export_lerobot(select(s), tmp_path / "lerobot")
+    data = pq.read_table(tmp_path / "lerobot" / "data" / "chunk-000" / "file-000.parquet").to_pydict()
+    assert data["label_target"][3:8] == [LabelTarget.EXPERT_ACTION.code] * 5
+    assert data["trainable"] == [3 <= t < 8 for t in range(12)]

@@ -315,7 +315,7 @@ def _features(ep: EpisodeData, specs, obs_cols: dict[str, str]) -> dict:
     feats["action"] = _feature("float32", (a,))
     feats["expert_action"] = _feature("float32", (a,))
     for col, dtype in (("expert_valid", "bool"), ("action_source", "int64"), ("intervene_flag", "bool"),
-                       ("trainable", "bool"), ("label_mask", "int64"), ("segment_id", "int64"),
+                       ("trainable", "bool"), ("label_mask", "int64"), ("label_target", "int64"), ("segment_id", "int64"),
                        ("segment_accepted", "bool"), ("continuity_id", "int64"), ("reward", "float32"),
                        ("done", "bool"), ("is_success", "bool"), ("timestamp", "float32"), ("frame_index", "int64"),
                        ("episode_index", "int64"), ("index", "int64"), ("task_index", "int64")):
@@ -356,6 +356,7 @@ def _episode_columns(ep: EpisodeData, obs_cols, image_cols, features, index0: in
     cols["intervene_flag"] = ep.intervention & ep.trainable
     cols["trainable"] = ep.trainable
     cols["label_mask"] = ep.label_mask
+    cols["label_target"] = ep.label_target
     cols["segment_id"] = ep.segments()
     cols["segment_accepted"] = ep.trainable
     cols["continuity_id"] = np.zeros(t, np.int64)

@@ -42,7 +42,7 @@ ACTION_SEMANTICS = "hg_dagger.applied_action"  # the task's raw action, as appli
 _FIELDS = {
     "actions": ("float32", 0), "valid": ("bool", False), "expert_action": ("float32", 0),
     "expert_valid": ("bool", False), "action_source": ("int64", -1), "intervention": ("bool", False),
-    "trainable": ("bool", False), "label_mask": ("int64", -1), "rewards": ("float32", 0),
+    "trainable": ("bool", False), "label_mask": ("int64", -1), "label_target": ("int64", -1), "rewards": ("float32", 0),
     "terminated": ("bool", False), "truncated": ("bool", False), "success": ("bool", False),
     "episode_step": ("int64", -1), "continuity_id": ("int64", -1), "segment_id": ("int64", -1),
     "segment_step": ("int64", -1), "segment_start": ("bool", False), "segment_end": ("bool", False),
@@ -162,6 +162,7 @@ def _row_values(ep, specs, task_index: int) -> dict[tuple[str, ...], np.ndarray]
         "intervention": ep.intervention,
         "trainable": ep.trainable & valid,
         "label_mask": ep.label_mask.astype(np.int64),
+        "label_target": ep.label_target.astype(np.int64),
         "rewards": a["reward"].astype(np.float32),
         "terminated": a["terminated"].astype(bool),
         "truncated": a["truncated"].astype(bool),
