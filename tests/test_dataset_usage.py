@@ -116,6 +116,8 @@ def test_quota_rounds_and_retention(tmp_path):
     m, _ = dv.build("k", [tmp_path / "store"], config=cfg)
     assert {s.episode_id for s in m.samples if s.usage == "trainable"} == set(eids[2:])
     assert all("retired by retention" in s.why for s in m.samples if s.kind == "window" and s.episode_id in eids[:2])
+    again, written = dv.build("k", [tmp_path / "store"])  # retired again for the same reason: nothing new
+    assert not written and again.version == 1
 
 
 def test_splits_in_a_built_version_are_leak_free_and_held_out_never_trains(tmp_path):

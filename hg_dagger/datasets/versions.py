@@ -725,6 +725,10 @@ def _carry_and_select(fresh: list[Sample], old: dict[tuple[str, str], Sample], e
             it = entries[s.key].iteration
             if s.usage == "trainable" and it <= newest - cfg.retain_rounds:
                 demote(k, f"retired by retention: round {it} is older than the newest {cfg.retain_rounds}")
+    for k, s in out.items():  # demoted again for the same reason as in vN: vN's sample stands, unchanged
+        p = old.get(k)
+        if p is not None and s is not p and (s.usage, s.why) == (p.usage, p.why):
+            out[k] = p
     return sorted(out.values(), key=lambda s: (s.added_in, s.store, entries[s.key].added_in, s.episode_id,
                                                s.steps[0], s.kind != "episode", s.id))
 
