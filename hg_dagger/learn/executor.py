@@ -100,6 +100,15 @@ def episode_seeds(base: int, count: int) -> list[int]:
     return [int(base) + k for k in range(int(count))]
 
 
+def shares(count: int, width: int, workers: int) -> list[list[int]]:
+    """Episode indices per worker: batches of ``width`` dealt round-robin, one call per worker and round (each call
+    opens a recorder and a store segment, so fewer, larger calls)."""
+    out: list[list[int]] = [[] for _ in range(max(1, workers))]
+    for b, start in enumerate(range(0, count, max(1, width))):
+        out[b % len(out)].extend(range(start, min(start + width, count)))
+    return [s for s in out if s]
+
+
 def merge_stats(parts: list) -> Any:
     """One CollectStats from several workers' (counts summed, lists concatenated)."""
     from hg_dagger.learn.auto import CollectStats
@@ -456,13 +465,9 @@ class RayExecutor:
         pi = iteration if policy_iteration is None else policy_iteration
         job = job or _job_id(iteration)
         snap = self._snapshot(student)
-        width = cfg.num_envs
-        calls = []
-        for start in range(0, len(seeds), width):  # one call per batch of num_envs episodes
-            idx = list(range(start, min(start + width, len(seeds))))
-            calls.append(("collect", (cfg, str(store_url), snap, {
-                "iteration": iteration, "beta": beta, "seeds": [seeds[k] for k in idx], "indices": idx,
-                "job": job, "policy_iteration": pi})))
+        calls = [("collect", (cfg, str(store_url), snap, {
+            "iteration": iteration, "beta": beta, "seeds": [seeds[k] for k in idx], "indices": idx, "job": job,
+            "policy_iteration": pi})) for idx in shares(len(seeds), cfg.num_envs, self.workers)]
         return _RayCollect(self, calls, store_url, job, time.perf_counter())
 
     def evaluate(self, student, task: str, eval_cfg) -> dict[str, Any]:
@@ -471,12 +476,13 @@ class RayExecutor:
         snap = self._snapshot(student)
         n = min(eval_cfg.num_envs, eval_cfg.episodes)  # the local batch width: same answers as local
         seeds = episode_seeds(eval_cfg.seed, eval_cfg.episodes)
-        calls = [("evaluate", (task, snap, eval_cfg, seeds[s:s + n], n)) for s in range(0, len(seeds), n)]
+        split = shares(len(seeds), n, self.workers)
+        calls = [("evaluate", (task, snap, eval_cfg, [seeds[k] for k in idx], n)) for idx in split]
         parts = self._fan_out(calls, what="evaluation")
         episodes, steps = [], 0
-        for start, part in zip(range(0, len(seeds), n), parts, strict=True):
-            for k, e in enumerate(part["episodes"]):
-                e["index"] = start + k
+        for idx, part in zip(split, parts, strict=True):
+            for e in part["episodes"]:  # closed_loop numbers the episodes of its share 0, 1, ...
+                e["index"] = idx[e["index"]]
             episodes.extend(part["episodes"])
             steps += part["steps"]
         return summarize(sorted(episodes, key=lambda e: e["index"]), steps=steps)
