@@ -92,6 +92,13 @@ def test_usage_classes_and_why(tmp_path):
     # the ExportItems a dataset hands the exporters: the trainable runs as the per-step mask
     items = {i.episode_id: i for i in dv.export_items(m)}
     assert set(items) == {ok, certified} and items[ok].trainable.sum() == 10 and items[ok].trainable[10:20].all()
+    r = _cli("dataset", "export", "u@v1", "--root", tmp_path / "datasets", "--format", "ods", "--out",
+             tmp_path / "ods", "--quiet")
+    assert r.returncode == 0, r.stderr
+    from hg_dagger.datasets import load_ods
+
+    td, meta = load_ods(tmp_path / "ods")
+    assert [e["episode_id"] for e in meta["episodes"]] == list(items) and int(td["trainable"].sum()) == 22
     assert sorted(dv.sequences(m, 5)) == sorted([("s0", ok, 10, 15), ("s0", ok, 15, 20), ("s0", certified, 0, 5),
                                                  ("s0", certified, 5, 10)])
 
