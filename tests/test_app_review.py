@@ -80,7 +80,7 @@ def open_app(qtbot, opts, settings):
 def test_review_tab_shows_the_session_and_records_decisions(qtbot, tmp_path, settings, toy_student):
     store = str(tmp_path / "store.zarr")
     opts = AppOptions(task="toy_reach", store=store, student=toy_student, operator="synthetic", name="op-rev",
-                      home=str(tmp_path / "home"))
+                      home=str(tmp_path / "home"), train_steps=60)
     op = open_app(qtbot, opts, settings)
     win, ws = op.window, op.window.review
     wait_snap(qtbot, op, lambda s: s.phase == "idle" and s.seq > 2)
@@ -150,6 +150,13 @@ def test_review_tab_shows_the_session_and_records_decisions(qtbot, tmp_path, set
     qtbot.waitUntil(lambda: ws.browser.model.rowCount() == len(list_windows(store)), timeout=WAIT_MS)
     status = {r.window_id: r.window.status for r in ws.browser.model.rows}
     assert status[row.window_id] == ReviewStatus.APPROVED and status[other.window_id] == ReviewStatus.REJECTED
+
+    # the next round runs QC before training: the tab shows its verdicts and keeps the selected window
+    op.train_next(keep_running=True)
+    qtbot.waitUntil(lambda: op.job is None, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: ws.rows_loaded and ws.worker.pending == 0 and ws.browser.model.rowCount()
+                    and all(r.qc != "no QC" for r in ws.browser.model.rows), timeout=WAIT_MS)
+    assert ws.browser.current().window_id == other.window_id and ws.panel.row.window_id == other.window_id
 
     # Esc on the review page still stops the robot
     qtbot.keyClick(ws.browser.table, Qt.Key.Key_Escape)

@@ -279,6 +279,8 @@ class MainWindow(QMainWindow):
 
     def set_training_done(self, message: str) -> None:
         self.rounds.set_training_done(message)
+        if self.review is not None and self.review.rows_loaded:
+            self.review.reload()  # a round runs QC first: show its verdicts
 
     # ---- lifetime ----------------------------------------------------------------------------
     def _restore(self) -> None:

@@ -215,11 +215,11 @@ class WindowBrowser(QWidget):
             return None
         return self.model.rows[self.proxy.mapToSource(idx).row()]
 
-    def select(self, window_id: str) -> bool:
-        """Make the window with this id (or id prefix) the current row."""
+    def select(self, window_id: str, store: str | None = None) -> bool:
+        """Make the window with this id (or id prefix), of ``store`` if given, the current row."""
         for i in range(self.proxy.rowCount()):
             row = self.model.rows[self.proxy.mapToSource(self.proxy.index(i, 0)).row()]
-            if row.window_id.startswith(window_id):
+            if row.window_id.startswith(window_id) and store in (None, row.store):
                 self.table.selectRow(i)
                 self.table.setCurrentIndex(self.proxy.index(i, 0))
                 return True

@@ -150,7 +150,10 @@ class ReviewWorkspace(QWidget):
         rows, errors, seen = result
         self.errors = errors
         self._seen = seen
+        current = self.browser.current()
         self.browser.set_rows(rows)
+        if current is not None:
+            self.browser.select(current.window_id, current.store)  # a reload keeps the reviewer's place
         self.rows_loaded = True
         self.loading = False
         self._awaiting = 0
