@@ -226,14 +226,19 @@ def _with_risk_gate(gate_cfg, store, infos, keys, g: dict, out: Path, r: int):
     calibrated to the same target rate on the policy's recorded states."""
     from hg_dagger.control.gates import RiskGate, RiskModel
 
-    obs, failed = risk_data(store, infos, keys, int(g.get("risk_horizon", 25)))
-    info = {"samples": int(len(failed)), "failure_rate": float(failed.mean()) if len(failed) else None}
-    if len(failed) < 100 or failed.all() or not failed.any():
+    # fit on four fifths of the episodes, calibrate on the rest: the risk of states it was fit on is biased low/high
+    held = [i for k, i in enumerate(infos) if k % 5 == 4]
+    fit_on = [i for k, i in enumerate(infos) if k % 5 != 4]
+    obs, failed = risk_data(store, fit_on, keys, int(g.get("risk_horizon", 25)))
+    cal_obs, _ = risk_data(store, held, keys, int(g.get("risk_horizon", 25)))
+    info = {"samples": int(len(failed)), "failure_rate": float(failed.mean()) if len(failed) else None,
+            "calibration_samples": int(len(next(iter(cal_obs.values()))))}
+    if len(failed) < 100 or failed.all() or not failed.any() or info["calibration_samples"] < 20:
         return gate_cfg, None, info
     model = RiskModel.fit(obs, failed, keys=keys, seed=r)
     path = out / f"risk_r{r}.npz"
     model.save(path)
     target = g.get("target_rate") or 0.1
     gate = RiskGate(name="risk", model=str(path), trigger=0.5, hysteresis=0.15, debounce_ticks=2,
-                    calibration={"target_rate": target, "min_samples": 100})
-    return gate_cfg.model_copy(update={"gates": [*gate_cfg.gates, gate]}), obs, info
+                    calibration={"target_rate": target, "min_samples": 20})
+    return gate_cfg.model_copy(update={"gates": [*gate_cfg.gates, gate]}), cal_obs, info

@@ -228,7 +228,9 @@ class RiskModel:
     """P(failure | state) as a one-hidden-layer MLP in numpy (cheap on the hot path, no torch import).
 
     Features are the observation keys it was fit on, flattened in order and standardized with the
-    training data's mean/std; ``fit`` is full-batch Adam on the class-balanced logistic loss."""
+    training data's mean/std; ``fit`` is full-batch Adam on the class-balanced logistic loss with an L2
+    penalty (``l2``): a few hundred recorded states must not give saturated, overconfident risks, or the
+    quantile calibration has nothing to separate."""
 
     def __init__(self, keys: list[str], mean: np.ndarray, std: np.ndarray, w1: np.ndarray, b1: np.ndarray,
                  w2: np.ndarray, b2: np.ndarray):
@@ -241,7 +243,7 @@ class RiskModel:
 
     @classmethod
     def fit(cls, obs: dict[str, np.ndarray], failed: np.ndarray, *, keys: list[str] | None = None, hidden: int = 32,
-            steps: int = 400, lr: float = 1e-2, seed: int = 0) -> RiskModel:
+            steps: int = 200, lr: float = 1e-2, l2: float = 1e-2, seed: int = 0) -> RiskModel:
         keys = list(keys or obs)
         x = cls.features(obs, keys).astype(np.float64)
         y = np.asarray(failed, np.float64).ravel()
@@ -262,7 +264,7 @@ class RiskModel:
             p = 1.0 / (1.0 + np.exp(-(h @ w2 + b2)))
             d = (p - y) * w  # d loss / d logit
             dh = np.outer(d, w2) * (1 - h**2)
-            grads = [z.T @ dh, dh.sum(0), h.T @ d, np.array([d.sum()])]
+            grads = [z.T @ dh + l2 * w1, dh.sum(0), h.T @ d + l2 * w2, np.array([d.sum()])]
             for i, g in enumerate(grads):
                 m[i] = 0.9 * m[i] + 0.1 * g
                 v[i] = 0.999 * v[i] + 0.001 * g * g
