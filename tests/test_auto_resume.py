@@ -47,6 +47,7 @@ def _loss_iterations(path) -> set[int]:
     return out
 
 
+@pytest.mark.timeout(1800)  # three CLI processes with torch start-up each; generous for a loaded 2-core machine
 def test_kill_9_mid_round_then_resume_finishes_every_iteration_once(tmp_path):
     cfg = tmp_path / "auto.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timeout(1200)  # a spawned worker runs every arm; slow on a loaded 2-core machine
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
