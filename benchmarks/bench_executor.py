@@ -9,7 +9,8 @@ thread everywhere, as in `auto`. The baseline is
 the local executor measured in the same run, alternating with the Ray runs. Start-up (Ray, actors, imports,
 env construction) is outside the timed rounds: one untimed round warms every executor first. Env-steps/s is
 recorded steps over the round's wall time in this process, so it includes the round trip, the snapshot
-broadcast and the store commits.
+broadcast and the store commits. Env-steps per CPU-second counts this process and the workers' CPU time: on a
+loaded machine, where wall time mostly measures the other jobs, it says what the executor itself costs.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from figures import record  # noqa: E402
 
 
-def round_rate(ex, cfg, store_url: str, student, seeds: list[int], iteration: int) -> tuple[float, int, float]:
-    t0 = time.perf_counter()
+def round_rate(ex, cfg, store_url: str, student, seeds: list[int], iteration: int) -> tuple[float, int, float, float]:
+    """(env-steps per wall second, env-steps, wall seconds, env-steps per CPU second of this process + the workers)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     res = ex.collect(cfg, store_url, student, iteration=iteration, beta=0.5, seeds=seeds).result()
-    dt = time.perf_counter() - t0
-    return res.stats.steps / dt, res.stats.steps, dt
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0 + res.worker_cpu_s
+    return res.stats.steps / dt, res.stats.steps, dt, res.stats.steps / cpu
 
 
 def bench_task(task: str, args) -> dict:
@@ -59,6 +61,7 @@ def bench_task(task: str, args) -> dict:
     executors["ray_1"] = RayExecutor(workers=1)
     executors["ray_2"] = RayExecutor(workers=2)
     rates: dict[str, list[float]] = {k: [] for k in executors}
+    cpu_rates: dict[str, list[float]] = {k: [] for k in executors}
     steps = {}
     with tempfile.TemporaryDirectory(prefix="bench_executor_") as tmp:
         urls = {}
@@ -72,16 +75,20 @@ def bench_task(task: str, args) -> dict:
                 order = list(executors) if rep % 2 == 0 else list(reversed(executors))
                 for name in order:
                     seeds = [1000 * (rep + 1) + k for k in range(args.episodes)]
-                    r, n, dt = round_rate(executors[name], cfg, urls[name], student, seeds, rep + 1)
+                    r, n, dt, rc = round_rate(executors[name], cfg, urls[name], student, seeds, rep + 1)
                     rates[name].append(r)
+                    cpu_rates[name].append(rc)
                     steps[name] = n
-                    print(f"  {task} rep {rep} {name:6s} {n} env-steps in {dt:.2f} s: {r:,.0f} env-steps/s", flush=True)
+                    print(f"  {task} rep {rep} {name:6s} {n} env-steps in {dt:.2f} s: {r:,.0f} env-steps/s, "
+                          f"{rc:,.0f} per CPU-second", flush=True)
         finally:
             for ex in reversed(list(executors.values())):
                 ex.close()
             ray.shutdown()
     med = {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
-    return {"task": task, "env_steps_per_round": steps, "rates": rates, "median": med,
+    cpu_med = {k: sorted(v)[len(v) // 2] for k, v in cpu_rates.items()}
+    return {"task": task, "env_steps_per_round": steps, "rates": rates, "median": med, "cpu_rates": cpu_rates,
+            "cpu_median": cpu_med,
             "ray_start_s": round(ray_start, 1)}
 
 
@@ -112,12 +119,18 @@ def main() -> int:
         print(f"{task}: local {m['local']:,.0f} env-steps/s | ray 1 worker {m['ray_1']:,.0f} "
               f"({m['ray_1'] / m['local']:.2f}x) | ray 2 workers {m['ray_2']:,.0f} ({m['ray_2'] / m['local']:.2f}x, "
               f"{m['ray_2'] / m['ray_1']:.2f}x of 1 worker); ray.init {r['ray_start_s']} s")
+        c = r["cpu_median"]
+        print(f"{task} per CPU-second (this process + workers): local {c['local']:,.0f} | ray 1 worker "
+              f"{c['ray_1']:,.0f} ({c['ray_1'] / c['local']:.2f}x) | ray 2 workers {c['ray_2']:,.0f} "
+              f"({c['ray_2'] / c['local']:.2f}x)")
         record(f"executor {task}: ray 1 worker", m["ray_1"], unit="env-steps/s", baseline=m["local"],
                baseline_name="local executor")
         record(f"executor {task}: ray 2 workers", m["ray_2"], unit="env-steps/s", baseline=m["local"],
                baseline_name="local executor")
         record(f"executor {task}: ray 2 workers vs 1", m["ray_2"], unit="env-steps/s", baseline=m["ray_1"],
                baseline_name="ray 1 worker")
+        record(f"executor {task}: ray 2 workers, per CPU-second", c["ray_2"], unit="env-steps/CPU-s",
+               baseline=c["local"], baseline_name="local executor")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"load_start": load0, "results": results}, indent=2))

@@ -89,6 +89,7 @@ class CollectResult:
     recorder: dict[str, Any] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)  # workers lost during the round
     policy_versions: list[str] = field(default_factory=list)  # the versions that acted
+    worker_cpu_s: float = 0.0  # CPU seconds the worker processes spent on the round (Ray; 0 in-process)
 
     @property
     def episode_ids(self) -> list[str]:
@@ -185,6 +186,7 @@ class EnvWorker:
         from hg_dagger.learn.auto import Collector, _rec_stats, build_expert
         from hg_dagger.store import EpisodeStore
 
+        cpu0 = time.process_time()
         mapping = load_mapping(cfg.task)
         key = (cfg.task, cfg.expert.model_dump_json(), cfg.mode)
         if key != self._expert_key:
@@ -216,7 +218,8 @@ class EnvWorker:
                                   on_episode=on_episode, progress=progress)
         finally:
             rec.close()
-        return {"stats": stats, "episodes": episodes, "recorder": _rec_stats(rec), "policy_version": student.version}
+        return {"stats": stats, "episodes": episodes, "recorder": _rec_stats(rec), "policy_version": student.version,
+                "cpu_s": time.process_time() - cpu0}
 
     def evaluate(self, task: str, snap, eval_cfg, seeds: list[int], num_envs: int) -> dict[str, Any]:
         """Closed-loop episodes from ``seeds`` in an env of ``num_envs`` rows: (per-episode dicts, env steps)."""
@@ -614,4 +617,5 @@ class _RayCollect:
                 if isinstance(v, int | float):
                     rec[k] = rec.get(k, 0) + v
         return CollectResult(stats, episodes, rec, self.ex.failures[self._fail0:],
-                             sorted({p["policy_version"] for p in parts} | {self.calls[0][1][2].version}))
+                             sorted({p["policy_version"] for p in parts} | {self.calls[0][1][2].version}),
+                             worker_cpu_s=sum(p["cpu_s"] for p in parts))
