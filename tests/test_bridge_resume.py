@@ -28,7 +28,7 @@ def test_resume_button_is_offered_only_while_the_robot_holds_and_names_the_opera
     c.show_snapshot(live.Snapshot(phase="running", episode_id="e", operator="alice"))
     assert not c.resume_robot.isEnabled() and commands.drain() == []
     c.show_snapshot(live.Snapshot(phase="held", episode_id="e", operator="alice", message="robot is in hold"))
-    assert c.resume_robot.isEnabled()
+    assert c.resume_robot.isEnabled() and "robot is in hold" in c.resume_robot.toolTip()  # why it holds
     assert not c.take_over.isEnabled() and not c.start.isEnabled()  # nothing else moves the robot while it holds
     QTest.mouseClick(c.resume_robot, Qt.MouseButton.LeftButton)
     assert commands.drain() == [live.Resume(by="alice")]

@@ -117,6 +117,9 @@ class EStopPanel(QWidget):
             self.commands.put(ClearEStop(by=self.operator or "operator"))
 
 
+RESUME_TIP = "The robot holds because its link was lost: resume it once it is safe (recorded with your name)"
+
+
 def _button(text: str, tip: str = "") -> QPushButton:
     b = QPushButton(text)
     b.setMinimumHeight(36)
@@ -145,8 +148,7 @@ class EpisodeControls(QGroupBox):
         self.discard = _button("Discard...", "End the episode and keep it out of training (asks why)")
         self.take_over = _button("Take over", "Take control from the policy (T)")
         self.hand_back = _button("Hand back", "Give control back to the policy (Enter)")
-        self.resume_robot = _button("Resume robot", "The robot holds because its link was lost: resume it once "
-                                    "it is safe (recorded with your name)")
+        self.resume_robot = _button("Resume robot", RESUME_TIP)
         self.operator = "operator"  # who resumes a held robot is recorded
         self.take_over.setStyleSheet(f"QPushButton:enabled {{ color: {style.HUMAN}; font-weight: bold; }}")
         self.hand_back.setStyleSheet(f"QPushButton:enabled {{ color: {style.POLICY}; font-weight: bold; }}")
@@ -206,6 +208,7 @@ class EpisodeControls(QGroupBox):
         self.take_over.setEnabled(can_take)
         self.hand_back.setEnabled(running and snap.control_state == "human")
         self.resume_robot.setEnabled(phase == "held")
+        self.resume_robot.setToolTip(f"{RESUME_TIP}.\n{snap.message}" if phase == "held" and snap.message else RESUME_TIP)
         self.operator = snap.operator or self.operator
         i = self.mode.findData(snap.mode)
         if i >= 0 and i != self.mode.currentIndex() and not self.mode.view().isVisible():
