@@ -159,6 +159,23 @@ def test_eval_cli_on_ray_equals_local(runs, tmp_path, capsys):
     assert a["success_rate"] == b["success_rate"] and a["buckets"] == b["buckets"]
 
 
+def test_auto_cli_on_ray_completes_and_validates(ray_runtime, tmp_path, capsys):
+    import yaml
+
+    cfg = {"kind": "auto", **CFG, "iterations": 1, "episodes_per_iteration": 4}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    assert main(["auto", "--config", str(path), "--out", str(out), "--quiet", "--executor", "ray",
+                 "--workers", "2"]) == 0
+    assert "iteration 0: beta 0.500" in capsys.readouterr().out
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["executor"]["kind"] == "ray" and row["episodes"] == 4
+    store = EpisodeStore.open(out / "store")
+    assert validate_store(store) == [] and len([i for i in store.episodes() if i.complete]) == 4
+    assert {i.start.extra["executor"] for i in store.episodes()} == {"ray"}
+
+
 def test_eval_seeds_do_not_depend_on_the_batch(runs):
     """An episode's result is its seed's, whichever row ran it: 7 episodes over 3 rows or one at a time."""
     from hg_dagger.envs import load_mapping, make_env
@@ -224,20 +241,6 @@ def test_replay_on_ray_matches_local_and_writes_once(runs, ex):
     store = EpisodeStore.open(url)
     assert all(store.replay_status(i.episode_id).value == "replayable" for i in store.episodes())
     assert validate_store(store) == []
-
-
-@pytest.mark.parametrize("argv", [
-    ["auto", "--config", "c.yaml", "--out", "o"],
-    ["run", "--task", "toy_reach", "--store", "s", "--operator", "synthetic"],
-    ["eval", "--checkpoint", "c.pt", "--task", "toy_reach", "--out", "o"],
-    ["replay", "s"],
-])
-def test_every_command_takes_the_executor_options(argv):
-    from hg_dagger.cli import build_parser
-
-    args = build_parser().parse_args([*argv, "--executor", "ray", "--workers", "3", "--address", "auto"])
-    assert (args.executor, args.workers, args.address) == ("ray", 3, "auto")
-    assert build_parser().parse_args(argv).executor == "local"
 
 
 def test_local_executor_is_the_default_path(tmp_path):

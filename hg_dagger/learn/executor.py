@@ -320,6 +320,20 @@ class _Done:
         return self._result
 
 
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse an unreachable HOST:PORT at once: Ray itself retries a missing head for minutes."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise HgDaggerError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
+
+
 def _job_id(iteration: int) -> str:
     return f"{uuid.uuid4().hex[:12]}-it{int(iteration)}"
 
@@ -347,7 +361,8 @@ class RayExecutor:
         self._owns = False
         if not ray.is_initialized():
             quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
-            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+            if address:
+                _reachable(address)
             try:
                 if address:
                     ray.init(address=address, **quiet)
