@@ -66,8 +66,8 @@ def arm_spec(task: str, seed: int, **over) -> dict:
             continue
         if k in ("eval_episodes",):
             spec["eval"]["episodes"] = v
-        elif k == "target_rate":
-            spec["gated"]["target_rate"] = v
+        elif k in ("target_rate", "gates"):
+            spec["gated"][k] = v
         else:
             spec[k] = v
     return spec
@@ -187,6 +187,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
     p.add_argument("--eval-episodes", type=int)
     p.add_argument("--target-rate", type=float, help="gated: the confidence gate's calibrated intervention rate")
+    p.add_argument("--gates", help="gated: a gate config (name in configs/gates or a path; default: the task's)")
     p.add_argument("--target", type=float, default=None, help="success level for 'labels to reach' (quick 0.9, else 0.95)")
     p.add_argument("--jobs", type=int, default=2, help="arms in parallel processes")
     p.add_argument("--report", action="store_true",
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
-            "target_rate": args.target_rate}
+            "target_rate": args.target_rate, "gates": args.gates}
     specs = [(m, arm_spec(task, s, **over)) for s in seeds for m in methods]
     print(f"bench_learning: {task}, methods {methods}, seeds {seeds}, {len(specs)} arms in {args.jobs} processes; "
           f"out {out}", flush=True)
