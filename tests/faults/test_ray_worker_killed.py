@@ -27,9 +27,9 @@ pytestmark = pytest.mark.timeout(600)
 
 EPISODES = 16
 CFG = {
-    # an untrained student acts (beta 0): episodes run to the cut (60 steps), long enough to be caught open
+    # an untrained student acts (beta 0): episodes run to the horizon (100 steps), long enough to be caught open
     "task": "toy_reach", "certification": "planner_auto", "mode": "dagger_sync", "num_envs": 1, "seed": 2,
-    "iterations": 1, "episodes_per_iteration": EPISODES, "max_episode_steps": 60,
+    "iterations": 1, "episodes_per_iteration": EPISODES, "max_episode_steps": 100,
     "beta": {"kind": "constant", "beta0": 0.0}, "student": {"ensemble": 2, "hidden": [16]},
     "train": {"steps": 5, "batch_size": 32, "log_every": 5}, "eval": {"episodes": 2, "num_envs": 2, "max_steps": 5},
     "recorder_flush_s": 0.02,
