@@ -180,6 +180,17 @@ def main() -> None:
             print(f"{k:<9} {r['seconds']:8.1f} {r['seconds'] / base:10.2f} {r['process_s']:9.1f} "
                   f"{r['peak_rss_mb']:11.0f}")
         b = res["build"]
+        from figures import record
+
+        for k in ("build", "check"):
+            record(f"dataset {k}, {args.episodes} episodes", res[k]["seconds"], unit="s", baseline=base,
+                   baseline_name="catalog + arrays with zarr", higher_is_better=False)
+        total = res["build"]["seconds"] + res["check"]["seconds"]
+        record(f"dataset build + check, {args.episodes * args.steps:,} steps", total, unit="s",
+               target="<= 60 s at 1,000,000 steps", met=total <= 60 if args.episodes * args.steps >= 1_000_000
+               else None, higher_is_better=False)
+        record(f"dataset build peak RSS, {args.episodes} episodes", res["build"]["peak_rss_mb"], unit="MB",
+               target="<= 2048 MB", met=res["build"]["peak_rss_mb"] <= 2048, higher_is_better=False)
         print(f"build: {b['samples']} samples of {b['episodes']} episodes, {b['trainable']} trainable "
               f"({b['trainable_steps']} steps), splits {b['splits']}, manifest {b['manifest_mb']:.1f} MB; "
               f"load average {os.getloadavg()[0]:.1f}")

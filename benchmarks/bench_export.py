@@ -179,6 +179,17 @@ def report(title: str, steps: int, frames_per_step: int, res: dict) -> None:
         print(f"{kind:12} {r['wall_s']:8.1f} {r['seconds']:10.1f} {r['wall_s'] / base:7.2f} "
               f"{steps / r['wall_s']:10,.0f} {fps} {r['peak_rss_mb']:12.0f} {r.get('mb', 0):10.1f} "
               f"{r.get('files', ''):>6}")
+    from figures import record
+
+    for kind, r in res.items():
+        if kind == "baseline":
+            continue
+        record(f"export {kind}, {title.split(':')[0]}: {'frames' if frames_per_step else 'steps'}/s",
+               steps * max(frames_per_step, 1) / r["wall_s"], unit="/s",
+               baseline=steps * max(frames_per_step, 1) / base, baseline_name="zarr read alone")
+        if not frames_per_step:
+            record(f"export {kind}, {title.split(':')[0]}: peak RSS", r["peak_rss_mb"], unit="MB",
+                   target="<= 2048 MB", met=r["peak_rss_mb"] <= 2048, higher_is_better=False)
 
 
 def main() -> None:

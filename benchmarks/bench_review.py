@@ -247,6 +247,17 @@ def report(n_eps: int, ep_len: int, b: dict, r: dict) -> None:
     line(f"workspace rows after QC ({r['rows_qc_passed']} passed)", r["rows_after_qc_s"])
     line("browser table filled (WindowBrowser.set_rows)", r["browser_s"])
     line("browser table filled, rows after QC", r["browser_after_qc_s"])
+    from figures import record
+
+    record(f"review {n_eps} episodes: workspace rows", r["rows_s"] * 1e3, unit="ms", baseline=cat * 1e3,
+           baseline_name="catalog", higher_is_better=False)
+    record(f"review {n_eps} episodes: workspace rows after QC", r["rows_after_qc_s"] * 1e3, unit="ms",
+           baseline=r["rows_s"] * 1e3, baseline_name="rows before QC", higher_is_better=False)
+    record(f"review {n_eps} episodes: QC of the store", r["qc1_s"] * 1e3, unit="ms", baseline=cat * 1e3,
+           baseline_name="catalog", higher_is_better=False)
+    record(f"review {n_eps} episodes: write_labels, last quarter", b["layer_last_ms"], unit="ms",
+           baseline=b["layer_first_ms"], baseline_name="first quarter", target="flat (ratio <= 1.5)",
+           met=b["layer_last_ms"] <= 1.5 * b["layer_first_ms"], higher_is_better=False)
 
 
 def main():

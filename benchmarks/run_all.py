@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "review": ("bench_review.py", ["--episodes", "1000"], []),
     "export": ("bench_export.py", ["--episodes", "1000", "--cam-episodes", "50"], []),
     "executor": ("bench_executor.py", ["--quick"], []),
+    "datasets": ("bench_datasets.py", ["--episodes", "1000"], []),
 }
 ENV = {"QT_QPA_PLATFORM": "offscreen", "SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy",
        "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}

@@ -157,6 +157,24 @@ def test_review_tab_shows_the_session_and_records_decisions(qtbot, tmp_path, set
     qtbot.waitUntil(lambda: ws.rows_loaded and ws.worker.pending == 0 and ws.browser.model.rowCount()
                     and all(r.qc != "no QC" for r in ws.browser.model.rows), timeout=WAIT_MS)
     assert ws.browser.current().window_id == other.window_id and ws.panel.row.window_id == other.window_id
+    # and it trained on exactly the approved, authorized window's human labels; the rejected one stopped
+    import json
+
+    import numpy as np
+
+    from hg_dagger.contract import ActionSource, LabelMask
+    from hg_dagger.store import EpisodeStore
+
+    def human_labels(w):
+        st = EpisodeStore.open(store)
+        src = st.read_steps(w.episode_id, ["action_source"])["action_source"][w.handover_start:w.handover_end]
+        mask = st.labels(w.episode_id).mask[w.handover_start:w.handover_end]
+        return int(np.sum((src == ActionSource.HUMAN.code) & (mask == LabelMask.TRAINABLE.code)))
+
+    (train_json,) = op.opts.task_dir.glob("students/round-*/train.json")
+    sel = json.loads(train_json.read_text())["selection"]
+    assert sel["allowed"] == human_labels(row.window) > 0
+    assert sel["rejected"] == human_labels(other.window)
 
     # Esc on the review page still stops the robot
     qtbot.keyClick(ws.browser.table, Qt.Key.Key_Escape)
