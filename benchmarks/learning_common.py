@@ -108,6 +108,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     from hg_dagger.experts import make_expert
     from hg_dagger.learn.aggregate import Replay, ReplayConfig, load_labels
     from hg_dagger.learn.auto import Collector
+    from hg_dagger.learn.effort import operator_seconds
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
     from hg_dagger.learn.train import TrainConfig, Trainer
     from hg_dagger.policy import Student
@@ -188,8 +189,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 infos = _new_episodes(store, summary.episode_ids)
                 gated_infos += infos
                 labels = add(infos)
-                op_s = sum((w.handover_end - w.parent_step_id) * dt for i in infos
-                           for w in store.labels(i.episode_id).windows)
+                op_s = operator_seconds(store, infos, dt)
                 row.update(mode="gated", episodes=len(infos), env_steps=summary.steps, new_labels=labels,
                            operator_s=op_s, context_switches=summary.context_switches, windows=summary.windows,
                            gate_triggers=summary.gate_triggers,

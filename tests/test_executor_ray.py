@@ -176,6 +176,36 @@ def test_auto_cli_on_ray_completes_and_validates(ray_runtime, tmp_path, capsys):
     assert {i.start.extra["executor"] for i in store.episodes()} == {"ray"}
 
 
+def test_run_rounds_on_ray_gate_on_the_workers_and_train_on_the_driver(ray_runtime, tmp_path, capsys):
+    """`run --rounds` on Ray: each gated round's seed blocks run as sessions on the workers, with the student the
+    driver trained in the round before; round 0 and the seeds of every episode equal the local run's."""
+    import yaml
+
+    auto = tmp_path / "auto.yaml"
+    auto.write_text(yaml.safe_dump({"kind": "auto", "task": "toy_reach", "student": CFG["student"],
+                                    "train": CFG["train"], "eval": CFG["eval"]}))
+    argv = ["run", "--task", "toy_reach", "--operator", "synthetic", "--certify", "--episodes", "4", "--num-envs",
+            "2", "--seed", "7", "--rounds", "2", "--quiet", "--auto-config", str(auto)]
+    assert main([*argv, "--out", str(tmp_path / "ray"), "--executor", "ray", "--workers", "2"]) == 0
+    assert "round 2/2" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1] and rows[1]["executor"]["kind"] == "ray"
+    store = EpisodeStore.open(tmp_path / "ray" / "store")
+    assert validate_store(store) == []
+    gated = [i for i in store.episodes() if i.start.iteration == 1]
+    assert len(gated) == 4 and {i.start.mode.value for i in gated} == {"human_gated"}
+    assert {i.start.extra["worker"] for i in gated} == {0, 1}
+    assert {i.start.policy_version for i in gated} == {rows[0]["policy_version"]}
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    local = [json.loads(line) for line in (tmp_path / "local" / "metrics.jsonl").read_text().splitlines()]
+    # round 0 (demonstrations) is the same on both; a gated round's episodes are split into seed blocks, each a
+    # session of its own, so its windows may differ, but both record every episode of every seed once
+    assert local[0]["policy_version"] == rows[0]["policy_version"]
+    local_store = EpisodeStore.open(tmp_path / "local" / "store")
+    seeds = sorted(i.start.initial_state["seed"] for i in local_store.episodes() if i.start.iteration == 1)
+    assert sorted(i.start.initial_state["seed"] for i in gated) == seeds
+
+
 def test_eval_seeds_do_not_depend_on_the_batch(runs):
     """An episode's result is its seed's, whichever row ran it: 7 episodes over 3 rows or one at a time."""
     from hg_dagger.envs import load_mapping, make_env

@@ -11,7 +11,7 @@ from hg_dagger.learn import executor
 def register(sub) -> None:
     p = sub.add_parser("run", help="human-gated run: the student acts, gates ask the operator, corrections are recorded")
     p.add_argument("--task", required=True, help="task id (configs/tasks)")
-    p.add_argument("--store", required=True, help="episode store to record into (created if missing)")
+    p.add_argument("--store", help="episode store to record into (created if missing); with --rounds default OUT/store")
     p.add_argument("--operator", choices=("synthetic", "expert", "device"),
                    help="who answers a handover: synthetic operator (planner-driven), the planner expert, a device")
     p.add_argument("--episodes", type=int, help="episodes to record")
@@ -27,6 +27,18 @@ def register(sub) -> None:
                    help="drive the robot behind `hg-dagger bridge serve TASK` at HOST:PORT instead of a local simulator")
     p.add_argument("--token-file", help="bridge token file for --robot (default: the run config's robot.token_file, "
                    "else the environment variable HG_DAGGER_BRIDGE_TOKEN)")
+    r = p.add_argument_group("rounds", "human-gated DAgger unattended: run, train on the certified corrections, "
+                             "evaluate, repeat (resumable; one summary line per round; OUT/curve.png)")
+    r.add_argument("--rounds", type=int, help="rounds of run + train + evaluate (round 0 is planner demonstrations "
+                   "unless --student is given)")
+    r.add_argument("--out", help="run folder for --rounds: checkpoint.pt, metrics.jsonl, loss.jsonl, curve.png")
+    r.add_argument("--resume", action="store_true", help="continue the rounds in --out after a stop or a kill")
+    r.add_argument("--certify", action="store_true", help="the synthetic or planner operator drives with the "
+                   "planner's exact actions (noise 0) and its windows are certified (planner_auto), so rounds "
+                   "train without a reviewer")
+    r.add_argument("--auto-config", help="auto config (kind: auto) whose student, train, replay and eval sections "
+                   "the rounds use; default configs/auto/<task>.yaml when there is one")
+    r.add_argument("--eval-episodes", type=int, help="student-only evaluation episodes after each round")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     executor.add_arguments(p)
@@ -38,7 +50,16 @@ def _run(args) -> int:
     from hg_dagger.control.run_config import load_run_config, parse_endpoint
     from hg_dagger.store.layout import local_path
 
-    where = local_path(args.store)
+    rounds = args.rounds is not None
+    for flag in ("out", "resume", "certify", "auto_config", "eval_episodes"):
+        if not rounds and getattr(args, flag) not in (None, False):
+            raise ConfigError(f"--{flag.replace('_', '-')} is for --rounds N (a multi-round run)")
+    if rounds and args.out is None:
+        raise ConfigError("--rounds needs --out DIR: the run folder (checkpoint.pt, metrics.jsonl, curve.png), "
+                          "which --resume continues")
+    if args.store is None and not rounds:
+        raise ConfigError("run needs --store STORE: the episode store to record into")
+    where = local_path(args.store) if args.store else None
     if where is not None and where.exists() and not where.is_dir():
         raise StoreError(f"--store {args.store}: is a file, not an episode store (give a store folder or a new path)")
 
@@ -57,7 +78,11 @@ def _run(args) -> int:
             raise ConfigError("--token-file is for a robot run: give --robot HOST:PORT (or a robot section in the "
                               "run config)")
         overrides["robot.token_file"] = args.token_file
+    if args.certify:
+        overrides.update({"operator.certification": "planner_auto", "operator.noise_std": 0.0})
     cfg = load_run_config(args.config, args.task, **overrides)
+    if rounds:
+        return _rounds(args, cfg)
     if args.executor == "ray" and (cfg.robot is not None or cfg.operator.type == "device"):
         raise ConfigError("--executor ray runs simulated envs with the synthetic or expert operator; a robot or a "
                           "device operator runs with --executor local")
@@ -71,4 +96,47 @@ def _run(args) -> int:
         print(f"{args.store}: {d['episodes']} episodes ({d['successes']} successful), {d['steps']} steps, "
               f"{d['windows']} correction windows, {d['human_steps']} operator steps, "
               f"{d['safety_clamps']} safety clamps" + (f"; stopped by {d['stopped_by']}" if d["stopped_by"] else ""))
+    return 0
+
+
+def _rounds(args, cfg) -> int:
+    """`run --rounds N`: `auto` in mode human_gated around this run config."""
+    from pathlib import Path
+
+    from hg_dagger import config as config_io
+    from hg_dagger.learn.auto import AutoConfig, AutoRun, load_config
+    from hg_dagger.learn.progress import RoundReporter
+
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds {args.rounds}: give at least 1")
+    if cfg.robot is not None or cfg.operator.type == "device":
+        raise ConfigError("--rounds runs unattended on a simulator with the synthetic or expert operator; a person "
+                          "or a robot trains between rounds in `hg-dagger app`")
+    if cfg.operator.certification == "none":
+        raise ConfigError("--rounds trains on the operator's corrections with no reviewer in between, so they must "
+                          "be certified: pass --certify (the planner operator, noise 0, windows certified "
+                          "planner_auto), or review each round's windows and train with `hg-dagger train`")
+    own = Path(config_io.CONFIG_DIR, "auto", f"{cfg.task}.yaml")
+    path = args.auto_config or (own if own.is_file() else None)
+    base = load_config(path, task=cfg.task) if path else AutoConfig(task=cfg.task)
+    data = base.model_dump(by_alias=True, include={"expert", "student", "train", "replay", "eval", "recorder_queue_steps",
+                                                   "recorder_flush_s", "dataset_versions"})
+    if args.eval_episodes is not None:
+        data["eval"]["episodes"] = args.eval_episodes
+    auto = config_io.validate(AutoConfig, {
+        **data, "task": cfg.task, "mode": "human_gated", "gated": cfg, "iterations": args.rounds,
+        "episodes_per_iteration": cfg.episodes, "num_envs": cfg.num_envs, "seed": cfg.seed,
+        "certification": cfg.operator.certification, "initial_student": args.student}, source="run --rounds")
+    ex = executor.from_args(args)
+    run = AutoRun(auto, args.out, args.store, executor=ex)
+    run.on_round = RoundReporter(args.out, auto.iterations, write=lambda line: print(line, flush=True))
+    with ex:
+        rows = run.run(resume=args.resume, progress=not args.quiet)
+    if not rows:
+        print(f"{args.out}: nothing to do, all {args.rounds} rounds are done")
+        return 0
+    last = rows[-1]
+    print(f"{args.out}: rounds {rows[0]['iteration']}..{last['iteration']} done; student {last['policy_version']}: "
+          f"eval success {last['eval_success_rate']:.1%} on {last['replay']['labels']} labels; "
+          f"curve {Path(args.out) / 'curve.png'}")
     return 0

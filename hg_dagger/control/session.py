@@ -126,7 +126,7 @@ class Session:
 
     def __init__(self, env, student, recorder, *, gates: GateEngine, handover: HandoverMachine,
                  safety: SafetyMonitor, operator: Operator, expert=None, latency_budget_ms: float | None = None,
-                 scene: str = "", seed: int = 0, realtime: bool = False,
+                 scene: str = "", seed: int = 0, iteration: int = 0, realtime: bool = False,
                  gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None):
         self.env, self.student, self.rec = env, student, recorder
         self.mapping = env.mapping
@@ -140,6 +140,7 @@ class Session:
         self.latency_budget_ns = None if latency_budget_ms is None else int(latency_budget_ms * 1e6)
         self.scene = scene
         self.seed = seed
+        self.iteration = int(iteration)  # the DAgger round, recorded in each EpisodeStart
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
         self.episode_extra = episode_extra or {}
@@ -624,7 +625,8 @@ class Session:
             gate_config["session_mode"] = self.mode
         mode = CollectionMode.EVAL if self.mode == "student_only" else CollectionMode.HUMAN_GATED
         self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=seed, scene=self.scene,
-                          operator=self.operator.name, gate_config=gate_config, extra=dict(self.episode_extra))
+                          operator=self.operator.name, gate_config=gate_config, iteration=self.iteration,
+                          extra=dict(self.episode_extra))
         self._started += 1
         self.summary.episode_ids.append(self.eids[r])
         self.machine.reset([r])

@@ -6,6 +6,9 @@ Producer modes (CollectionMode):
   dagger_async  a separate simulation process (env + expert + recorder) collects continuously with the
                 latest policy snapshot - a checkpoint file it reloads when it changes - while this
                 process trains; no live model object crosses the process boundary.
+  human_gated   the student drives and the gates hand over to a synthetic or planner operator (a
+                ``Session`` from the ``gated`` run config, as in `hg-dagger run`); iteration 0 is planner
+                demonstrations unless the run starts from ``initial_student``.
 
 At every step both the student and the expert see the same pre-action observation; the expert's
 label is stored for it whether or not it was executed. Both answers pass the mapping (policy_to_raw
@@ -46,6 +49,7 @@ from hg_dagger.contract import (
 )
 from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.control.episodes import EpisodeWriter
+from hg_dagger.control.run_config import RunConfig
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.aggregate import ReplayConfig, held_out
 from hg_dagger.learn.evaluate import EvalConfig
@@ -91,7 +95,7 @@ class AutoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task: str
-    mode: Literal["expert_demo", "dagger_sync", "dagger_async"] = "dagger_sync"
+    mode: Literal["expert_demo", "dagger_sync", "dagger_async", "human_gated"] = "dagger_sync"
     certification: Literal["none", "planner_auto"] = Field(
         default="none", description="planner_auto: certify the expert's labels, so they reach training without a "
         "reviewer (recorded per window); none: they wait for review like any window")
@@ -111,9 +115,60 @@ class AutoConfig(BaseModel):
     async_: AsyncSpec = Field(default_factory=AsyncSpec, alias="async")
     dataset_versions: bool = Field(default=True, description="build one dataset version per iteration "
                                    "(OUT/datasets/<task>/vN.json, hg-dagger dataset) and link the policy trained")
+    gated: RunConfig | None = Field(default=None, description="mode human_gated: the session (kind: run fields: "
+                                    "gates, handover, safety, operator, num_envs, calibrate_steps) over "
+                                    "configs/run/<task>.yaml, each section merged key by key; episodes and seeds "
+                                    "per iteration come from this config")
+    initial_student: str | None = Field(default=None, description="mode human_gated: start from this student "
+                                        "checkpoint's weights, gated from iteration 0 (default: a fresh student "
+                                        "and planner demonstrations in iteration 0)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gated_over_run_config(cls, data: Any) -> Any:
+        """A gated section written in a file changes the task's run config (what `hg-dagger run` uses) where it
+        says so: top-level keys replace, a section's keys replace that section's."""
+        if not (isinstance(data, dict) and isinstance(data.get("gated"), dict) and isinstance(data.get("task"), str)):
+            return data
+        from hg_dagger.control.run_config import load_run_config
+
+        over: dict[str, Any] = {}
+        for key, value in data["gated"].items():
+            if key in ("operator", "handover", "safety") and isinstance(value, dict):
+                over.update({f"{key}.{k}": v for k, v in value.items()})
+            elif key != "task":
+                over[key] = value
+        return {**data, "gated": load_run_config(None, data["task"], **over)}
+
+    @model_validator(mode="after")
+    def _gated_session(self) -> AutoConfig:
+        if self.mode != "human_gated":
+            return self
+        if self.gated is None:
+            from hg_dagger.control.run_config import load_run_config
+
+            self.gated = load_run_config(None, self.task)
+        g = self.gated
+        if g.task != self.task:
+            raise ValueError(f"gated.task is {g.task!r}, the run is for {self.task!r}")
+        if g.operator.type == "device" or g.robot is not None:
+            raise ValueError("mode human_gated runs unattended: gated.operator.type synthetic or expert on a "
+                             "simulator (a person and a robot train between rounds in `hg-dagger app`)")
+        return self
 
     def beta_at(self, iteration: int) -> float:
+        if self.mode == "human_gated":  # the student drives; the gates decide when the operator does
+            return 1.0 if self.demo_round(iteration) else 0.0
         return 1.0 if self.mode == "expert_demo" else self.beta(iteration)
+
+    def demo_round(self, iteration: int) -> bool:
+        """Mode human_gated: iteration 0 of a run from a fresh student is planner demonstrations."""
+        return self.mode == "human_gated" and iteration == 0 and self.initial_student is None
+
+    def gated_round(self, iteration: int) -> RunConfig:
+        """The run config of one human_gated iteration: its episodes, seeds and round number."""
+        return self.gated.model_copy(update={"episodes": self.episodes_per_iteration,
+                                             "seed": _reset_seed(self, iteration), "iteration": iteration})
 
 
 def load_config(path: str | Path, **overrides: Any) -> AutoConfig:
@@ -416,7 +471,10 @@ class AutoRun:
                      trainer.student.version, trainer.beta)
             return trainer
         sc = self.cfg.student
-        student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=self.cfg.seed)
+        if self.cfg.initial_student:
+            student = Student.load(self.cfg.initial_student, mapping)
+        else:
+            student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=self.cfg.seed)
         return Trainer(student, self.cfg.train, Replay(self.cfg.replay, seed=self.cfg.seed))
 
     # -------------------------------------------------------------- one iteration's learning half
@@ -518,9 +576,15 @@ class AutoRun:
             for it in range(start, cfg.iterations):
                 beta = cfg.beta_at(it)
                 rss0 = _rss_mb()
+                if cfg.mode == "human_gated" and not cfg.demo_round(it):
+                    ids, collect = self._gated_round(ex, it, trainer, store, mapping, progress)
+                    collect.update(rss_growth_mb=_rss_mb() - rss0, executor=ex.describe(), staleness_rounds=0)
+                    rows.append(self._learn(it, beta, trainer, store, mapping, ids, collect, env_eval, progress))
+                    continue
                 seeds = [_reset_seed(cfg, it) + k for k in range(cfg.episodes_per_iteration)]
                 if ahead is None:
-                    ahead = ex.collect(cfg, self.store_url, trainer.student, iteration=it, beta=beta, seeds=seeds,
+                    demo = cfg.model_copy(update={"mode": "expert_demo"}) if cfg.demo_round(it) else cfg
+                    ahead = ex.collect(demo, self.store_url, trainer.student, iteration=it, beta=beta, seeds=seeds,
                                        progress=progress)
                 round_ = ahead.result()
                 ahead = None
@@ -530,6 +594,10 @@ class AutoRun:
                                        seeds=[_reset_seed(cfg, it + 1) + k for k in range(cfg.episodes_per_iteration)])
                 stats = round_.stats
                 collect = stats.summary()
+                if cfg.demo_round(it):  # a person demonstrating would have driven every step of every episode
+                    dt = float(mapping.step_dt or 1.0 / mapping.control_hz)
+                    collect.update(operator_s=stats.steps * dt, context_switches=len(stats.episode_ids),
+                                   windows=len(stats.episode_ids), intervention_rate=1.0)
                 staleness = 1 if pipelined and it > start else 0
                 collect.update(recorder=round_.recorder, rss_growth_mb=_rss_mb() - rss0,
                                policy_versions=round_.policy_versions, executor=ex.describe(),
@@ -542,6 +610,30 @@ class AutoRun:
             if self.executor is None:
                 ex.close()
         return rows
+
+    def _gated_round(self, ex, it, trainer, store, mapping, progress) -> tuple[list[str], dict[str, Any]]:
+        """Iteration ``it`` of mode human_gated: `hg-dagger run` with the current student (a Session per
+        executor worker, the confidence gate calibrated on it first when the run config asks)."""
+        from hg_dagger.learn.effort import operator_seconds
+
+        lost = len(ex.failures)
+        path = self.out / "student_acting.pt"  # what the sessions load: one file, no live model shared
+        trainer.student.save(path)
+        t0 = time.perf_counter()
+        summary = ex.run_gated(self.cfg.gated_round(it), self.store_url, student_path=str(path), progress=progress)
+        infos = _wait_complete(store, summary.episode_ids)
+        dt = float(mapping.step_dt or 1.0 / mapping.control_hz)
+        collect = {
+            "episodes": summary.episodes, "env_steps": summary.steps, "seconds": time.perf_counter() - t0,
+            "collect_success_rate": summary.successes / summary.episodes if summary.episodes else None,
+            "intervention_rate": summary.human_steps / summary.steps if summary.steps else 0.0,
+            "human_steps": summary.human_steps, "windows": summary.windows,
+            "context_switches": summary.context_switches, "gate_triggers": summary.gate_triggers,
+            "operator_s": operator_seconds(store, infos.values(), dt), "safety_clamps": summary.safety_clamps,
+            "estops": summary.estops, "policy_versions": [trainer.student.version], "notes": summary.notes,
+            "worker_failures": ex.failures[lost:],
+        }
+        return summary.episode_ids, collect
 
     def _run_async(self, start, trainer, store, mapping, env_eval, progress) -> list[dict[str, Any]]:
         cfg = self.cfg

@@ -90,15 +90,18 @@ class RoundReporter:
         per = elapsed / max(1, self.done)
         train = row.get("train") or {}
         loss = train.get("loss_last")
-        parts = [
-            f"round {it + 1}/{self.iterations}",
-            f"beta {row.get('beta', float('nan')):.3f}",
+        parts = [f"round {it + 1}/{self.iterations}"]
+        if row.get("mode") != "human_gated":
+            parts.append(f"beta {row.get('beta', float('nan')):.3f}")
+        parts += [
             f"labels {int((row.get('replay') or {}).get('labels', 0)):,}",
             f"eval success {row.get('eval_success_rate', float('nan')):.1%}",
         ]
         if row.get("collect_success_rate") is not None:
             parts.append(f"collect success {row['collect_success_rate']:.1%}")
-        if row.get("expert_used_rate") is not None:
+        if row.get("intervention_rate") is not None:  # human_gated: steps the operator drove, windows opened
+            parts.append(f"intervention {row['intervention_rate']:.1%} ({row.get('windows', 0)} windows)")
+        elif row.get("expert_used_rate") is not None:
             parts.append(f"expert steps {row['expert_used_rate']:.1%}")
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
