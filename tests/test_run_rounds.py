@@ -181,3 +181,20 @@ def test_auto_gated_section_changes_the_tasks_run_config_key_by_key(tmp_path):
                                     "gated": {"operator": {"type": "device"}, "num_envs": 1}}))
     with pytest.raises(ConfigError, match="unattended"):
         load_config(path)
+
+
+def test_a_kill_between_checkpoint_and_metrics_line_loses_no_point_of_the_curve(tmp_path, capsys):
+    auto = tmp_path / "auto.yaml"
+    auto.write_text(yaml.safe_dump({**AUTO, "train": {"steps": 30, "batch_size": 32}}))
+    out = tmp_path / "rounds"
+    args = ["run", "--task", "toy_reach", "--operator", "synthetic", "--certify", "--episodes", "2", "--quiet",
+            "--auto-config", str(auto), "--out", str(out)]
+    assert main([*args, "--rounds", "1"]) == 0
+    metrics = out / "metrics.jsonl"
+    line = metrics.read_text()
+    metrics.write_text(line[: len(line) // 2])  # the kill landed while the line was being written
+    assert main([*args, "--rounds", "2", "--resume"]) == 0
+    capsys.readouterr()
+    rows = read_metrics(metrics)
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert json.dumps(rows[0], default=str) == line.strip()  # the very line the checkpoint carried

@@ -467,6 +467,7 @@ class AutoRun:
             if not self.checkpoint_path.is_file():
                 raise ConfigError(f"{self.checkpoint_path}: nothing to resume (no checkpoint in {self.out})")
             trainer = Trainer.resume(self.checkpoint_path, mapping, store_loader(store, mapping), self.cfg.train)
+            self._restore_metrics_line()
             log.info("resumed %s: iteration %d, policy %s, beta %s", self.checkpoint_path, trainer.iteration,
                      trainer.student.version, trainer.beta)
             return trainer
@@ -476,6 +477,22 @@ class AutoRun:
         else:
             student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=self.cfg.seed)
         return Trainer(student, self.cfg.train, Replay(self.cfg.replay, seed=self.cfg.seed))
+
+    def _restore_metrics_line(self) -> None:
+        """A kill after the checkpoint and before its metrics line: write the line the checkpoint carries."""
+        from hg_dagger.learn.progress import read_metrics
+        from hg_dagger.policy.checkpoint import read_checkpoint
+
+        line = read_checkpoint(self.checkpoint_path)["extra"].get("metrics_line")
+        if not line:
+            return
+        it = json.loads(line)["iteration"]
+        if any(r["iteration"] == it for r in read_metrics(self.metrics_path)):
+            return
+        text = self.metrics_path.read_text() if self.metrics_path.is_file() else ""
+        with open(self.metrics_path, "a") as f:  # after a line the kill cut short, on a line of its own
+            f.write(("" if not text or text.endswith("\n") else "\n") + line + "\n")
+        log.info("restored iteration %d's metrics line from %s", it, self.checkpoint_path)
 
     # -------------------------------------------------------------- one iteration's learning half
 
@@ -511,9 +528,11 @@ class AutoRun:
 
             row["dataset"] = dataset.ref
             record_training(self.out / "datasets", dataset, trainer.student.version, str(self.checkpoint_path))
-        trainer.save(self.checkpoint_path, last_metrics=json.loads(json.dumps(_flat(row))))
+        line = json.dumps(row, default=str)
+        # the checkpoint carries its own metrics line: a kill between the two writes loses no point of the curve
+        trainer.save(self.checkpoint_path, metrics_line=line)
         with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
+            f.write(line + "\n")
         log.info("iteration %d: beta %.3f labels %d eval success %.0f%% (policy %s)", it, beta, len(trainer.replay),
                  100 * ev["success_rate"], trainer.student.version)
         if getattr(self, "on_round", None) is not None:  # unattended runs: a summary line, ETA, curve.png
@@ -704,10 +723,6 @@ def _rec_stats(rec) -> dict[str, Any]:
     if isinstance(stats, dict):
         return dict(stats)
     return {k: v for k, v in vars(stats).items() if isinstance(v, int | float | str)}
-
-
-def _flat(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if isinstance(v, int | float | str | type(None))}
 
 
 def _wait_complete(store, ids: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
