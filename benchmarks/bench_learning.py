@@ -29,6 +29,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 from learning_common import first_reaching, run_arm  # noqa: E402
 
 METHODS = ("bc", "dagger", "gated", "gated_risk")
@@ -198,6 +199,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-episodes", type=int)
     p.add_argument("--target-rate", type=float, help="gated: the confidence gate's calibrated intervention rate")
     p.add_argument("--gates", help="gated: a gate config (name in configs/gates or a path; default: the task's)")
+    p.add_argument("--gated-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="gated: a run-config option for the sessions, e.g. handover.auto_return.agree_ticks=16 "
+                   "(YAML value; repeatable)")
     p.add_argument("--target", type=float, default=None, help="success level for 'labels to reach' (quick 0.9, else 0.95)")
     p.add_argument("--jobs", type=int, default=2, help="arms in parallel processes")
     p.add_argument("--report", action="store_true",
@@ -215,7 +219,15 @@ def main(argv=None) -> int:
     over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
             "target_rate": args.target_rate, "gates": args.gates}
+    sets = {}
+    for item in args.gated_set:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            p.error(f"--gated-set {item!r}: give KEY=VALUE")
+        sets[key] = yaml.safe_load(value)
     specs = [(m, arm_spec(task, s, **over)) for s in seeds for m in methods]
+    for _, spec in specs:
+        spec["gated"]["overrides"] = {**spec["gated"].get("overrides", {}), **sets}
     print(f"bench_learning: {task}, methods {methods}, seeds {seeds}, {len(specs)} arms in {args.jobs} processes; "
           f"out {out}", flush=True)
     t0 = time.perf_counter()

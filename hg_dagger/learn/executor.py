@@ -439,7 +439,7 @@ class RayExecutor:
     def _fan_out(self, calls: list[tuple[str, tuple]], *, what: str, on_lost=None) -> list:
         """Run ``calls`` (method, args) round-robin over the workers, all submitted at once (each actor runs its
         share in order); a call whose worker died goes again on the replacement, after ``on_lost(i, args)``
-        may rewrite it (None: nothing left to run)."""
+        may rewrite it (None: nothing left to run; a list: several calls, whose results are appended)."""
         ray = self._ray
         results: list = [None] * len(calls)
         running: dict = {}
@@ -469,9 +469,11 @@ class RayExecutor:
                 if self._actors[slot] is actor:  # several calls queued on one dead worker: replace it once
                     self._replace(slot, what, exc)
                 retry = on_lost(i, args) if on_lost is not None else args
-                if retry is None:
-                    results[i] = None
-                else:
+                if isinstance(retry, list):
+                    for again in retry:
+                        results.append(None)
+                        submit(len(results) - 1, name, again)
+                elif retry is not None:
                     submit(i, name, retry)
         return results
 
@@ -536,14 +538,30 @@ class RayExecutor:
             calls.append(("run_gated", (part, url, student, {"job": job, "episode_offset": offset})))
             offset += size
 
-        def lost(i, args):  # a run's episodes are not re-run: the block's committed ones stay, the rest is noted
-            note = f"worker for episodes {args[3]['episode_offset']}..+{args[0].episodes} died; its unfinished " \
-                   "episodes stay incomplete"
-            notes.append(note)
-            return None
+        def lost(i, args):
+            """Keep what the dead worker committed (the store says which seeds), run the other seeds again: each
+            contiguous range of them is a session of its own (its confidence gate calibrated afresh)."""
+            part, _, _, extra = args
+            block = range(part.seed, part.seed + part.episodes)
+            store = EpisodeStore.open(url, mode="r")
+            kept = [e for e in store.episodes() if e.complete and e.start.extra.get("job") == job
+                    and e.start.initial_state.get("seed") in block]
+            adopted.append(_run_summary_of(store, kept))
+            done = {e.start.initial_state["seed"] for e in kept}
+            ranges: list[list[int]] = []
+            for seed in (s for s in block if s not in done):
+                if ranges and ranges[-1][-1] == seed - 1:
+                    ranges[-1].append(seed)
+                else:
+                    ranges.append([seed])
+            notes.append(f"the worker running seeds {block.start}..{block.stop - 1} died; {len(kept)} committed "
+                         f"episodes kept, seeds {', '.join(f'{r[0]}..{r[-1]}' for r in ranges) or 'none'} run again")
+            return [(part.model_copy(update={"seed": r[0], "episodes": len(r)}), url, student,
+                     {**extra, "episode_offset": extra["episode_offset"] + r[0] - part.seed}) for r in ranges]
 
         notes: list[str] = []
-        parts = self._fan_out(calls, what="run", on_lost=lost)
+        adopted: list[dict] = []
+        parts = self._fan_out(calls, what="run", on_lost=lost) + adopted
         total = RunSummary()
         for p in parts:
             if p is None:
@@ -584,6 +602,23 @@ class RayExecutor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _run_summary_of(store, infos) -> dict[str, Any]:
+    """RunSummary fields of committed episodes, read back from the store (a dead worker's own summary is lost)."""
+    import numpy as np
+
+    from hg_dagger.contract import ActionSource
+
+    human = 0
+    windows = 0
+    for info in infos:
+        src = store.read_steps(info.episode_id, ["action_source"])["action_source"]
+        human += int(np.isin(src, (ActionSource.HUMAN.code, ActionSource.EXPERT.code)).sum())  # as Session counts
+        windows += len(store.labels(info.episode_id).windows)
+    return {"episodes": len(infos), "steps": sum(i.num_steps for i in infos),
+            "successes": sum(bool(i.end.task_success) for i in infos), "windows": windows, "human_steps": human,
+            "context_switches": windows, "episode_ids": [i.episode_id for i in infos]}
 
 
 class _RayCollect:

@@ -1,4 +1,4 @@
-"""A Ray env worker killed (SIGKILL) mid-episode during `auto`: the episode it was recording stays incomplete in
+"""A Ray env worker killed (SIGKILL) mid-episode during `auto` (and during `run`, below): the episode it was recording stays incomplete in
 the store (never trainable), the episodes it committed are kept, the run continues on a replacement worker that
 re-runs the unfinished episodes from the same seeds, and every episode of the round ends up complete exactly once.
 
@@ -147,3 +147,70 @@ def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ra
     trained = [e for e, _ in read_checkpoint(out / "checkpoint.pt")["extra"]["train"]["replay"]["episodes"]]
     assert sorted(trained) == sorted(i.episode_id for i in complete.values())
     assert not set(killed) & set(trained)
+
+
+RUN_EPISODES = 24  # 12 per worker: several recorder flushes (0.5 s) land while one is open, even on a fast machine
+
+
+def test_a_run_worker_killed_mid_episode_has_its_missing_seeds_run_again(ray_runtime, tmp_path):
+    """`run --operator synthetic` on Ray: a block's worker is killed mid-episode; the block's committed episodes
+    are kept, its other seeds run again on the replacement, and the run records every seed exactly once."""
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
+
+    # an untrained student (gates and the synthetic operator take turns): episodes long enough to be caught open
+    cfg = load_run_config(None, "toy_reach", **{"operator.type": "synthetic", "num_envs": 1,
+                                                "episodes": RUN_EPISODES, "seed": 40, "calibrate_steps": 0})
+    url = str(tmp_path / "store")
+    ex = RayExecutor(workers=2)
+    victim = ex.pids[0]
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = run_gated(cfg, url, progress=False, executor=ex)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            result["error"] = exc
+
+    runner = threading.Thread(target=run, name="ray-run")
+    runner.start()
+    killed: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not killed and runner.is_alive() and time.monotonic() < deadline:
+            if _open_episodes(url, victim):
+                os.kill(victim, signal.SIGSTOP)
+                still = _open_episodes(url, victim)
+                if still:
+                    os.kill(victim, signal.SIGKILL)
+                    killed = still
+                else:
+                    os.kill(victim, signal.SIGCONT)
+            time.sleep(0.005)
+        runner.join(300)
+    finally:
+        if not killed:
+            try:
+                os.kill(victim, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        runner.join(60)
+        ex.close()
+    assert killed, "the worker finished before it could be caught mid-episode"
+    assert "error" not in result, result.get("error")
+    summary = result["summary"]
+
+    store = EpisodeStore.open(url)
+    assert validate_store(store) == []
+    complete = [i for i in store.episodes() if i.complete]
+    seeds = sorted(i.start.initial_state["seed"] for i in complete)
+    assert seeds == list(range(40, 40 + RUN_EPISODES))  # every seed once: nothing lost, nothing doubled
+    assert summary.episodes == RUN_EPISODES and sorted(summary.episode_ids) == sorted(i.episode_id for i in complete)
+    assert summary.steps == sum(i.num_steps for i in complete)
+    assert summary.windows == sum(len(store.labels(i.episode_id).windows) for i in complete)
+    assert any("died" in n and "run again" in n for n in summary.notes), summary.notes
+    for eid in killed:
+        info = store.info(eid)
+        assert not info.complete and info.end.end_reason == EndReason.INCOMPLETE
+        redo = [i for i in complete if i.start.initial_state["seed"] == info.start.initial_state["seed"]]
+        assert len(redo) == 1 and redo[0].start.extra["worker_pid"] != victim
