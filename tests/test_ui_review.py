@@ -383,3 +383,33 @@ def test_reviewer_asked_at_the_first_decision(qtbot, store):
     assert [(e.decision.reviewer, e.decision.status) for e in audit_trail(store, second.window_id)] == [
         ("rev-3", ReviewStatus.REJECTED)]
     ws.close()
+
+
+def test_planner_certified_windows_show_as_certified_not_unauthorized(qtbot, store, tmp_path):
+    """A certified operator's windows train without a reviewer: the table and the panel say so; a person's
+    windows (the module's store) still read "no" until a reviewer authorizes them."""
+    from hg_dagger.control.build import run_gated
+    from hg_dagger.control.run_config import load_run_config
+
+    path = str(tmp_path / "certified")
+    cfg = load_run_config(None, "toy_reach", episodes=1, num_envs=1, calibrate_steps=0, gates=EAGER,
+                          **{"operator.return_after_steps": 12, "operator.noise_std": 0.0,
+                             "operator.certification": "planner_auto"})
+    run_gated(cfg, path, progress=False)
+    assert all(r.certified for r in list_windows(path)) and not any(r.certified for r in list_windows(store))
+    ws = ReviewWorkspace([path, store], REVIEWER)
+    qtbot.addWidget(ws)
+    ws.show()
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    try:
+        model, col = ws.browser.model, COLUMNS.index("auth")
+        text = {model.rows[i].store: model.data(model.index(i, col)) for i in range(model.rowCount())}
+        assert text == {path: "certified", store: "no"}
+        n = len(list_windows(path))
+        assert f"{n} certified" in ws.browser.counts.text()
+        row = next(r for r in ws.browser.visible_rows() if r.store == path)
+        ws.browser.select(row.window_id)
+        qtbot.waitUntil(lambda: ws.shown is not None and ws.shown.window_id == row.window_id, timeout=WAIT)
+        assert "certified by its planner" in ws.panel.current.text()
+    finally:
+        ws.close()

@@ -63,12 +63,12 @@ def _list(args) -> int:
         print(json.dumps([r.to_json() for r in rows], indent=2))
     else:
         print(f"{'window':12}  {'episode':12}  {'task':16} {'operator':12} {'gate':12} {'steps':>11}  "
-              f"{'source':6} {'outcome':16} {'status':9} {'auth':4}  reviewer")
+              f"{'source':6} {'outcome':16} {'status':9} {'auth':9}  reviewer")
         for r in rows:
             steps = f"[{r.handover_start},{r.handover_end})"
             print(f"{r.short_id:12}  {r.episode_id[:12]:12}  {r.task:16} {r.operator or '-':12} "
                   f"{r.gate_reason or '-':12} {steps:>11}  {r.source:6} {r.outcome:16} {r.status.value:9} "
-                  f"{'yes' if r.authorized else 'no':4}  {r.reviewer or '-'}")
+                  f"{r.auth:9}  {r.reviewer or '-'}")
     counts = Counter(r.status.value for r in rows)
     parts = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
     skipped = incomplete_episodes(store)

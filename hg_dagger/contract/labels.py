@@ -277,16 +277,15 @@ def training_selection(
         everywhere |= TrainingBlock.REPLAY_MISMATCH
     if rule.require_qc and any(not q.passed for q in episode_qc):
         everywhere |= TrainingBlock.QC_FAILED
-    counting = [c for c in certifications
-                if certification_problem(c, operator=operator, policy_version=policy_version) is None]
+    windows = list(windows)
+    covered = certified_windows(windows, certifications, operator=operator, policy_version=policy_version)
     for w in windows:
         s, e = w.handover_start, min(w.handover_end, n)
         bits = 0
         wq = window_qc.get(w.window_id)
         if rule.require_qc and wq is not None and not wq.passed:
             bits |= TrainingBlock.QC_FAILED
-        certified = any(c.step_start <= w.handover_start and w.handover_end <= c.step_end for c in counting)
-        if not certified:
+        if w.window_id not in covered:
             if rule.require_review:
                 bits |= _review_block(current_review(reviews, w.window_id))
             if rule.require_qc and w.source == ActionSource.HUMAN and (wq is None or not episode_qc):
@@ -295,6 +294,15 @@ def training_selection(
     blocks |= np.uint16(everywhere)
     blocks[~labels] = 0
     return TrainingSelection(allowed=labels & (blocks == 0), labels=labels, blocks=blocks)
+
+
+def certified_windows(windows: Iterable[CorrectionWindow], certifications: Iterable[ExpertCertification], *,
+                      operator: str, policy_version: str) -> set[str]:
+    """Ids of the windows covered whole by a counting certification: they need no reviewer's authorization."""
+    counting = [c for c in certifications
+                if certification_problem(c, operator=operator, policy_version=policy_version) is None]
+    return {w.window_id for w in windows
+            if any(c.step_start <= w.handover_start and w.handover_end <= c.step_end for c in counting)}
 
 
 def _review_block(decision: ReviewDecision | None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.enums import ReviewStatus
-from hg_dagger.contract.labels import current_review
+from hg_dagger.contract.labels import certified_windows, current_review
 from hg_dagger.contract.schema import CorrectionWindow, ReviewDecision
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import EpisodeStore
@@ -64,17 +64,23 @@ class WindowRow:
     authorized: bool
     reviewer: str
     label_version: int
+    certified: bool = False  # covered by a counting certification (a planner's): trainable without authorization
 
     @property
     def short_id(self) -> str:
         return self.window_id[:12]
+
+    @property
+    def auth(self) -> str:
+        """May it train: "yes" (a reviewer authorized it), "certified" (its planner did) or "no"."""
+        return "yes" if self.authorized else "certified" if self.certified else "no"
 
     def to_json(self) -> dict[str, Any]:
         return {"window_id": self.window_id, "short_id": self.short_id, "episode_id": self.episode_id,
                 "task": self.task, "operator": self.operator, "gate_reason": self.gate_reason,
                 "handover_start": self.handover_start, "handover_end": self.handover_end, "source": self.source,
                 "outcome": self.outcome, "status": self.status.value, "authorized": self.authorized,
-                "reviewer": self.reviewer, "label_version": self.label_version}
+                "reviewer": self.reviewer, "label_version": self.label_version, "certified": self.certified}
 
 
 @dataclass(frozen=True)
@@ -109,15 +115,18 @@ def _current(layer: LabelLayer, window_id: str) -> ReviewDecision | None:
     return current_review(layer.reviews, window_id)
 
 
-def _row(info, layer: LabelLayer, w: CorrectionWindow) -> WindowRow:
+def _row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str] | None = None) -> WindowRow:
     d = _current(layer, w.window_id)
+    if certified is None:
+        certified = certified_windows(layer.windows, layer.certifications, operator=info.start.operator,
+                                      policy_version=info.start.policy_version)
     return WindowRow(
         window_id=w.window_id, episode_id=info.episode_id, task=info.task_id,
         operator=w.operator or info.start.operator, gate_reason=w.gate_reason,
         handover_start=w.handover_start, handover_end=w.handover_end, source=w.source.value,
         outcome=w.outcome.value, status=d.status if d else ReviewStatus.PENDING,
         authorized=bool(d and d.replay_training_authorized), reviewer=d.reviewer if d else "",
-        label_version=layer.version)
+        label_version=layer.version, certified=w.window_id in certified)
 
 
 def _status(value: ReviewStatus | str | None) -> ReviewStatus | None:
@@ -142,8 +151,10 @@ def list_windows(store: EpisodeStore | str | os.PathLike, filters: WindowFilter 
     rows = []
     for info in progress(infos) if progress else infos:
         layer = st.labels(info.episode_id)
+        certified = certified_windows(layer.windows, layer.certifications, operator=info.start.operator,
+                                      policy_version=info.start.policy_version)
         for w in layer.windows:
-            row = _row(info, layer, w)
+            row = _row(info, layer, w, certified)
             if want is not None and row.status != want:
                 continue
             if f.operator is not None and row.operator != f.operator:

@@ -37,7 +37,8 @@ def _flags(r: ReviewRow) -> str:
 CELLS: dict[str, Callable[[ReviewRow], tuple[Any, Any]]] = {
     "window": lambda r: (r.window.short_id, r.window.window_id),
     "status": lambda r: (r.window.status.value, r.window.status.value),
-    "auth": lambda r: ("yes" if r.window.authorized else "no", r.window.authorized),
+    # training authorization: a reviewer's, or a planner's certification (trains without one)
+    "auth": lambda r: (r.window.auth, (r.window.authorized, r.window.certified)),
     "QC": lambda r: (r.qc, r.qc),
     "replay": lambda r: (r.replay, r.replay),
     "task": lambda r: (r.window.task, r.window.task),

@@ -129,7 +129,8 @@ class DecisionPanel(QGroupBox):
         self.current.setText(f"window <b>{w.short_id}</b> steps [{w.handover_start}, {w.handover_end}) of episode "
                              f"{w.episode_id[:12]}: <b>{w.status.value}</b>"
                              + (", training authorized" if w.authorized else "")
-                             + (f" (by {w.reviewer})" if w.reviewer else ""))
+                             + (f" (by {w.reviewer})" if w.reviewer else "")
+                             + ("; certified by its planner: trains without authorization" if w.certified else ""))
         self.refresh_trail()
 
     def refresh_trail(self) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.contract.labels import certified_windows
 from hg_dagger.contract.schema import EpisodeStart
 from hg_dagger.review.decisions import WindowRow, open_store
 from hg_dagger.review.decisions import _row as window_row  # the one definition of a window's review row
@@ -140,9 +141,11 @@ def rows_of_episodes(st: EpisodeStore, url: str, infos: Iterable[EpisodeInfo]) -
             cam = cameras[info.segment_id] = any(s.image for s in st.fields(info.episode_id).values())
         common = {"store": url, "replay": replay, "mode": start.mode.value, "policy_version": start.policy_version,
                   "date": recorded_date(info), "privacy": privacy_status(start, cam)}
+        certified = certified_windows(layer.windows, layer.certifications, operator=start.operator,
+                                      policy_version=start.policy_version)
         for w in layer.windows:
             q = qc.get(w.window_id)
-            rows.append(ReviewRow(window=window_row(info, layer, w), qc=QC_NONE if q is None else
+            rows.append(ReviewRow(window=window_row(info, layer, w, certified), qc=QC_NONE if q is None else
                                   ("passed" if q.passed else "failed"), qc_flags=tuple(q.flags) if q else (),
                                   context_before=w.context_before, context_after=w.context_after, **common))
     return rows
@@ -167,7 +170,8 @@ def counts(rows: list[ReviewRow]) -> str:
     q = Counter(r.qc for r in rows)
     qc = ", ".join(f"{q[k]} {k}" for k in ("passed", "failed", QC_NONE) if q[k])
     return (text + f"; {len({(r.store, r.window.episode_id) for r in rows})} episode(s), "
-            f"{sum(r.window.authorized for r in rows)} training authorized, QC {qc}")
+            f"{sum(r.window.authorized for r in rows)} training authorized"
+            + (f", {cert} certified" if (cert := sum(r.window.certified for r in rows)) else "") + f", QC {qc}")
 
 
 @dataclass
