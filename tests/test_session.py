@@ -121,6 +121,23 @@ def test_shipped_toy_config_with_calibration_runs_and_validates(tmp_path, studen
     assert info.start.gate_config["gates"][0]["trigger"] == pytest.approx(cal["trigger"])
 
 
+def test_max_episode_steps_cuts_every_episode_there_as_a_timeout(tmp_path, student):
+    """An untrained student rarely reaches the target in 9 steps: the cut ends those episodes, each row starts
+    its next seed at once, and the store reads them as timeouts truncated at their last step."""
+    rig = _rig(tmp_path, student, n=3, gates=ALWAYS, max_episode_steps=9, seed=20)
+    summary = rig.session.run(7, progress=False)
+    store = _finish(rig)
+    infos = store.episodes()
+    assert summary.episodes == 7 and len(infos) == 7
+    assert sorted(i.start.initial_state["seed"] for i in infos) == list(range(20, 27))
+    assert all(i.num_steps <= 9 for i in infos)
+    cut = [i for i in infos if i.end.end_reason == EndReason.TIMEOUT]
+    assert cut and all(i.num_steps == 9 for i in cut)
+    for info in cut:
+        d = store.read_steps(info.episode_id, ["truncated"])
+        assert d["truncated"].tolist() == [False] * 8 + [True]
+
+
 def _tick_until(session, pred, limit=300):
     for _ in range(limit):
         if pred():

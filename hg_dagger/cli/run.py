@@ -19,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--config", help="run config (kind: run); default: configs/run/<task>.yaml if present")
     p.add_argument("--gates", help="gate config name in configs/gates or a path; default: the task's")
     p.add_argument("--num-envs", type=int)
+    p.add_argument("--max-episode-steps", type=int, help="cut every episode after this many steps (default: the "
+                   "task's horizon)")
     p.add_argument("--seed", type=int)
     p.add_argument("--wait", choices=("pause", "hold", "policy"), help="behaviour while waiting for the operator")
     p.add_argument("--calibrate-steps", type=int, help="autonomous steps to calibrate the confidence gate first")
@@ -66,7 +68,7 @@ def _run(args) -> int:
     overrides = {
         "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,
         "seed": args.seed, "handover.wait": args.wait, "calibrate_steps": args.calibrate_steps,
-        "operator.device": args.device,
+        "operator.device": args.device, "max_episode_steps": args.max_episode_steps,
     }
     if args.robot is not None:
         if args.num_envs is not None:

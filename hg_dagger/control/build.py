@@ -79,7 +79,9 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
                               operator_name=operator.name)
     return Session(env, student, recorder, gates=gates, handover=machine, safety=safety, operator=operator,
                    expert=expert, latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene,
-                   seed=cfg.seed, iteration=cfg.iteration, realtime=cfg.realtime, gate_config_extra={"operator_config": op.model_dump(mode="json")},
+                   seed=cfg.seed, iteration=cfg.iteration, realtime=cfg.realtime,
+                   max_episode_steps=cfg.max_episode_steps,
+                   gate_config_extra={"operator_config": op.model_dump(mode="json")},
                    episode_extra={**_robot_metadata(env), **(extra or {})})
 
 

@@ -75,6 +75,8 @@ class RunConfig(_Strict):
     num_envs: int = Field(default=1, ge=1)
     episodes: int = Field(default=10, ge=1)
     seed: int = 0
+    max_episode_steps: int | None = Field(default=None, ge=1, description="cut every episode after this many steps "
+                                          "(end reason timeout); default: the task's horizon")
     iteration: int = Field(default=0, ge=0, description="the DAgger round these episodes belong to (recorded per "
                            "episode; set by round runs, `run --rounds` and `auto` in mode human_gated)")
     gates: str | GateConfig = Field(default="", description="a gate config: name in configs/gates, a path, or inline; "

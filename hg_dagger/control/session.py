@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,7 @@ class Session:
     def __init__(self, env, student, recorder, *, gates: GateEngine, handover: HandoverMachine,
                  safety: SafetyMonitor, operator: Operator, expert=None, latency_budget_ms: float | None = None,
                  scene: str = "", seed: int = 0, iteration: int = 0, realtime: bool = False,
+                 max_episode_steps: int | None = None,
                  gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None):
         self.env, self.student, self.rec = env, student, recorder
         self.mapping = env.mapping
@@ -141,6 +142,7 @@ class Session:
         self.scene = scene
         self.seed = seed
         self.iteration = int(iteration)  # the DAgger round, recorded in each EpisodeStart
+        self.max_episode_steps = max_episode_steps  # cut episodes here (end reason timeout); None: the env's horizon
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
         self.episode_extra = episode_extra or {}
@@ -401,6 +403,10 @@ class Session:
         result = self._step_env(res.applied, t_policy)
         if result is None:  # the robot refused: the action never moved it, nothing to record
             return
+        if self.max_episode_steps is not None:  # this step is the cut row's last: truncated like a horizon
+            cut = active & (self.ep_step + 1 >= self.max_episode_steps)
+            if cut.any():
+                result = replace(result, truncated=np.asarray(result.truncated, bool) | cut)
         t_apply, flags = self._after_step(result, flags)
         self._record(out, op, d, res.applied, source, flags, t_apply, t_policy, active, result)
         self._view(step, out, t_policy, op, d, g, res.applied, t_apply, source)

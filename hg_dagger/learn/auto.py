@@ -167,8 +167,9 @@ class AutoConfig(BaseModel):
 
     def gated_round(self, iteration: int) -> RunConfig:
         """The run config of one human_gated iteration: its episodes, seeds and round number."""
-        return self.gated.model_copy(update={"episodes": self.episodes_per_iteration,
-                                             "seed": _reset_seed(self, iteration), "iteration": iteration})
+        return self.gated.model_copy(update={
+            "episodes": self.episodes_per_iteration, "seed": _reset_seed(self, iteration), "iteration": iteration,
+            "max_episode_steps": self.gated.max_episode_steps or self.max_episode_steps})
 
 
 def load_config(path: str | Path, **overrides: Any) -> AutoConfig:
