@@ -26,3 +26,22 @@ def pads(monkeypatch, tmp_path):
     yield v
     v.detach_all()
     pygame.event.clear()
+
+
+@pytest.fixture(scope="session")
+def toy_student(tmp_path_factory):
+    """A weak first student of toy_reach (3 planner demonstrations, 80 steps), as the app bootstraps one."""
+    from hg_dagger.learn.rounds import bootstrap_student
+
+    d = tmp_path_factory.mktemp("toy-student")
+    res = bootstrap_student(task="toy_reach", store=str(d / "demos.zarr"), out_dir=str(d / "boot"), demos=3, steps=80,
+                            report=lambda *_: None)
+    return res["checkpoint"]
+
+
+@pytest.fixture
+def settings(tmp_path):
+    """The app's QSettings in a file of the test's own, never the user's."""
+    from PyQt6 import QtCore
+
+    return QtCore.QSettings(str(tmp_path / "ui.ini"), QtCore.QSettings.Format.IniFormat)

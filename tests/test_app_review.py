@@ -5,52 +5,14 @@ for the operator brings the console back."""
 
 from __future__ import annotations
 
-import pytest
-from PyQt6 import QtCore
+from app_helpers import WAIT_MS, close_app, wait_snap
 from PyQt6.QtCore import Qt, QTimer
 from PyQt6.QtWidgets import QApplication, QInputDialog
 
 from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.control import live
-from hg_dagger.learn.rounds import bootstrap_student
 from hg_dagger.review.decisions import audit_trail, list_windows
 from hg_dagger.ui.application import AppOptions, OperatorApp
-
-WAIT_MS = 180_000
-
-
-@pytest.fixture(scope="module")
-def toy_student(tmp_path_factory):
-    d = tmp_path_factory.mktemp("toy-student-review")
-    res = bootstrap_student(task="toy_reach", store=str(d / "demos.zarr"), out_dir=str(d / "boot"), demos=3, steps=80,
-                            report=lambda *_: None)
-    return res["checkpoint"]
-
-
-@pytest.fixture
-def settings(tmp_path):
-    return QtCore.QSettings(str(tmp_path / "ui.ini"), QtCore.QSettings.Format.IniFormat)
-
-
-def wait_snap(qtbot, op, predicate, timeout=WAIT_MS):
-    box = {}
-
-    def check():
-        snap = op.loop.slot.read()
-        assert snap.phase != "error", snap.message
-        assert predicate(snap)
-        box["snap"] = snap
-
-    qtbot.waitUntil(check, timeout=timeout)
-    return box["snap"]
-
-
-def close_app(qtbot, op):
-    codes = []
-    op.finished.connect(codes.append)
-    op.window.close()
-    qtbot.waitUntil(lambda: bool(codes), timeout=60_000)
-    return codes[0]
 
 
 def answer_reviewer_dialog(seen: list[str], text: str | None = None) -> None:
