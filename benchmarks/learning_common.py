@@ -170,8 +170,9 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 risk_states = None
                 if method == "gated_risk":  # the novelty gate plus a risk gate fit on this arm's outcomes so far
                     gate_cfg, risk_states, row["risk"] = _with_risk_gate(gate_cfg, store, gated_infos, keys, g, out, r)
-                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0, "gates": gate_cfg,
-                        "max_episode_steps": spec.get("max_episode_steps")}  # episodes as long as the other arms'
+                # sessions run to the task horizon: autonomous steps cost no person anything, and a stall (the
+                # gate's cue to ask) needs time to show; labels and operator time count what was spent
+                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0, "gates": gate_cfg}
                 over.update(g.get("overrides", {}))
                 cfg = load_run_config(None, task, num_envs=g["num_envs"], seed=seed + 1000 * r,
                                       calibrate_steps=g["calibrate_steps"], **over)

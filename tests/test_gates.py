@@ -33,12 +33,13 @@ def _engine(*gates, n=1, dt=0.1):
     return GateEngine(GateConfig(gates=list(gates)), num_envs=n, step_dt=dt, action_dim=A)
 
 
-def _inp(t, n=1, u=0.0, action=None, signals=None, takeover=None, obs=None, prev=None):
+def _inp(t, n=1, u=0.0, action=None, signals=None, takeover=None, obs=None, prev=None, succeeding=None):
     return GateInputs(
         step=np.full(n, t, np.int64), t_ns=1000 + t, uncertainty=np.broadcast_to(np.float32(u), (n,)).copy(),
         action=np.zeros((n, A), np.float32) if action is None else np.asarray(action, np.float32),
         obs=obs or {}, signals=signals or {}, takeover=takeover,
-        prev_applied=prev, prev_ok=None if prev is None else np.ones(n, bool))
+        prev_applied=prev, prev_ok=None if prev is None else np.ones(n, bool),
+        succeeding=None if succeeding is None else np.asarray(succeeding, bool))
 
 
 def _run(engine, series, **kw):
@@ -99,6 +100,20 @@ def test_progress_stall_counts_control_time_without_improvement():
     ev = outs[5].events[0][1]
     assert ev.values["progress_stall"]["best_step"] == 1
     assert ev.values["progress_stall"]["stalled_s"] == pytest.approx(0.4)
+
+
+def test_a_task_that_succeeds_is_not_stalled():
+    """Holding the block at the goal cannot raise progress: while success holds the stall clock restarts; once
+    success is lost (the block slips), stalling counts again from there."""
+    e = _engine(ProgressStallGate(warn=0.2, trigger=0.4, min_delta=0.01), dt=0.1)
+    prog = [0.0, 0.05] + [0.05] * 8 + [0.04] * 6
+    ok = [False, False] + [True] * 8 + [False] * 6
+    outs = _run(e, {"signals": [{"progress": np.array([p])} for p in prog], "succeeding": [[x] for x in ok]})
+    levels = [int(o.level[0]) for o in outs]
+    assert levels[:10] == [OK] * 10  # 0.8 s at the goal without progress: no stall
+    assert levels[10:] == [OK, WARN, WARN, TRIGGER, TRIGGER, TRIGGER]  # counted from the last successful step (9)
+    ev = next(ev for o in outs for _, ev in o.events if ev.kind == EventKind.GATE_TRIGGER)
+    assert ev.values["progress_stall"]["best_step"] == 9
 
 
 def test_progress_stall_without_signal_never_fires():

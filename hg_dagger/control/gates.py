@@ -76,7 +76,8 @@ class RiskGate(_GateBase):
 
 class ProgressStallGate(_GateBase):
     """The task's progress measure (info["signals"]["progress"]) has not improved by ``min_delta`` for
-    ``trigger`` seconds of control time (the score is the stalled time in seconds)."""
+    ``trigger`` seconds of control time (the score is the stalled time in seconds). A task whose success
+    condition holds is not stalled: holding the block at the goal cannot get it closer."""
 
     type: Literal["progress_stall"] = "progress_stall"
     signal: str = "progress"
@@ -165,6 +166,7 @@ class GateInputs:
     takeover: np.ndarray | None = None  # bool [N] operator takeover
     prev_applied: np.ndarray | None = None  # float32 [N, A] last applied action
     prev_ok: np.ndarray | None = None  # bool [N] prev_applied is from this episode
+    succeeding: np.ndarray | None = None  # bool [N] the task's success condition held after the last step
 
 
 @dataclass
@@ -323,7 +325,9 @@ class _Stall(_Gate):
         fresh = armed & np.isfinite(p) & ~np.isfinite(self.best)
         better = armed & np.isfinite(p) & np.isfinite(self.best) & (p > self.best + self.spec.min_delta)
         upd = fresh | better
-        self.best[upd] = p[upd]
+        if inp.succeeding is not None:
+            upd |= armed & np.isfinite(p) & np.asarray(inp.succeeding, bool)
+        self.best[upd] = np.fmax(self.best[upd], p[upd])
         self.best_step[upd] = inp.step[upd]
         stalled = np.where(np.isfinite(self.best), (inp.step - self.best_step) * self.step_dt, 0.0)
         return stalled.astype(np.float32)

@@ -156,6 +156,7 @@ class Session:
         self._prev_device_ok = np.ones(self.n, bool)
         self.obs: dict[str, np.ndarray] | None = None
         self.signals: dict[str, np.ndarray] = {}
+        self.succeeding = np.zeros(self.n, bool)  # the task's success condition after the last step, per row
         self.t_obs = np.full(self.n, NO_TIME, np.int64)
         self.t_obs_align_ms: np.ndarray | None = None  # clock-mapping error of t_obs (robot bridge)
         self.ep_seed: list[int | None] = [None] * self.n
@@ -440,7 +441,7 @@ class Session:
         unc = np.asarray(out.uncertainty, np.float32)
         gate_in = GateInputs(step=self.ep_step, t_ns=t_ns, action=np.asarray(out.action, np.float32), uncertainty=unc,
                              obs=self.obs, signals=self.signals, takeover=op.takeover,
-                             prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok)
+                             prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok, succeeding=self.succeeding)
         g = self.gates.update(gate_in, armed & active)
         for r, ev in g.events:
             self._event(r, ev.kind, ev.t_ns, ev.reason, ev.source, ev.values)
@@ -611,6 +612,8 @@ class Session:
         self.signals = {k: np.asarray(v, np.float64).copy() for k, v in sig.items()}
         for v in self.signals.values():  # signals of an episode that just ended say nothing about the new one
             v[rows] = np.nan
+        self.succeeding = np.asarray(info.get("success", np.zeros(self.n, bool)), bool).copy()
+        self.succeeding[rows] = False
         self._env_info = info
 
     def _begin(self, r: int, *, seed: int | None) -> None:
