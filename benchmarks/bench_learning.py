@@ -55,6 +55,16 @@ PRESETS = {
         "eval": {"episodes": 50, "num_envs": 10, "seed": 100_000, "max_steps": 80},
         "gated": {"num_envs": 3, "calibrate_steps": 300, "target_rate": 0.1},
     },
+    # Fetch with its 128 px camera and the CNN student (a shared CNN per camera, the state beside it): every
+    # step renders and every gradient step runs the CNN, so rounds, batches and evaluation are smaller.
+    "fetch_pick_place_rgb": {
+        "num_envs": 6, "rounds": 4, "warm_episodes": 6, "episodes_per_round": 6, "max_episode_steps": 80,
+        "beta_decay": 0.5, "steps_per_label": 3.3,
+        "student": {"kind": "cnn", "ensemble": 3, "hidden": [256, 256]},
+        "train": {"batch_size": 64, "lr": 1e-3},
+        "eval": {"episodes": 30, "num_envs": 10, "seed": 100_000, "max_steps": 80},
+        "gated": {"num_envs": 3, "calibrate_steps": 300, "target_rate": 0.1},
+    },
     # Meta-World push-v3 (80 Hz): the planner pushes the puck within about 2 s; episodes and evaluation are cut
     # at 200 steps (2.5 s), as Fetch's are at 80, so labels are the push rather than the hold after it.
     "mw_push": {
