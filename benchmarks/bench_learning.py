@@ -209,6 +209,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-episodes", type=int)
     p.add_argument("--target-rate", type=float, help="gated: the confidence gate's calibrated intervention rate")
     p.add_argument("--gates", help="gated: a gate config (name in configs/gates or a path; default: the task's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="spec_set",
+                   help="every arm: a student, train or replay setting, e.g. student.ensemble=3 or "
+                   "replay.intervention_weight=3 (YAML value; repeatable)")
     p.add_argument("--gated-set", action="append", default=[], metavar="KEY=VALUE",
                    help="gated: a run-config option for the sessions, e.g. handover.auto_return.agree_ticks=16 "
                    "(YAML value; repeatable)")
@@ -229,15 +232,25 @@ def main(argv=None) -> int:
     over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
             "target_rate": args.target_rate, "gates": args.gates}
-    sets = {}
-    for item in args.gated_set:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            p.error(f"--gated-set {item!r}: give KEY=VALUE")
-        sets[key] = yaml.safe_load(value)
+    def pairs(items: list[str], flag: str) -> dict:
+        out = {}
+        for item in items:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                p.error(f"{flag} {item!r}: give KEY=VALUE")
+            out[key] = yaml.safe_load(value)
+        return out
+
+    sets, spec_sets = pairs(args.gated_set, "--gated-set"), pairs(args.spec_set, "--set")
+    for key in spec_sets:
+        if key.split(".")[0] not in ("student", "train", "replay") or "." not in key:
+            p.error(f"--set {key}: give student.X, train.X or replay.X")
     specs = [(m, arm_spec(task, s, **over)) for s in seeds for m in methods]
     for _, spec in specs:
         spec["gated"]["overrides"] = {**spec["gated"].get("overrides", {}), **sets}
+        for key, value in spec_sets.items():
+            section, name = key.split(".", 1)
+            spec.setdefault(section, {})[name] = value
     print(f"bench_learning: {task}, methods {methods}, seeds {seeds}, {len(specs)} arms in {args.jobs} processes; "
           f"out {out}", flush=True)
     t0 = time.perf_counter()
@@ -248,6 +261,9 @@ def main(argv=None) -> int:
         specs = [(a["method"], {**specs[0][1], "seed": a["seed"]}) for a in arms]
         seeds = sorted({a["seed"] for a in arms})
         return _report(args, argv, task, seeds, target, specs, arms, out, t0)
+    taken = [f"{m}_s{spec['seed']}" for m, spec in specs if (out / f"{m}_s{spec['seed']}" / "store").exists()]
+    if taken:
+        p.error(f"{out} already holds {', '.join(taken)}: choose another --out, or --report to summarize them")
     arms = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
         futs = {pool.submit(_arm, m, spec, str(out)): (m, spec["seed"]) for m, spec in specs}

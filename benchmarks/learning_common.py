@@ -125,7 +125,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     keys = list(mapping.obs_spec())
     sc = spec["student"]
     student = Student.create(mapping, kind=sc["kind"], ensemble=sc["ensemble"], hidden=tuple(sc["hidden"]), seed=seed)
-    trainer = Trainer(student, TrainConfig(**{**spec["train"], "seed": seed}), Replay(ReplayConfig(), seed=seed))
+    trainer = Trainer(student, TrainConfig(**{**spec["train"], "seed": seed}), Replay(ReplayConfig(**spec.get("replay", {})), seed=seed))
     store = EpisodeStore.create(out / "store")
     expert = make_expert(task, kind="planner", mapping=mapping)
     ev = EvalConfig(**spec["eval"])

@@ -138,6 +138,18 @@ def test_max_episode_steps_cuts_every_episode_there_as_a_timeout(tmp_path, stude
         assert d["truncated"].tolist() == [False] * 8 + [True]
 
 
+def test_an_episode_that_ends_while_waiting_for_the_operator_leaves_its_row_idle(tmp_path, student):
+    """Every episode ends (cut at 6 steps) while its request waits for a slow operator (8 steps to react); rows
+    with no next episode go idle, and an operator engaging there later finds nothing to take over."""
+    rig = _rig(tmp_path, student, n=3, gates=ALWAYS, max_episode_steps=6, **{"operator.reaction_delay_steps": 8})
+    summary = rig.session.run(4, progress=False)
+    store = _finish(rig)
+    assert summary.episodes == 4 and summary.windows == 0 and summary.human_steps == 0
+    assert all(i.num_steps == 6 and i.end.end_reason == EndReason.TIMEOUT for i in store.episodes())
+    for _ in range(12):  # idle rows keep ticking in an interactive session: nothing is requested there any more
+        rig.session.tick()
+
+
 def _tick_until(session, pred, limit=300):
     for _ in range(limit):
         if pred():

@@ -359,6 +359,14 @@ class HandoverMachine:
             self.just_closed.append((row, w))
         self.open[row] = None
         self._apply_pending = [p for p in self._apply_pending if p[0] != row]
+        # the episode is over: nobody is asked for anything in this row until the next one begins (a row with no
+        # next episode stays idle; an e-stop stays latched)
+        if self.state[row] != SAFE_STOP:
+            self.state[row] = AUTO
+        self.agree_count[row] = 0
+        self.force_hold[row] = False
+        self.trans_left[row] = 0
+        self._anchor_pending[row] = False
         out = []
         for w in self.closed[row]:
             start = min(w.start, num_steps)
