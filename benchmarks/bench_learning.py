@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="toy_reach, 3 seeds, about 10 minutes on 2 cores")
     p.add_argument("--task", default=None, help="task id (default: toy_reach with --quick, else fetch_pick_place)")
-    p.add_argument("--seeds", default="3", help="a count (3 = seeds 0,1,2) or a comma list (0,4,7)")
+    p.add_argument("--seeds", default="3", help="a count (3 = seeds 0,1,2) or a comma list (0,4,7; one seed: 2,)")
     p.add_argument("--out", default=None, help="output folder (default: runs/bench_learning_<task>)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of bc, dagger, gated, gated_risk (gated plus the learned risk gate)")
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
                    help="run nothing: rebuild results.json and the curve from OUT/*/curve.jsonl (e.g. a run cut short)")
     args = p.parse_args(argv)
     task = args.task or ("toy_reach" if args.quick else "fetch_pick_place")
-    seeds = list(range(int(args.seeds))) if "," not in args.seeds else [int(s) for s in args.seeds.split(",")]
+    seeds = list(range(int(args.seeds))) if "," not in args.seeds else [int(s) for s in args.seeds.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]
     if bad:
