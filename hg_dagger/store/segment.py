@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import time
 
 import numpy as np
 import zarr
@@ -249,7 +250,7 @@ class SegmentView:
         if self.committed_log <= self.log_read:
             return []
         try:
-            raw = self.group["log"][self.log_read:self.committed_log]
+            raw = read_many([self.group["log"]], slice(self.log_read, self.committed_log))[0]
         except Exception as exc:
             raise StoreError(f"segment {self.segment_id}: log unreadable ({type(exc).__name__}: {exc})") from exc
         new = []
@@ -346,14 +347,29 @@ def _selection(rows: np.ndarray | slice):
     return "o", rows, None
 
 
+READ_TRIES = 5
+"""Reads of a row range tried before an error is final (see read_many)."""
+
+
 def read_many(arrays: list[zarr.Array], rows: np.ndarray | slice) -> list[np.ndarray]:
-    """Read the same rows of several arrays with one round of concurrent reads."""
+    """Read the same rows of several arrays with one round of concurrent reads.
+
+    A live writer replaces a shard file atomically, but a reader takes a shard in two reads (its index, then
+    the chunk's bytes): when the file is replaced between them the chunk decodes as garbage. That read is torn,
+    not damaged, so it is tried again (READ_TRIES times, 10-80 ms apart) before the error stands."""
     kind, sel, idx = _selection(rows)
-    if kind == "o":
-        coros = [a.async_array.get_orthogonal_selection((sel,)) for a in arrays]
-    else:
-        coros = [a.async_array.getitem((sel,)) for a in arrays]
-    out = layout.gather(coros)
+    for attempt in range(READ_TRIES):
+        if kind == "o":
+            coros = [a.async_array.get_orthogonal_selection((sel,)) for a in arrays]
+        else:
+            coros = [a.async_array.getitem((sel,)) for a in arrays]
+        try:
+            out = layout.gather(coros)
+            break
+        except Exception:  # noqa: BLE001 - a codec's error on a torn read; the last try raises it
+            if attempt == READ_TRIES - 1:
+                raise
+            time.sleep(0.01 * 2**attempt)
     return [o[idx] if idx is not None else o for o in out]
 
 
