@@ -121,7 +121,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     curve_path.unlink(missing_ok=True)
     task, seed = spec["task"], int(spec["seed"])
     mapping = load_mapping(task)
-    dt = float(mapping.step_dt or 1.0 / mapping.control_hz)
+    dt = mapping.dt
     keys = list(mapping.obs_spec())
     sc = spec["student"]
     student = Student.create(mapping, kind=sc["kind"], ensemble=sc["ensemble"], hidden=tuple(sc["hidden"]), seed=seed)

@@ -111,9 +111,6 @@ def _rounds(args, cfg) -> int:
 
     if args.rounds < 1:
         raise ConfigError(f"--rounds {args.rounds}: give at least 1")
-    if cfg.robot is not None or cfg.operator.type == "device":
-        raise ConfigError("--rounds runs unattended on a simulator with the synthetic or expert operator; a person "
-                          "or a robot trains between rounds in `hg-dagger app`")
     if cfg.operator.certification == "none":
         raise ConfigError("--rounds trains on the operator's corrections with no reviewer in between, so they must "
                           "be certified: pass --certify (the planner operator, noise 0, windows certified "

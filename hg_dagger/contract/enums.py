@@ -38,6 +38,10 @@ class ActionSource(CodedEnum):
     UNKNOWN = "unknown"
 
 
+# Action-source codes of a correction: the operator's or the expert's action ran instead of the policy's.
+INTERVENTION_SOURCES = (ActionSource.HUMAN.code, ActionSource.EXPERT.code)
+
+
 class LabelMask(CodedEnum):
     """What a training consumer may do with a step's action."""
 

@@ -66,7 +66,7 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     gate_cfg = load_gate_config(cfg.gates, cfg.task)
     if gate_cfg.task and gate_cfg.task != cfg.task:
         raise ConfigError(f"gate config {gate_cfg.name!r} is for task {gate_cfg.task!r}, the run is for {cfg.task!r}")
-    gates = GateEngine(gate_cfg, num_envs=env.num_envs, step_dt=m.step_dt or 1.0 / m.control_hz, action_dim=m.action_dim)
+    gates = GateEngine(gate_cfg, num_envs=env.num_envs, step_dt=m.dt, action_dim=m.action_dim)
     op = cfg.operator
     safety = SafetyMonitor(cfg.safety, num_envs=env.num_envs, action_dim=m.action_dim)
     if expert is None and op.type in ("synthetic", "expert"):
@@ -75,7 +75,7 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
         expert = make_expert(cfg.task, kind="planner", mapping=m)
     operator = make_operator(op, mapping=m, num_envs=env.num_envs, expert=expert, devices=operators, seed=cfg.seed)
     machine = HandoverMachine(cfg.handover, num_envs=env.num_envs, action_dim=m.action_dim,
-                              step_dt=m.step_dt or 1.0 / m.control_hz, operator=operator.role,
+                              step_dt=m.dt, operator=operator.role,
                               operator_name=operator.name)
     return Session(env, student, recorder, gates=gates, handover=machine, safety=safety, operator=operator,
                    expert=expert, latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene,

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hg_dagger.contract.enums import ActionSource, LabelMask
+from hg_dagger.contract.enums import INTERVENTION_SOURCES, LabelMask
 from hg_dagger.errors import ContractError, HgDaggerError, StoreError
 from hg_dagger.store import EpisodeInfo, EpisodeStore
 
 # Per-step fields every export reads besides the observations (all are contract step fields).
 STEP_FIELDS = ("applied_action", "expert_action", "expert_valid", "action_source", "reward", "valid", "terminated",
                "truncated", "success")
-INTERVENTION_SOURCES = (ActionSource.HUMAN.code, ActionSource.EXPERT.code)
 _TRAINABLE = LabelMask.TRAINABLE.code
 ROW_BUDGET_BYTES = 64 << 20  # rows read per store round trip: about this many bytes of step data
 

@@ -20,13 +20,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hg_dagger.contract import ActionSource, LabelMask, LabelTarget, Split, TrainingRule, TrainingSelection
+from hg_dagger.contract import LabelMask, LabelTarget, Split, TrainingRule, TrainingSelection
+from hg_dagger.contract.enums import INTERVENTION_SOURCES
 from hg_dagger.contract.labels import training_selection
 from hg_dagger.errors import ContractError
 
 _TRAINABLE = LabelMask.TRAINABLE.code
 _TARGET_FIELD = {LabelTarget.EXPERT_ACTION.code: "expert_action", LabelTarget.APPLIED_ACTION.code: "applied_action"}
-_INTERVENTION_SOURCES = (ActionSource.HUMAN.code, ActionSource.EXPERT.code)
 LABEL_FIELDS = ("expert_action", "applied_action", "action_source")  # read besides obs and the label layer
 HELD_OUT_SPLITS = (Split.VAL, Split.TEST, Split.HOLDOUT)
 
@@ -118,7 +118,7 @@ def extract_labels(
         target=target,
         step=rows.astype(np.int64),
         segment=(np.cumsum(starts) - 1).astype(np.int64),
-        intervention=np.isin(source, _INTERVENTION_SOURCES),
+        intervention=np.isin(source, INTERVENTION_SOURCES),
     )
 
 

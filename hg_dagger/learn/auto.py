@@ -49,7 +49,7 @@ from hg_dagger.contract import (
 )
 from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.control.episodes import EpisodeWriter
-from hg_dagger.control.run_config import RunConfig
+from hg_dagger.control.run_config import RunConfig, load_run_config
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.aggregate import ReplayConfig, held_out
 from hg_dagger.learn.evaluate import EvalConfig
@@ -130,8 +130,6 @@ class AutoConfig(BaseModel):
         says so: top-level keys replace, a section's keys replace that section's."""
         if not (isinstance(data, dict) and isinstance(data.get("gated"), dict) and isinstance(data.get("task"), str)):
             return data
-        from hg_dagger.control.run_config import load_run_config
-
         over: dict[str, Any] = {}
         for key, value in data["gated"].items():
             if key in ("operator", "handover", "safety") and isinstance(value, dict):
@@ -145,15 +143,13 @@ class AutoConfig(BaseModel):
         if self.mode != "human_gated":
             return self
         if self.gated is None:
-            from hg_dagger.control.run_config import load_run_config
-
             self.gated = load_run_config(None, self.task)
         g = self.gated
         if g.task != self.task:
             raise ValueError(f"gated.task is {g.task!r}, the run is for {self.task!r}")
         if g.operator.type == "device" or g.robot is not None:
-            raise ValueError("mode human_gated runs unattended: gated.operator.type synthetic or expert on a "
-                             "simulator (a person and a robot train between rounds in `hg-dagger app`)")
+            raise ValueError("human-gated rounds run unattended: the synthetic or expert operator on a simulator "
+                             "(a person or a robot trains between rounds in `hg-dagger app`)")
         return self
 
     def beta_at(self, iteration: int) -> float:
@@ -498,12 +494,13 @@ class AutoRun:
     # -------------------------------------------------------------- one iteration's learning half
 
     def _learn(self, it, beta, trainer, store, mapping, new_ids, collect, env_eval, progress,
-               after_fit: Callable[[], None] | None = None) -> dict[str, Any]:
+               after_fit: Callable[[], None] | None = None, infos: dict | None = None) -> dict[str, Any]:
         from hg_dagger.learn.aggregate import load_labels
         from hg_dagger.learn.evaluate import closed_loop
 
         keys = list(mapping.obs_spec())
-        infos = _wait_complete(store, new_ids)
+        if infos is None:  # a gated round has waited for its commits already
+            infos = _wait_complete(store, new_ids)
         dataset = self._dataset_version(it)
         frac = trainer.replay.config.holdout_fraction
         trainer.replay.add(load_labels(store, infos[eid], keys, trainer.replay.config.authorization) for eid in new_ids
@@ -597,9 +594,10 @@ class AutoRun:
                 beta = cfg.beta_at(it)
                 rss0 = _rss_mb()
                 if cfg.mode == "human_gated" and not cfg.demo_round(it):
-                    ids, collect = self._gated_round(ex, it, trainer, store, mapping, progress)
+                    ids, collect, infos = self._gated_round(ex, it, trainer, store, mapping, progress)
                     collect.update(rss_growth_mb=_rss_mb() - rss0, executor=ex.describe(), staleness_rounds=0)
-                    rows.append(self._learn(it, beta, trainer, store, mapping, ids, collect, env_eval, progress))
+                    rows.append(self._learn(it, beta, trainer, store, mapping, ids, collect, env_eval, progress,
+                                            infos=infos))
                     continue
                 seeds = [_reset_seed(cfg, it) + k for k in range(cfg.episodes_per_iteration)]
                 if ahead is None:
@@ -615,8 +613,7 @@ class AutoRun:
                 stats = round_.stats
                 collect = stats.summary()
                 if cfg.demo_round(it):  # a person demonstrating would have driven every step of every episode
-                    dt = float(mapping.step_dt or 1.0 / mapping.control_hz)
-                    collect.update(operator_s=stats.steps * dt, context_switches=len(stats.episode_ids),
+                    collect.update(operator_s=stats.steps * mapping.dt, context_switches=len(stats.episode_ids),
                                    windows=len(stats.episode_ids), intervention_rate=1.0)
                 staleness = 1 if pipelined and it > start else 0
                 collect.update(recorder=round_.recorder, rss_growth_mb=_rss_mb() - rss0,
@@ -631,7 +628,7 @@ class AutoRun:
                 ex.close()
         return rows
 
-    def _gated_round(self, ex, it, trainer, store, mapping, progress) -> tuple[list[str], dict[str, Any]]:
+    def _gated_round(self, ex, it, trainer, store, mapping, progress) -> tuple[list[str], dict[str, Any], dict]:
         """Iteration ``it`` of mode human_gated: `hg-dagger run` with the current student (a Session per
         executor worker, the confidence gate calibrated on it first when the run config asks)."""
         from hg_dagger.learn.effort import operator_seconds
@@ -642,18 +639,17 @@ class AutoRun:
         t0 = time.perf_counter()
         summary = ex.run_gated(self.cfg.gated_round(it), self.store_url, student_path=str(path), progress=progress)
         infos = _wait_complete(store, summary.episode_ids)
-        dt = float(mapping.step_dt or 1.0 / mapping.control_hz)
         collect = {
             "episodes": summary.episodes, "env_steps": summary.steps, "seconds": time.perf_counter() - t0,
             "collect_success_rate": summary.successes / summary.episodes if summary.episodes else None,
             "intervention_rate": summary.human_steps / summary.steps if summary.steps else 0.0,
             "human_steps": summary.human_steps, "windows": summary.windows,
             "context_switches": summary.context_switches, "gate_triggers": summary.gate_triggers,
-            "operator_s": operator_seconds(store, infos.values(), dt), "safety_clamps": summary.safety_clamps,
+            "operator_s": operator_seconds(store, (infos[e] for e in summary.episode_ids), mapping.dt), "safety_clamps": summary.safety_clamps,
             "estops": summary.estops, "policy_versions": [trainer.student.version], "notes": summary.notes,
             "worker_failures": ex.failures[lost:],
         }
-        return summary.episode_ids, collect
+        return summary.episode_ids, collect, infos
 
     def _run_async(self, start, trainer, store, mapping, env_eval, progress) -> list[dict[str, Any]]:
         cfg = self.cfg

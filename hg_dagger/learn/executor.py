@@ -608,13 +608,13 @@ def _run_summary_of(store, infos) -> dict[str, Any]:
     """RunSummary fields of committed episodes, read back from the store (a dead worker's own summary is lost)."""
     import numpy as np
 
-    from hg_dagger.contract import ActionSource
+    from hg_dagger.contract.enums import INTERVENTION_SOURCES
 
     human = 0
     windows = 0
     for info in infos:
         src = store.read_steps(info.episode_id, ["action_source"])["action_source"]
-        human += int(np.isin(src, (ActionSource.HUMAN.code, ActionSource.EXPERT.code)).sum())  # as Session counts
+        human += int(np.isin(src, INTERVENTION_SOURCES).sum())  # the operator's steps, as Session counts them
         windows += len(store.labels(info.episode_id).windows)
     return {"episodes": len(infos), "steps": sum(i.num_steps for i in infos),
             "successes": sum(bool(i.end.task_success) for i in infos), "windows": windows, "human_steps": human,
