@@ -5,20 +5,17 @@ Real subprocesses, real SIGKILL, a real store."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
+from cli_helpers import cli_process, loss_iterations
 
 from hg_dagger.learn.progress import RoundReporter, read_metrics, write_curve_png
 from hg_dagger.policy.checkpoint import read_checkpoint
 from hg_dagger.store import EpisodeStore, validate_store
 
-CLI = "import sys; from hg_dagger.cli import main; sys.exit(main(sys.argv[1:]))"
 CONFIG = {
     "kind": "auto", "task": "toy_reach", "mode": "dagger_sync", "certification": "planner_auto", "num_envs": 4,
     "seed": 5, "iterations": 3, "episodes_per_iteration": 4, "max_episode_steps": 25,
@@ -29,35 +26,17 @@ CONFIG = {
 }
 
 
-def _cli(args, **kw):
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    return subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, **kw)
-
-
-def _loss_iterations(path) -> set[int]:
-    if not path.is_file():
-        return set()
-    out = set()
-    for line in path.read_text().splitlines():
-        try:
-            out.add(int(json.loads(line)["iteration"]))
-        except (ValueError, KeyError):
-            continue  # a line cut by the kill
-    return out
-
-
 @pytest.mark.timeout(1800)  # three CLI processes with torch start-up each; generous for a loaded 2-core machine
 def test_kill_9_mid_round_then_resume_finishes_every_iteration_once(tmp_path):
     cfg = tmp_path / "auto.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))
     out = tmp_path / "run"
-    proc = _cli(["auto", "--config", str(cfg), "--out", str(out), "--quiet"])
+    proc = cli_process(["auto", "--config", str(cfg), "--out", str(out), "--quiet"])
     try:
         deadline = time.monotonic() + 600
         # iteration 1's training is under way (the trainer logs iteration = it + 1): its episodes are in the
         # store, its checkpoint is not written yet
-        while 2 not in _loss_iterations(out / "loss.jsonl"):
+        while 2 not in loss_iterations(out / "loss.jsonl"):
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             assert time.monotonic() < deadline, "the run never reached iteration 1's training"
             time.sleep(0.05)
@@ -76,11 +55,11 @@ def test_kill_9_mid_round_then_resume_finishes_every_iteration_once(tmp_path):
     assert int(first["iteration"]) == killed_round
 
     # a fresh run must not overwrite the interrupted one
-    again = _cli(["auto", "--config", str(cfg), "--out", str(out), "--quiet"])
+    again = cli_process(["auto", "--config", str(cfg), "--out", str(out), "--quiet"])
     _, err = again.communicate(timeout=600)
     assert again.returncode != 0 and "--resume" in err and "Traceback" not in err
 
-    resumed = _cli(["auto", "--config", str(cfg), "--out", str(out), "--resume", "--quiet"])
+    resumed = cli_process(["auto", "--config", str(cfg), "--out", str(out), "--resume", "--quiet"])
     stdout, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr[-2000:]
     rows = read_metrics(out / "metrics.jsonl")

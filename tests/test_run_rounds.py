@@ -5,21 +5,18 @@ the round in every episode, and reports each round (line, ETA, curve.png). Real 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
+from cli_helpers import cli_process, loss_iterations
 
 from hg_dagger.cli import main
 from hg_dagger.learn.progress import read_metrics
 from hg_dagger.policy.checkpoint import read_checkpoint
 from hg_dagger.store import EpisodeStore, validate_store
 
-CLI = "import sys; from hg_dagger.cli import main; sys.exit(main(sys.argv[1:]))"
 AUTO = {  # the student and training of the rounds; long enough training that the kill lands inside round 1's
     "kind": "auto", "task": "toy_reach", "student": {"ensemble": 3, "hidden": [32, 32]},
     "train": {"steps": 1500, "batch_size": 32, "log_every": 10},
@@ -29,36 +26,17 @@ ROUNDS = ["run", "--task", "toy_reach", "--operator", "synthetic", "--certify", 
           "--rounds", "3", "--quiet"]
 
 
-def _cli(args):
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    return subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-
-
-def _trained_rounds(path) -> set[int]:
-    """Rounds whose training has logged a loss line (the trainer logs round r as iteration r + 1)."""
-    if not path.is_file():
-        return set()
-    out = set()
-    for line in path.read_text().splitlines():
-        try:
-            out.add(int(json.loads(line)["iteration"]) - 1)
-        except (ValueError, KeyError):
-            continue  # a line cut by the kill
-    return out
-
-
 @pytest.mark.timeout(1800)  # three CLI processes with torch start-up each; generous for a loaded 2-core machine
 def test_rounds_killed_mid_training_then_resumed_run_every_round_once(tmp_path):
     auto = tmp_path / "auto.yaml"
     auto.write_text(yaml.safe_dump(AUTO))
     out = tmp_path / "rounds"
     args = [*ROUNDS, "--auto-config", str(auto), "--out", str(out)]
-    proc = _cli(args)
+    proc = cli_process(args)
     try:
         deadline = time.monotonic() + 600
         # round 1 (the first gated one) is training: its episodes are committed, its checkpoint is not written
-        while 1 not in _trained_rounds(out / "loss.jsonl"):
+        while 2 not in loss_iterations(out / "loss.jsonl"):  # round 1's training logs iteration 2
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             assert time.monotonic() < deadline, "the run never reached round 1's training"
             time.sleep(0.05)
@@ -73,7 +51,7 @@ def test_rounds_killed_mid_training_then_resumed_run_every_round_once(tmp_path):
     assert done and done == list(range(len(done))) and len(done) < 3  # round 0 (demonstrations) at least
     killed = len(done)  # 1, unless a loaded machine let round 1 finish before the signal landed
 
-    resumed = _cli([*args, "--resume"])
+    resumed = cli_process([*args, "--resume"])
     stdout, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr[-2000:]
     assert "Traceback" not in stderr

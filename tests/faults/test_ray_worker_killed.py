@@ -72,6 +72,33 @@ def _open_episodes(url, pid) -> list[str]:
             if not i.complete and i.num_steps > 0 and i.start.extra.get("worker_pid") == pid]
 
 
+def _kill_mid_episode(url, victim: int, runner: threading.Thread) -> list[str]:
+    """SIGKILL worker ``victim`` while the store shows one of its episodes open, then wait for ``runner``: the
+    worker is frozen (SIGSTOP) first, so what the store shows then is what it will keep; an episode that closed in
+    the meantime lets it go again. Returns the episodes it was killed in (none: it finished first)."""
+    killed: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not killed and runner.is_alive() and time.monotonic() < deadline:
+            if _open_episodes(url, victim):
+                os.kill(victim, signal.SIGSTOP)
+                still = _open_episodes(url, victim)
+                if still:
+                    os.kill(victim, signal.SIGKILL)
+                    killed = still
+                else:
+                    os.kill(victim, signal.SIGCONT)
+            time.sleep(0.005)
+        runner.join(300)
+    finally:
+        if not killed:
+            try:
+                os.kill(victim, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ray_runtime, tmp_path):
     cfg = AutoConfig.model_validate(CFG)
     out = tmp_path / "run"
@@ -88,26 +115,9 @@ def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ra
 
     runner = threading.Thread(target=run, name="auto-run")
     runner.start()
-    killed: list[str] = []
     try:
-        deadline = time.monotonic() + 300
-        while not killed and runner.is_alive() and time.monotonic() < deadline:
-            if _open_episodes(url, victim):
-                os.kill(victim, signal.SIGSTOP)  # frozen: what the store shows now is what it will keep
-                still = _open_episodes(url, victim)
-                if still:
-                    os.kill(victim, signal.SIGKILL)
-                    killed = still
-                else:
-                    os.kill(victim, signal.SIGCONT)
-            time.sleep(0.005)
-        runner.join(300)
+        killed = _kill_mid_episode(url, victim, runner)
     finally:
-        if not killed:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         runner.join(60)
         ex.close()
     assert killed, "the worker finished before it could be caught mid-episode"
@@ -174,26 +184,9 @@ def test_a_run_worker_killed_mid_episode_has_its_missing_seeds_run_again(ray_run
 
     runner = threading.Thread(target=run, name="ray-run")
     runner.start()
-    killed: list[str] = []
     try:
-        deadline = time.monotonic() + 300
-        while not killed and runner.is_alive() and time.monotonic() < deadline:
-            if _open_episodes(url, victim):
-                os.kill(victim, signal.SIGSTOP)
-                still = _open_episodes(url, victim)
-                if still:
-                    os.kill(victim, signal.SIGKILL)
-                    killed = still
-                else:
-                    os.kill(victim, signal.SIGCONT)
-            time.sleep(0.005)
-        runner.join(300)
+        killed = _kill_mid_episode(url, victim, runner)
     finally:
-        if not killed:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         runner.join(60)
         ex.close()
     assert killed, "the worker finished before it could be caught mid-episode"
