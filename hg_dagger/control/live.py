@@ -36,28 +36,77 @@ class Pause(Command):
     paused: bool = True
 
 
+# Per-episode commands name the episode they mean (``episode_id``): a dialog opened on one episode
+# may be answered after others began, and the command must still hit the one the person looked at.
+# ``None`` means the episode running on the watched row now (scripts, keyboard shortcuts). A command
+# naming an episode that is no longer running applies to it where that still means something (a
+# discard or a verdict on an ended episode is written as a label layer) and is refused with a
+# message (Snapshot.message) where it does not (reset/abort of an ended episode).
+
+
 @dataclass(frozen=True)
 class ResetEpisode(Command):
-    """End the current episode as an env reset and begin a fresh one."""
+    """End the named (or the current) episode as an env reset and begin a fresh one."""
+
+    episode_id: str | None = None
 
 
 @dataclass(frozen=True)
 class AbortEpisode(Command):
-    """End the current episode as an operator abort."""
+    """End the named (or the current) episode as an operator abort."""
+
+    episode_id: str | None = None
 
 
 @dataclass(frozen=True)
 class MarkOutcome(Command):
-    """End the current episode now with the operator's verdict."""
+    """The operator's verdict on the named (or the current) episode: a running one ends now with it;
+    an ended one keeps its rows and gets the verdict as its outcome label (the operator's word wins)."""
 
     success: bool
+    episode_id: str | None = None
 
 
 @dataclass(frozen=True)
 class DiscardEpisode(Command):
-    """End the current episode and mark it discarded (kept on disk, never trained on)."""
+    """Mark the named (or the current) episode discarded: kept on disk, never trained on. A running
+    one ends now; an ended one is discarded all the same (a label layer), so a dialog answered late
+    still hits the episode it showed. Undoable in the same sitting (UndoDiscard)."""
 
     reason: str
+    episode_id: str | None = None
+
+
+@dataclass(frozen=True)
+class UndoDiscard(Command):
+    """Take back a discard made in this sitting (one of Snapshot.discarded_this_sitting): the episode
+    is trainable again. Its rows were never removed, so nothing else changes."""
+
+    episode_id: str
+
+
+@dataclass(frozen=True)
+class DeclineRequest(Command):
+    """The person lets the student go on: the pending handover request ends as declined (an event with
+    its wait time), the student keeps driving and the gates may ask again after their grace period."""
+
+
+@dataclass(frozen=True)
+class HoldStarts(Command):
+    """While a per-episode dialog is open in the window, new episodes wait to begin (``hold=True``)
+    so the episode the dialog names stays the latest one. A running episode goes on, and a request
+    that fires meanwhile still reaches the person. ``hold=False`` lets queued episodes start again."""
+
+    hold: bool = True
+
+
+@dataclass(frozen=True)
+class FlagCorrection(Command):
+    """The operator flags their own correction window as bad: it is recorded as a REJECTED review
+    decision by the operator and never trained on (Snapshot.last_window_id names the latest one)."""
+
+    window_id: str
+    reason: str = "flagged by the operator"
 
 
 @dataclass(frozen=True)
@@ -196,7 +245,11 @@ class Counters:
     context_switches: int = 0
     estops: int = 0
     steps: int = 0
-    discarded: int = 0
+    discarded: int = 0  # discards made in this sitting (less those undone)
+    # how pending handover requests ended (each is one event with its wait time, see docs/gates.md)
+    requests_answered: int = 0  # the person took over
+    requests_declined: int = 0  # DeclineRequest: the person let the student go on
+    requests_expired: int = 0  # the configured wait limit ran out, or the episode ended while waiting
 
 
 @dataclass(frozen=True)
@@ -207,13 +260,18 @@ class Snapshot:
     t_ns: int = 0
     task: str = ""
     mode: str = "human_gated"
-    phase: str = "idle"  # idle | running | paused | held (robot holds: Resume) | estopped | training | stopped | error
-    message: str = ""  # the last thing the operator should read (error, hint)
+    # loading: the session is being built (Start waits) | idle: no episode | running (also while a
+    # request waits for the person: see request_wait_s) | paused |
+    # held (robot holds: Resume) | estopped | training | stopped | error
+    phase: str = "idle"
+    message: str = ""  # the last thing the operator should read (error, hint, a refused command)
+    loading: bool = False  # the session is still being built: Start and per-episode actions wait
     # control and gates
     control_state: str = "autonomous"  # ControlState value
     gate_level: int = 0  # 0 ok, 1 warn, 2 trigger
     gate_reason: str = ""
     t_request_ns: int | None = None  # when the pending/open handover was requested
+    request_wait_s: float | None = None  # how long the current request has waited (None without one)
     confidence: float = float("nan")
     uncertainty: float = float("nan")
     thresholds: dict[str, float | None] = field(default_factory=dict)  # confidence gate: warn / trigger
@@ -232,6 +290,11 @@ class Snapshot:
     # episode
     episode_id: str | None = None
     episode_step: int = 0
+    ended_episode_id: str | None = None  # the episode that ended last on the watched row (for late dialogs)
+    last_window_id: str | None = None  # the operator's latest correction window (FlagCorrection)
+    discarded_this_sitting: tuple[str, ...] = ()  # episode ids discarded since launch (UndoDiscard)
+    starts_held: bool = False  # HoldStarts is on: queued episodes wait
+    next_start_in_s: float | None = None  # seconds until the next queued episode begins (the pause between)
     policy_version: str = ""
     estop: tuple[str, str] | None = None  # (source, reason) while latched
     counters: Counters = field(default_factory=Counters)
