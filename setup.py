@@ -1,8 +1,9 @@
-"""Package discovery for the three source roots (hg_dagger/, ui/, devices/); metadata lives in pyproject.toml."""
+"""Package discovery for the source roots (hg_dagger/, ui/, devices/) and the shipped configs/; metadata lives in
+pyproject.toml."""
 
 from setuptools import find_packages, setup
 
-ROOTS = {"hg_dagger": "hg_dagger", "hg_dagger.ui": "ui", "hg_dagger.devices": "devices"}
+ROOTS = {"hg_dagger": "hg_dagger", "hg_dagger.ui": "ui", "hg_dagger.devices": "devices", "hg_dagger.configs": "configs"}
 
 
 def _packages() -> list[str]:

@@ -7,6 +7,7 @@ Every config file states its ``kind``; KINDS maps a kind to the model that valid
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,7 +18,8 @@ from hg_dagger.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# configs/ at the repository root installs as the package hg_dagger.configs (setup.py), editable or not.
+CONFIG_DIR = Path(str(importlib.resources.files("hg_dagger.configs")))
 
 # kind -> "module:Model". Add a line when a layer gains a config file kind.
 KINDS: dict[str, str] = {

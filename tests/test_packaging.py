@@ -47,3 +47,61 @@ def test_regular_install_imports_ui_and_devices_and_adds_no_generic_top_level(tm
     locations = _import_locations(str(target))
     for module in ("hg_dagger", "hg_dagger.ui", "hg_dagger.devices"):
         assert Path(locations[module]).is_relative_to(target), (module, locations[module])
+
+
+# ------------------------------------------------------------------ a regular install runs (wheel and sdist)
+
+
+def _fresh_venv(root: Path) -> Path:
+    """A new venv without pip whose own site-packages comes first; the dev venv's site-packages is appended
+    (a .pth path line) so the heavy dependencies (torch, MuJoCo, Qt) need not be installed again. Path lines of a
+    .pth are only added to sys.path: the dev venv's editable-install hook is not run, so hg_dagger can only come
+    from what is installed into the new venv."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
+    (site,) = (root / "lib").glob("python3*/site-packages")
+    (site / "_dev_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return root
+
+
+def _install_and_run(venv: Path, artifact: Path, tmp: Path) -> None:
+    python = venv / "bin" / "python"
+    env = {**_base_env(), "PYTHONNOUSERSITE": "1"}
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation",
+                           str(artifact)], capture_output=True, text=True, env=env, cwd=tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = subprocess.run([str(python), "-c", "import hg_dagger, hg_dagger.learn, hg_dagger.config as c; "
+                            "print(hg_dagger.__file__); print(c.CONFIG_DIR)"],
+                           capture_output=True, text=True, env=env, cwd=tmp, check=True).stdout.split()
+    assert all(Path(p).is_relative_to(venv) for p in where), where
+    cli = str(venv / "bin" / "hg-dagger")
+
+    def run(*args: str) -> str:
+        out = subprocess.run([cli, *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=240)
+        assert out.returncode == 0, (args, out.stdout[-1500:], out.stderr[-1500:])
+        return out.stdout
+
+    assert run("--version").strip() == f"hg-dagger {hg_dagger.__version__}"
+    assert "toy_reach" in run("tasks") and "fetch_pick_place" in run("tasks")
+    assert "check-env toy_reach: passed" in run("check-env", "toy_reach")
+    store = tmp / "store.zarr"
+    printed = run("run", "--task", "toy_reach", "--operator", "synthetic", "--episodes", "2", "--store", str(store),
+                  "--quiet")
+    assert "2 episodes" in printed, printed
+    assert "2 episodes (0 incomplete), 0 violation(s)" in run("validate", str(store))
+
+
+def test_wheel_and_sdist_install_into_a_clean_venv_and_run(tmp_path):
+    dist = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(REPO)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,), (sdist,) = dist.glob("hg_dagger-*.whl"), dist.glob("hg_dagger-*.tar.gz")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hg_dagger/learn/__init__.py" in names
+    assert "hg_dagger/configs/tasks/toy_reach.yaml" in names and "hg_dagger/configs/gates/default.yaml" in names
+    for artifact in (wheel, sdist):
+        work = tmp_path / artifact.name.split(".")[-1]
+        work.mkdir()
+        _install_and_run(_fresh_venv(work / "venv"), artifact, work)

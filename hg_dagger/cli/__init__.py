@@ -7,11 +7,13 @@ import argparse
 import errno
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 
 from pydantic import ValidationError
 
+from hg_dagger import __version__
 from hg_dagger.config import format_validation_error
 from hg_dagger.errors import HgDaggerError
 
@@ -23,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trips, record correction windows bound to their episodes, and train the next student on them.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"error: {format_validation_error(args.command, exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (`hg-dagger tasks | head -1`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as exc:
         if exc.errno not in _ENVIRONMENT_ERRNOS or args.verbose:
             raise
