@@ -301,6 +301,7 @@ class Snapshot:
     health: LoopHealth = field(default_factory=LoopHealth)
     device: DeviceState = field(default_factory=DeviceState)
     frame: np.ndarray | None = None  # uint8 [H, W, 3] view image (not what the policy sees)
+    observation: dict[str, np.ndarray] | None = None  # the watched row's non-image observation (copies)
     store: str = ""
     operator: str = ""
     rounds: tuple[dict[str, Any], ...] = ()  # one dict per finished round (success, intervention rate, labels)

@@ -363,7 +363,7 @@ class ControlLoop:
             action_names=tuple(s.mapping.action.names), episode_id=s.eids[0],
             policy_version=s.student.version, estop=estop, counters=counters, health=health,
             device=s.device_state(), frame=self._frame, store=self.store, operator=s.operator_name,
-            rounds=tuple(self.rounds()), **kw)
+            rounds=tuple(self.rounds()), observation=_row_obs(s), **kw)
         self.slot.publish(snap)
 
 
@@ -375,6 +375,14 @@ def _single_threaded_torch() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+def _row_obs(s) -> dict[str, np.ndarray] | None:
+    """The watched row's observation without camera images: what a person or an operator model reads."""
+    if s.obs is None:
+        return None
+    images = {o.name for o in s.mapping.observation if o.is_image}
+    return {k: np.array(v[0], copy=True) for k, v in s.obs.items() if k not in images}
 
 
 def _t(v) -> int | None:
