@@ -40,8 +40,9 @@ class Pause(Command):
 # may be answered after others began, and the command must still hit the one the person looked at.
 # ``None`` means the episode running on the watched row now (scripts, keyboard shortcuts). A command
 # naming an episode that is no longer running applies to it where that still means something (a
-# discard or a verdict on an ended episode is written as a label layer) and is refused with a
-# message (Snapshot.message) where it does not (reset/abort of an ended episode).
+# discard of an ended episode is written as a label layer) and is refused with one line in
+# Snapshot.message where it does not (reset, abort or a verdict on an ended episode: its record
+# stays as it ended).
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ class AbortEpisode(Command):
 
 @dataclass(frozen=True)
 class MarkOutcome(Command):
-    """The operator's verdict on the named (or the current) episode: a running one ends now with it;
-    an ended one keeps its rows and gets the verdict as its outcome label (the operator's word wins)."""
+    """The operator's verdict on the named (or the current) episode: it ends now with it (success or
+    failure). An episode that already ended keeps the outcome it ended with (refused, Snapshot.message)."""
 
     success: bool
     episode_id: str | None = None
