@@ -75,15 +75,18 @@ class Keyboard(Device):
         raw = np.zeros(7, np.float32)
         for slot, pos, neg in self._slots:
             raw[slot] = float(pos in down) - float(neg in down)
+        hold = cfg.hold_key is not None and cfg.hold_key in down
         if "gripper" not in cfg.axes:
             gripper_keys = cfg.buttons.get(GRIPPER, ())
+            # with a deadman, the gripper key acts only while it is held: a press while the student drives
+            # must not flip the state the next take-over starts from
+            live = hold or cfg.hold_key is None
             if cfg.gripper_toggle:
-                if any(k in pressed for k in gripper_keys):
+                if live and any(k in pressed for k in gripper_keys):
                     self._gripper_closed = not self._gripper_closed
-            else:
+            elif live:
                 self._gripper_closed = any(k in down for k in gripper_keys)
             raw[6] = 1.0 if self._gripper_closed else -1.0
-        hold = cfg.hold_key is not None and cfg.hold_key in down
         return self._command(raw, hold=hold, buttons=buttons, t_ns=now_ns())
 
 

@@ -61,6 +61,7 @@ def test_escape_is_estop_and_taps_are_latched_until_polled():
 
 def test_gripper_key_toggles_and_autorepeat_does_not():
     kb = keyboard()
+    kb.press("space")  # the gripper key acts while the deadman is held
     kb.press("g")
     kb.press("g")  # auto-repeat while held
     cmd = kb.poll()
@@ -69,6 +70,20 @@ def test_gripper_key_toggles_and_autorepeat_does_not():
     assert kb.poll().raw[6] == 1
     kb.press("g")
     assert kb.poll().raw[6] == -1
+
+
+def test_gripper_key_while_the_student_drives_changes_nothing():
+    """G pressed without the deadman leaves the state the next take-over starts from as it was."""
+    kb = keyboard()
+    kb.press("g")
+    kb.release("g")
+    cmd = kb.poll()
+    assert cmd.raw[6] == -1 and not cmd.engaged
+    kb.press("space")
+    cmd = kb.poll()
+    assert cmd.engaged and cmd.raw[6] == -1  # the take-over inherits the gripper open, as before the stray G
+    kb.press("g")
+    assert kb.poll().raw[6] == 1
 
 
 def test_release_all_on_focus_loss():

@@ -7,7 +7,16 @@ import pytest
 from PyQt6.QtCore import QEvent, Qt
 from PyQt6.QtGui import QKeyEvent
 from PyQt6.QtTest import QTest
-from PyQt6.QtWidgets import QApplication, QLineEdit, QMessageBox, QPushButton, QSpinBox, QVBoxLayout, QWidget
+from PyQt6.QtWidgets import (
+    QApplication,
+    QDialogButtonBox,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from hg_dagger.control.live import (
     AbortEpisode,
@@ -17,10 +26,10 @@ from hg_dagger.control.live import (
     DiscardEpisode,
     EStop,
     HandBack,
+    HoldStarts,
     KeyEvent,
     LatestSlot,
     LoopHealth,
-    MarkOutcome,
     Pause,
     ReleaseKeys,
     ResetEpisode,
@@ -62,11 +71,12 @@ def test_estop_button_latched_and_confirmed_reset(qtbot, live):
     reader.snapshot.connect(panel.show_snapshot)
     panel.show()
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=1))
-    assert panel.button.text() == "E-STOP" and not panel.reset.isVisible()
+    assert panel.button.text() == "E-STOP (Esc)" and not panel.reset.isVisible()  # named with its key
     click(panel.button)
     assert q.drain() == [EStop(source="app", reason="e-stop button")]
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=2, phase="estopped", estop=("pedal", "foot switch")))
-    assert panel.button.text() == "E-STOP LATCHED (pedal: foot switch)" and panel.reset.isVisible()
+    assert panel.button.text() == "E-STOP LATCHED" and panel.reset.isVisible()
+    assert panel.detail.toolTip() == "pedal: foot switch" and panel.detail.isVisible()
     click(panel.reset)  # asks first; cancelling sends nothing
     qtbot.waitUntil(lambda: panel.confirm is not None and panel.confirm.isVisible(), timeout=5000)
     panel.confirm.button(QMessageBox.StandardButton.Cancel).click()
@@ -77,7 +87,7 @@ def test_estop_button_latched_and_confirmed_reset(qtbot, live):
     panel.confirm.button(QMessageBox.StandardButton.Yes).click()
     assert q.drain() == [ClearEStop(by="op7")]
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=3))
-    assert panel.button.text() == "E-STOP" and not panel.reset.isVisible()
+    assert panel.button.text() == "E-STOP (Esc)" and not panel.reset.isVisible()
 
 
 def test_episode_controls_follow_phase_and_send_commands(qtbot, live):
@@ -96,10 +106,11 @@ def test_episode_controls_follow_phase_and_send_commands(qtbot, live):
     run = dict(phase="running", episode_id="ep-1", control_state="autonomous")
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=2, **run))
     assert not c.start.isEnabled() and c.pause.text() == "Pause"
-    for b in (c.pause, c.reset, c.abort, c.success, c.failure, c.take_over):
+    assert c.title() == "Episode ep-1"  # the box names the episode its buttons act on
+    for b in (c.pause, c.reset, c.abort, c.take_over):
         click(b)
     assert not c.hand_back.isEnabled()
-    assert q.drain() == [Pause(True), ResetEpisode(), AbortEpisode(), MarkOutcome(True), MarkOutcome(False), TakeOver()]
+    assert q.drain() == [Pause(True), ResetEpisode("ep-1"), AbortEpisode("ep-1"), TakeOver()]
 
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=3, **{**run, "control_state": "human"}))
     assert not c.take_over.isEnabled()
@@ -131,15 +142,15 @@ def test_discard_refuses_an_empty_reason(qtbot, live):
     c.show()
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=1, phase="running", episode_id="ep-1"))
     click(c.discard)
-    qtbot.waitUntil(lambda: c.discard_dialog is not None and c.discard_dialog.isVisible(), timeout=5000)
-    dlg = c.discard_dialog
-    dlg.setTextValue("   ")
-    dlg.accept()
-    qtbot.waitUntil(lambda: dlg.isVisible(), timeout=5000)  # asked again
-    assert q.drain() == [] and "required" in dlg.labelText()
-    dlg.setTextValue("camera bumped")
-    dlg.accept()
-    assert q.drain() == [DiscardEpisode("camera bumped")] and c.discard_dialog is None
+    qtbot.waitUntil(lambda: len(c.dialogs) == 1 and c.dialogs[0].isVisible(), timeout=5000)
+    dlg = c.dialogs[0]
+    assert q.drain() == [HoldStarts(True)]
+    dlg.reason.setText("   ")
+    dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert dlg.isVisible() and q.drain() == [] and "required" in dlg.text.text()  # asked again
+    dlg.reason.setText("camera bumped")
+    dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert q.drain() == [DiscardEpisode("camera bumped", episode_id="ep-1"), HoldStarts(False)] and not c.dialogs
 
 
 def test_health_panel_levels(qtbot, live):
@@ -196,7 +207,7 @@ def test_keys_become_key_events_and_esc_estops(qtbot, keyboard_window):
     assert q.drain() == [KeyEvent("w", True), KeyEvent("w", False), KeyEvent("space", True), KeyEvent("space", False)]
     assert clicks == []  # space is the deadman, it never clicks the focused button
     QTest.keyClick(win, Qt.Key.Key_Escape)
-    assert q.drain() == [EStop(source="keyboard", reason="Esc key in the app window")]
+    assert q.drain() == [EStop(source="keyboard", reason="Esc key")]
     edit.setFocus()
     QTest.keyClick(edit, Qt.Key.Key_W)  # typing stays text
     spin.setFocus()
@@ -204,7 +215,7 @@ def test_keys_become_key_events_and_esc_estops(qtbot, keyboard_window):
     assert edit.text() == "w" and q.drain() == []
     edit.setFocus()
     QTest.keyClick(edit, Qt.Key.Key_Escape)  # but Esc always stops
-    assert q.drain() == [EStop(source="keyboard", reason="Esc key in the app window")]
+    assert q.drain() == [EStop(source="keyboard", reason="Esc key")]
     button.setFocus()
     QTest.keyClick(win, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)  # a shortcut, not motion
     assert KeyEvent("q", True) not in q.drain()

@@ -10,7 +10,7 @@ from PyQt6.QtCore import QPointF
 from PyQt6.QtWidgets import QWidget
 
 from hg_dagger.contract.clock import now_ns
-from hg_dagger.control.live import LatestSlot, Snapshot
+from hg_dagger.control.live import DeviceState, LatestSlot, Snapshot
 from hg_dagger.ui import style
 from hg_dagger.ui.gate import GateLight, HandoverBanner
 from hg_dagger.ui.plots import ActionPlots, GatePlot, GrowingRange, History, ProgressPlot
@@ -253,32 +253,49 @@ def test_gate_light_names_state_and_colour(qtbot, live):
     assert light.headline.text() == "ERROR" and light.reason.text() == "env failed: no GL"
 
 
-def test_handover_banner_flashes_counts_and_hides(qtbot, live):
+def test_handover_banner_keeps_its_size_and_has_a_look_for_each_state(qtbot, live):
     slot, reader = live
     parent = QWidget()
     qtbot.addWidget(parent)
     banner = HandoverBanner(parent, sound_enabled=False)
     reader.snapshot.connect(banner.show_snapshot)
-    parent.show()  # the parent shows; the banner decides its own visibility
+    declines = []
+    banner.declined.connect(lambda: declines.append(1))
+    parent.show()
     alerts = []
     banner.alerted.connect(lambda: alerts.append(1))
-    publish_and_wait(qtbot, slot, reader, snap(1, control_state="warning"))
-    assert not banner.isVisible()
+    keyboard = DeviceState(device_id="keyboard", kind="keyboard", connected=True)
+    base = dict(phase="running", task="toy_reach", device=keyboard)
+    publish_and_wait(qtbot, slot, reader, snap(1, control_state="warning", **base))
+    height = banner.height()
+    assert banner.isVisible() and banner.look == "calm" and not banner.decline.isVisible()
+    assert "hold Space to steer" in banner.hint.text() and "W / S: shoulder_vel" in banner.hint.text()
     t_req = now_ns() - 1_400_000_000
-    publish_and_wait(qtbot, slot, reader, snap(2, control_state="handover_requested", t_request_ns=t_req))
-    assert banner.isVisible()
-    m = re.fullmatch(r"Take over! (\d+\.\d) s", banner.label.text())
-    assert m and 1.4 <= float(m.group(1)) < 60
+    publish_and_wait(qtbot, slot, reader, snap(2, control_state="handover_requested", t_request_ns=t_req,
+                                               request_wait_s=3.2, **base))
+    assert banner.look == "request" and banner.label.text() == "TAKE OVER!   waiting 3.2 s"  # the loop's wait
+    assert "hold Space to take control" in banner.hint.text() and banner.decline.isVisible()
     colours = set()
     qtbot.waitUntil(lambda: colours.add(banner.colour) or len(colours) == 2, timeout=5000)
-    publish_and_wait(qtbot, slot, reader, snap(3, control_state="handover_requested", t_request_ns=t_req))
-    assert len(alerts) == 1  # once per request, not per snapshot
-    publish_and_wait(qtbot, slot, reader, snap(4, control_state="human", t_request_ns=t_req))
-    assert not banner.isVisible() and not banner.flash.isActive()
-    publish_and_wait(qtbot, slot, reader, snap(5, control_state="handover_requested", t_request_ns=now_ns()))
-    assert banner.isVisible() and len(alerts) == 2
-    publish_and_wait(qtbot, slot, reader, snap(6, control_state="autonomous"))  # request withdrawn
-    assert not banner.isVisible()
+    assert colours == {style.REQUEST, style.REQUEST_DARK}
+    publish_and_wait(qtbot, slot, reader, snap(3, control_state="handover_requested", t_request_ns=t_req, **base))
+    m = re.fullmatch(r"TAKE OVER!   waiting (\d+\.\d) s", banner.label.text())  # no figure sent: since the stamp
+    assert m and 1.4 <= float(m.group(1)) < 60 and len(alerts) == 1  # once per request, not per snapshot
+    banner.decline.click()
+    assert declines == [1]
+    publish_and_wait(qtbot, slot, reader, snap(4, control_state="human", t_request_ns=t_req, **base))
+    assert banner.look == "human" and banner.label.text() == "YOU ARE IN CONTROL" and not banner.flash.isActive()
+    assert "let go of Space or press Enter / B to hand back" in banner.hint.text()
+    assert style.HUMAN in banner.styleSheet() and style.REQUEST not in banner.styleSheet()  # a look of its own
+    publish_and_wait(qtbot, slot, reader, snap(5, control_state="handover_requested", t_request_ns=now_ns(), **base))
+    assert banner.look == "request" and len(alerts) == 2
+    publish_and_wait(qtbot, slot, reader, snap(6, control_state="autonomous", **base))  # request withdrawn
+    assert banner.look == "calm" and banner.isVisible() and not banner.decline.isVisible()
+    assert banner.height() == height  # every look in the same reserved space
+    gamepad = DeviceState(device_id="gamepad:1", kind="gamepad", connected=True)
+    publish_and_wait(qtbot, slot, reader, snap(7, **{**base, "device": gamepad}, control_state="handover_requested",
+                                               t_request_ns=now_ns()))
+    assert "hold LB to take control" in banner.hint.text()
 
 
 def test_progress_in_the_task_units_stays_in_view(qtbot, live):

@@ -69,16 +69,16 @@ def test_window_shows_a_snapshot_everywhere(qtbot, window, qtlog):
                                                t_request_ns=now_ns() - 2_000_000_000))
     assert win.windowTitle() == "hg-dagger - fetch_reach"
     assert win.view.frame_size == (96, 64) and win.gate.state == "handover_requested" and win.banner.isVisible()
-    assert win.banner.label.text().startswith("Take over! ")
+    assert win.banner.look == "request" and win.banner.label.text().startswith("TAKE OVER!   waiting ")
     assert len(win.plots.actions.plots) == 4 and len(win.plots.gate.uncertainty.getData()[0]) == 1
     st = win.status
     assert st.store.text() == "Store: /data/run.zarr" and st.episode.text() == "Episode: ep-0003  step 41"
-    assert st.counters.text() == "Episodes 3 | Successes 2 | Windows 4 | Human labels 120"
+    assert st.counters.text() == "Episodes 3 | Successes 2 | E-stops 0 | Windows 4 | Human labels 120"
     assert st.operator.text() == "Operator: op-07" and st.policy.text() == "Policy: round-02"
     assert win.rounds.table.rowCount() == 1 and win.rounds.table.item(0, 3).text() == "40 %"
     assert len(win.rounds.success.getData()[0]) == 1
     publish_and_wait(qtbot, win, slot, running(2, control_state="human"))
-    assert not win.banner.isVisible() and win.controls.hand_back.isEnabled()
+    assert win.banner.look == "human" and win.controls.hand_back.isEnabled()
     for step in (7, 1234567):  # the status labels keep a steady size, yet a longer text is never cut off
         publish_and_wait(qtbot, win, slot, running(2 + step, control_state="human", episode_step=step))
         assert st.episode.text().endswith(f"step {step}")
@@ -99,7 +99,7 @@ def test_window_keys_escape_and_focus_loss(qtbot, window):
     QTest.keyClick(win.controls.start, Qt.Key.Key_Escape)
     QApplication.sendEvent(win, QEvent(QEvent.Type.WindowDeactivate))
     assert q.drain() == [KeyEvent("w", True), KeyEvent("w", False),
-                         EStop(source="keyboard", reason="Esc key in the app window"), ReleaseKeys()]
+                         EStop(source="keyboard", reason="Esc key"), ReleaseKeys()]
     publish_and_wait(qtbot, win, slot, Snapshot(seq=2, phase="idle"))
     win.activateWindow()
     win.controls.count.setFocus()  # the spin box takes digits as text
@@ -115,8 +115,9 @@ def test_start_click_estop_latch_and_train_signal(qtbot, window):
     assert q.drain() == [StartEpisodes(1)]
     publish_and_wait(qtbot, win, slot, running(2, phase="estopped", estop=("keyboard", "Esc key"),
                                                control_state="safe_stop"))
-    assert win.estop.button.text() == "E-STOP LATCHED (keyboard: Esc key)" and win.estop.reset.isVisible()
-    assert win.gate.state == "safe_stop" and not win.banner.isVisible()
+    assert win.estop.button.text() == "E-STOP LATCHED" and win.estop.reset.isVisible()
+    assert win.estop.detail.text() == "keyboard: Esc key"
+    assert win.gate.state == "safe_stop" and win.banner.look == "calm"
     with qtbot.waitSignal(win.train_requested, timeout=5000):
         win.tabs.setCurrentWidget(win.rounds)
         QTest.mouseClick(win.rounds.train, Qt.MouseButton.LeftButton)

@@ -20,6 +20,7 @@ from PyQt6 import QtCore, QtWidgets
 
 from hg_dagger.control import live
 from hg_dagger.control.loop import ControlLoop, ControlProcess
+from hg_dagger.ui.rounds import read_training_summary, training_summary
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class OperatorApp(QtCore.QObject):
                            name=o.name or o.operator)
         from hg_dagger.ui.start_dialog import StartDialog
 
-        choices = StartDialog.ask(settings=s)
+        choices = StartDialog.ask(settings=s, task=o.task)  # a task given on the command line wins
         if choices is None:
             return None
         return replace(o, name=choices.operator, task=choices.task, robot=choices.robot or o.robot,
@@ -175,6 +176,7 @@ class OperatorApp(QtCore.QObject):
                                  review_store=o.store_url, operator=o.name)
         self.window.setWindowTitle(f"hg-dagger - {o.task} - {o.name}")
         self.window.train_requested.connect(self._ask_train)
+        self.window.rounds.set_trained(read_training_summary(path))
         self.window.show()
         self.loop.start()
         if o.episodes:
@@ -291,7 +293,9 @@ class OperatorApp(QtCore.QObject):
 
     def _training_done(self, result: dict | None, error: str) -> None:
         if self.window is not None:
-            self.window.set_training_done(error or f"new student {result['version']} ({result['labels']} labels)")
+            trained = training_summary(result.get("selection")) if result is not None else ""
+            self.window.set_training_done(error or f"new student {result['version']} ({result['labels']} labels)",
+                                          trained)
         if result is not None and self.loop is not None:
             self.student_path = result["checkpoint"]
             self.loop.commands.put(live.SwapStudent(result["checkpoint"], tuple(result.get("calibration", ()))))

@@ -37,21 +37,27 @@ SCAN_MS = 2000
 class AxisBar(QWidget):
     """One raw axis in [-1, 1] as a bar from the centre, with the deadzone drawn as a grey band."""
 
-    def __init__(self, name: str, parent: QWidget | None = None):
+    def __init__(self, name: str, parent: QWidget | None = None, *, control: str = ""):
         super().__init__(parent)
         self.name = name
+        self.control = control  # the key or stick that moves it, e.g. "W / S"
         self.value = 0.0
         self.deadzone = 0.0
+        self.engaged = True  # drawn grey while the device is not engaged: then it moves nothing
         self.setMinimumHeight(18)
-        self.setToolTip(f"raw {name}")
+        self.setToolTip(f"{name}: {control}" if control else f"raw {name}")
 
     def sizeHint(self) -> QSize:
         return QSize(160, 18)
 
-    def set(self, value: float, deadzone: float) -> None:
+    @property
+    def label(self) -> str:
+        return f"{self.name}  [{self.control}]" if self.control else self.name
+
+    def set(self, value: float, deadzone: float, engaged: bool = True) -> None:
         value = min(1.0, max(-1.0, float(value))) if math.isfinite(value) else 0.0  # plain floats: called per axis per frame
-        if value != self.value or deadzone != self.deadzone:
-            self.value, self.deadzone = value, deadzone
+        if value != self.value or deadzone != self.deadzone or engaged != self.engaged:
+            self.value, self.deadzone, self.engaged = value, deadzone, engaged
             self.update()
 
     def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
@@ -62,13 +68,13 @@ class AxisBar(QWidget):
         dz = max(0.0, min(1.0, self.deadzone)) * mid
         if dz > 0:
             p.fillRect(QRectF(mid - dz, 0, 2 * dz, h), QColor("#c9ccd1"))
-        inside = abs(self.value) <= self.deadzone
+        inside = abs(self.value) <= self.deadzone or not self.engaged
         colour = QColor(style.NEUTRAL if inside else style.HUMAN)
         x = self.value * mid
         p.fillRect(QRectF(min(mid, mid + x), 3, abs(x), h - 6), colour)
         p.setPen(QPen(QColor("#444"), 1))
         p.drawLine(int(mid), 0, int(mid), h)
-        p.drawText(QRectF(4, 0, w - 8, h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, self.name)
+        p.drawText(QRectF(4, 0, w - 8, h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, self.label)
         p.drawText(QRectF(4, 0, w - 8, h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight,
                    f"{self.value:+.2f}")
         p.end()
@@ -82,7 +88,12 @@ def default_scan() -> Callable[[], list]:
 
 
 class DevicePanel(QGroupBox):
-    """Current device, live axes, pressed buttons; a device combo (sends SetDevice) and Calibrate..."""
+    """Current device, the task's key map with each action dimension live, pressed buttons; a device combo
+    (sends SetDevice) and Calibrate...
+
+    With a task known (``snap.task``) there is one bar per action dimension, named by the task's action
+    names and the control that moves it ("shoulder_vel [W / S]"); without one, the device's seven command
+    axes. While the device is not engaged the bars are grey and the panel says keys move nothing."""
 
     def __init__(self, commands: CommandQueue, parent: QWidget | None = None, *,
                  scan: Callable[[], list] | None = None):
@@ -96,7 +107,14 @@ class DevicePanel(QGroupBox):
         self.link = QLabel("-")
         self.engaged = QLabel("-")
         self.buttons = QLabel("Buttons: none")
-        self.bars = [AxisBar(a) for a in COMMAND_AXES]
+        self.keys_line = QLabel()
+        self.keys_line.setObjectName("device_keys")
+        self.keys_line.setWordWrap(True)
+        self.keys_line.setStyleSheet(f"color: {style.NEUTRAL};")
+        self.bars: list[AxisBar] = []
+        self.slots: list[int] = []  # DeviceState.axes index of each bar
+        self._keymap: tuple[str, str] | None = None  # (task, device kind) the bars are built for
+        self.grid = QGridLayout()
         self.combo = QComboBox()
         self.combo.setToolTip("Switch the operator device")
         self.combo.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
@@ -117,16 +135,15 @@ class DevicePanel(QGroupBox):
         top.addWidget(self.link)
         top.addWidget(self.engaged)
         lay.addLayout(top)
-        grid = QGridLayout()
-        for i, bar in enumerate(self.bars):
-            grid.addWidget(bar, i // 2, i % 2)
-        lay.addLayout(grid)
+        lay.addLayout(self.grid)
+        lay.addWidget(self.keys_line)
         lay.addWidget(self.buttons)
         row = QHBoxLayout()
         row.addWidget(self.combo, 1)
         row.addWidget(self.calibrate)
         lay.addLayout(row)
         self._state: DeviceState | None = None
+        self.set_keymap("", "")
         self.show_device(DeviceState())
 
     # ---- device list --------------------------------------------------------------------------
@@ -176,22 +193,56 @@ class DevicePanel(QGroupBox):
     def show_snapshot(self, snap: Snapshot) -> None:
         self._phase = snap.phase
         self.calibrate.setEnabled(snap.phase != "running" and self.selected() is not None)
-        self.show_device(snap.device)
+        if (snap.task, snap.device.kind) != self._keymap:
+            self.set_keymap(snap.task, snap.device.kind)
+        self.show_device(snap.device, loading=snap.loading or snap.phase == "loading")
 
-    def show_device(self, d: DeviceState) -> None:
+    def set_keymap(self, task: str, kind: str) -> None:
+        """One bar per action dimension of ``task`` with the control of device ``kind`` that moves it."""
+        from hg_dagger.ui.keymap import device_keys_line, task_key_rows
+
+        self._keymap = (task, kind)
+        rows = []
+        if task:
+            try:
+                rows = task_key_rows(task, kind)
+            except Exception as exc:  # an unknown or broken task config: the raw axes, and say why
+                self.keys_line.setText(f"key map unavailable: {exc}")
+                rows = []
+        for bar in self.bars:
+            self.grid.removeWidget(bar)
+            bar.deleteLater()
+        if rows:
+            self.bars = [AxisBar(r.action, control=r.control) for r in rows]
+            self.slots = [r.slot if r.slot is not None else -1 for r in rows]
+            self.keys_line.setText(device_keys_line(kind))
+        else:
+            self.bars = [AxisBar(a) for a in COMMAND_AXES]
+            self.slots = list(range(len(COMMAND_AXES)))
+        cols = 2 if len(self.bars) > 4 else 1
+        for i, bar in enumerate(self.bars):
+            self.grid.addWidget(bar, i // cols, i % cols)
+        self._state = None  # redraw everything for the new bars
+
+    def show_device(self, d: DeviceState, *, loading: bool = False) -> None:
         if d is not self._state:
             prev, self._state = self._state, d
             if prev is None or (prev.device_id, prev.kind) != (d.device_id, d.kind):
                 self.ident.setText(f"{d.kind or 'no device'}: {d.device_id}" if d.device_id else (d.kind or "no device"))
-            if prev is None or prev.connected != d.connected:
-                self.link.setText("connected" if d.connected else "NOT CONNECTED")
-                self.link.setStyleSheet(f"color: {style.OK if d.connected else style.SAFETY}; font-weight: bold;")
-            if prev is None or prev.engaged != d.engaged:
-                self.engaged.setText("ENGAGED" if d.engaged else "not engaged")
-                self.engaged.setStyleSheet(style.filled(style.HUMAN, radius=4) if d.engaged else "")
-            axes = d.axes if d.axes is not None else np.zeros(len(self.bars), np.float32)
-            for i, bar in enumerate(self.bars):
-                bar.set(float(axes[i]) if i < len(axes) else 0.0, float(d.deadzone[i]) if i < len(d.deadzone) else 0.0)
+            link = "loading..." if loading else "connected" if d.connected else "NOT CONNECTED"
+            if self.link.text() != link:
+                self.link.setText(link)
+                colour = style.NEUTRAL if loading else style.OK if d.connected else style.SAFETY
+                self.link.setStyleSheet(f"color: {colour}; font-weight: bold;")
+            engaged = "ENGAGED" if d.engaged else "not engaged: moves nothing"
+            if self.engaged.text() != engaged:
+                self.engaged.setText(engaged)
+                self.engaged.setStyleSheet(style.filled(style.HUMAN, radius=4) if d.engaged else
+                                           f"color: {style.NEUTRAL};")
+            axes = d.axes if d.axes is not None else np.zeros(len(COMMAND_AXES), np.float32)
+            for bar, i in zip(self.bars, self.slots, strict=True):
+                value = float(axes[i]) if 0 <= i < len(axes) else 0.0
+                bar.set(value, float(d.deadzone[i]) if 0 <= i < len(d.deadzone) else 0.0, bool(d.engaged))
             text = "Buttons: " + (", ".join(d.buttons) if d.buttons else "none")
             if self.buttons.text() != text:
                 self.buttons.setText(text)

@@ -1,18 +1,30 @@
 """What the gates and the handover machine say, readable from across the room.
 
 GateLight is a large coloured box naming the control state with the gate's reason; HandoverBanner
-appears when the policy asks for a person, flashes, beeps once (optional) and counts the seconds since
-the request until the person has taken over or the request is withdrawn.
+is the strip that asks for the person: it flashes when a gate asks, beeps once (optional), counts the
+seconds the request has waited and says how to take over; it says "you are in control" while the person
+drives. Both keep one size whatever they say, so the console never moves under the mouse.
 """
 
 from __future__ import annotations
 
 from PyQt6.QtCore import Qt, QTimer, pyqtSignal
-from PyQt6.QtWidgets import QApplication, QFrame, QLabel, QVBoxLayout, QWidget
+from PyQt6.QtGui import QFont, QFontMetrics
+from PyQt6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.live import Snapshot
 from hg_dagger.ui import style
+from hg_dagger.ui.keymap import DECLINE_KEY, handback_hint, takeover_hint, task_key_rows
 
 HANDOVER_REQUESTED = "handover_requested"
 
@@ -23,86 +35,168 @@ class GateLight(QFrame):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("gate_light")
-        self.setMinimumHeight(90)
         self.headline = QLabel()
         self.headline.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.reason = QLabel()
         self.reason.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.reason.setWordWrap(True)
+        for lab, pt in ((self.headline, 22), (self.reason, 12)):
+            f = QFont(lab.font())
+            f.setPointSize(pt)
+            f.setBold(lab is self.headline)
+            lab.setFont(f)
+            lab.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.reason.setWordWrap(False)
+        self.headline.setFixedHeight(QFontMetrics(self.headline.font()).height())
+        self.reason.setFixedHeight(QFontMetrics(self.reason.font()).height())  # one line; cut, in full as tooltip
         lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 4, 8, 4)
+        lay.setSpacing(0)
         lay.addWidget(self.headline)
         lay.addWidget(self.reason)
+        self.setFixedHeight(self.headline.height() + self.reason.height() + 8)
         self.state = ""
         self.colour = ""
         self._reason_text = None
         self.set_state("autonomous", "")
 
     def show_snapshot(self, snap: Snapshot) -> None:
+        if snap.loading and snap.estop is None:
+            self.set_state("loading", snap.message or "building the session: Start waits until it is ready")
+            return
         if snap.phase in style.PHASES and snap.estop is None:
             self.set_state(snap.phase, snap.message)  # nothing is in control: say what the loop is doing
             return
         reason = snap.gate_reason
         if snap.estop is not None:
             reason = f"e-stop: {snap.estop[1]}" if snap.estop[1] else "e-stop latched"
-        self.set_state(snap.control_state, reason)
+        headline = None
+        if snap.control_state == "human" and snap.device.kind in ("synthetic", "expert"):
+            headline = f"{snap.device.kind.upper()} OPERATOR IN CONTROL"  # not the person at the console
+        self.set_state(snap.control_state, reason, headline)
 
-    def set_state(self, state: str, reason: str) -> None:
-        if state != self.state:
+    def set_state(self, state: str, reason: str, headline: str | None = None) -> None:
+        text, colour = style.state_style(state)
+        text = headline or text
+        if state != self.state or text != self.headline.text():
             self.state = state
-            text, self.colour = style.state_style(state)
+            self.colour = colour
             self.headline.setText(text)
             self.setAccessibleName(f"control state: {text}")
             self.setStyleSheet(f"#gate_light {{ background-color: {self.colour}; border-radius: 10px; }} "
                                f"#gate_light QLabel {{ color: {style.TEXT_ON_COLOUR}; background: transparent; }}")
-            self.headline.setStyleSheet("font-size: 26pt; font-weight: bold;")
-            self.reason.setStyleSheet("font-size: 13pt;")
         if reason != self._reason_text:
             self._reason_text = reason
             self.reason.setText(reason or " ")
 
 
 class HandoverBanner(QFrame):
-    """"Take over! 1.4 s": visible only while a handover is requested; flashes two colours on a timer.
+    """The strip above the console that asks for the person: always there, the same height whatever it says,
+    so nothing in the window moves when a gate fires.
 
-    ``alerted`` is emitted once per request (and the application beeps then, if ``sound_enabled``).
+    Three looks: calm (nothing asked; a quiet line says where requests appear), request ("TAKE OVER!",
+    flashing magenta, with the wait time, how to take over with the chosen device and a button to let the
+    student go on), and human ("YOU ARE IN CONTROL", steady orange, how to hand back). ``alerted`` is
+    emitted once per request (and the application beeps then, if ``sound_enabled``); ``declined`` when the
+    person lets the student go on from the button.
     """
 
     alerted = pyqtSignal()
+    declined = pyqtSignal()
     FLASH_MS = 300
-    COLOURS = (style.HUMAN, "#5a2a00")
+    COLOURS = (style.REQUEST, style.REQUEST_DARK)
+    HEADLINE_PT = 20
+    HINT_PT = 11
 
     def __init__(self, parent: QWidget | None = None, *, sound_enabled: bool = True):
         super().__init__(parent)
         self.setObjectName("handover_banner")
         self.sound_enabled = sound_enabled
         self.label = QLabel()
-        self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 4, 8, 4)
-        lay.addWidget(self.label)
+        self.label.setObjectName("banner_headline")
+        self.hint = QLabel()
+        self.hint.setObjectName("banner_hint")
+        for lab in (self.label, self.hint):
+            lab.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+            lab.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)  # long text never widens it
+        self.decline = QPushButton(f"Let the student go on ({DECLINE_KEY.upper()})")
+        self.decline.setObjectName("decline")
+        self.decline.setToolTip("Decline this request: the student keeps driving (the gate may ask again later)")
+        self.decline.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.decline.clicked.connect(self.declined)
+        keep = self.decline.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)  # hiding it must not move the text either
+        self.decline.setSizePolicy(keep)
+        text = QVBoxLayout()
+        text.setSpacing(0)
+        text.addWidget(self.label)
+        text.addWidget(self.hint)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(12, 4, 12, 4)
+        lay.addLayout(text, 1)
+        lay.addWidget(self.decline)
+        self._fonts()
         self.flash = QTimer(self)
         self.flash.setInterval(self.FLASH_MS)
         self.flash.timeout.connect(self._tick)
         self.phase = 0  # which of COLOURS is on show
         self._t_request: int | None = None
         self._shown_since = 0
-        self.active = False
-        self.setVisible(False)
+        self._wait_s: float | None = None
+        self.active = False  # a request is on show
+        self.look = ""  # calm | request | human
+        self.device_kind = "keyboard"
+        self._keymap: tuple[str, str] = ("", "")
+        self.keys_text = ""  # the task's key map in one line ("W / S shoulder_vel · A / D elbow_vel")
+        self._set_look("calm")
+
+    def _fonts(self) -> None:
+        """Fonts fixed here (not in the stylesheet), so the height reserved below fits them exactly."""
+        for lab, pt in ((self.label, self.HEADLINE_PT), (self.hint, self.HINT_PT)):
+            f = QFont(lab.font())
+            f.setPointSize(pt)
+            f.setBold(lab is self.label)
+            lab.setFont(f)
+            lab.setFixedHeight(QFontMetrics(f).height() + 2)
+        m = self.layout().contentsMargins()
+        self.setFixedHeight(self.label.height() + self.hint.height() + m.top() + m.bottom() + 4)
 
     @property
     def colour(self) -> str:
         return self.COLOURS[self.phase]
 
     def show_snapshot(self, snap: Snapshot) -> None:
+        self.device_kind = snap.device.kind or self.device_kind
+        if (snap.task, self.device_kind) != self._keymap:
+            self._set_keymap(snap.task, self.device_kind)
         if snap.control_state == HANDOVER_REQUESTED and snap.estop is None:
             t_req = snap.t_request_ns
+            self._wait_s = snap.request_wait_s
             if not self.active or (t_req is not None and t_req != self._t_request):
                 self._begin(t_req)
             self._update_text()
-        elif self.active:
+            return
+        if self.active:
             self._end()
+        if snap.control_state == "human" and snap.estop is None and snap.phase == "running":
+            self._set_look("human")
+        else:
+            self._set_look("calm", snap)
+
+    def _set_keymap(self, task: str, kind: str) -> None:
+        self._keymap = (task, kind)
+        try:
+            rows = task_key_rows(task, kind) if task else []
+        except Exception:  # an unknown task config: the banner still asks, without the key map
+            rows = []
+        self.keys_text = "   ·   ".join(f"{r.control}: {r.action}" for r in rows if r.control != "-")
+        self.look = ""  # repaint the text with the new key map
 
     def elapsed_s(self) -> float:
+        """How long the request has waited: the control loop's figure when it sends one (the simulator may
+        be paused meanwhile), else the time since the request was stamped."""
+        if self._wait_s is not None:
+            return max(0.0, float(self._wait_s))
         start = self._t_request if self._t_request is not None else self._shown_since
         return max(0.0, (now_ns() - start) / 1e9)
 
@@ -111,8 +205,7 @@ class HandoverBanner(QFrame):
         self._shown_since = now_ns()
         self.active = True
         self.phase = 0
-        self._paint()
-        self.setVisible(True)
+        self._set_look("request")
         self.flash.start()
         if self.sound_enabled:
             QApplication.beep()
@@ -120,8 +213,8 @@ class HandoverBanner(QFrame):
 
     def _end(self) -> None:
         self.active = False
+        self._wait_s = None
         self.flash.stop()
-        self.setVisible(False)
 
     def _tick(self) -> None:
         self.phase = 1 - self.phase
@@ -129,10 +222,48 @@ class HandoverBanner(QFrame):
         self._update_text()
 
     def _update_text(self) -> None:
-        self.label.setText(f"Take over! {self.elapsed_s():.1f} s")
+        if self.look == "request":
+            self._text(f"TAKE OVER!   waiting {self.elapsed_s():.1f} s", self._request_hint())
+
+    def _request_hint(self) -> str:
+        how = takeover_hint(self.device_kind)
+        if not how:
+            return f"the {self.device_kind or 'automatic'} operator answers   ·   {DECLINE_KEY.upper()}: let the student go on"
+        return (f"{how} to take control   ·   {DECLINE_KEY.upper()} or the button: let the student go on   ·   "
+                "the robot holds while it waits")
+
+    def _set_look(self, look: str, snap: Snapshot | None = None) -> None:
+        if look == "calm":
+            loading = snap is not None and (snap.loading or snap.phase == "loading")
+            how = takeover_hint(self.device_kind)
+            keys = f"{how} to steer   ·   {self.keys_text}" if how and self.keys_text else ""
+            self._text("Loading..." if loading else "A request for you appears here",
+                       keys or "the student drives; when a gate asks for you, this strip says how to take over")
+        elif look == "human" and look != self.look:
+            back = handback_hint(self.device_kind)
+            steer = f"steer: {self.keys_text}" if self.keys_text else "steer the robot"
+            self._text("YOU ARE IN CONTROL", f"{steer}   ·   {back} to hand back" if back else steer)
+        if look == self.look:
+            return
+        self.look = look
+        self.decline.setVisible(look == "request")
+        self._paint()
+
+    def _text(self, headline: str, hint: str) -> None:
+        if self.label.text() != headline:
+            self.label.setText(headline)
+        if self.hint.text() != hint:
+            self.hint.setText(hint)
 
     def _paint(self) -> None:
-        bg, fg = (self.COLOURS[0], "#1b1b1b") if self.phase == 0 else (self.COLOURS[1], style.TEXT_ON_COLOUR)
-        self.setStyleSheet(f"#handover_banner {{ background-color: {bg}; border-radius: 10px; }} "
-                           f"#handover_banner QLabel {{ color: {fg}; font-size: 28pt; font-weight: bold; "
-                           "background: transparent; }")
+        if self.look == "request":
+            bg, fg = (self.COLOURS[0], style.TEXT_ON_COLOUR) if self.phase == 0 else (self.COLOURS[1], "#ffd6e8")
+            border = "#ffffff"
+        elif self.look == "human":
+            bg, fg, border = style.HUMAN, "#1b1b1b", style.HUMAN
+        else:
+            bg, fg, border = style.CALM, style.NEUTRAL, style.CALM
+        self.setAccessibleName(f"handover banner: {self.look}")
+        self.setStyleSheet(f"#handover_banner {{ background-color: {bg}; border-radius: 10px; "
+                           f"border: 3px solid {border}; }} "
+                           f"#handover_banner QLabel {{ color: {fg}; background: transparent; }}")

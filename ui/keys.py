@@ -1,9 +1,13 @@
 """The window's keyboard as the in-window keyboard device: Qt key events -> KeyEvent commands by name.
 
 Names follow configs/devices/keyboard.yaml (letters lower case, "space", "enter", "up"/"down"/
-"left"/"right", "shift", ...). Esc is the emergency stop and never a motion key. Auto-repeat is not a
-new press. When the window loses focus every held key is let go (ReleaseKeys), so a key released
-elsewhere cannot leave the robot moving.
+"left"/"right", "shift", ...). Esc in the console is the emergency stop and never a motion key; Esc in
+one of the window's dialogs (or its help) closes that dialog and stops nothing. N lets the student go on
+while a request waits. Auto-repeat is not a new press. When the window loses focus every held key is
+let go (ReleaseKeys), so a key released elsewhere cannot leave the robot moving.
+
+While a gate asks for the person or the person drives (``robot_keys``), the keyboard is the robot's
+in the window's own dialogs too: a dialog open on an episode never keeps the person from taking over.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.control.live import CommandQueue, EStop, KeyEvent, ReleaseKeys
+from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, KeyEvent, ReleaseKeys
+from hg_dagger.ui.keymap import DECLINE_KEY
 
 K = Qt.Key
 _NAMED = {
@@ -61,6 +66,8 @@ class KeyboardBridge(QObject):
 
     Install with ``QApplication.instance().installEventFilter(bridge)``; keys typed into text inputs
     (spin boxes, line edits) stay text. Mapped keys are consumed, so Space never clicks a focused button.
+    The window sets ``request_pending`` (N declines then) and ``robot_keys`` (keys in its dialogs, even in
+    their text fields, drive the robot then) from each snapshot.
     """
 
     def __init__(self, window: QWidget, commands: CommandQueue):
@@ -69,6 +76,8 @@ class KeyboardBridge(QObject):
         self.commands = commands
         self.held: set[str] = set()
         self.enabled = True
+        self.request_pending = False
+        self.robot_keys = False
 
     def release_all(self) -> None:
         self.held.clear()
@@ -79,20 +88,28 @@ class KeyboardBridge(QObject):
         if t in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease):
             if not self.enabled or not isinstance(obj, QWidget):
                 return False
+            down = t == QEvent.Type.KeyPress
             if obj.window() is self.window:
-                return self._key(obj, ev, t == QEvent.Type.KeyPress)
-            if ev.key() == K.Key_Escape and self._owned(obj):
-                return self._key(obj, ev, t == QEvent.Type.KeyPress)  # Esc stops from the window's dialogs too
+                return self._key(obj, ev, down)
+            if ev.key() != K.Key_Escape and self._owned(obj):  # Esc in a dialog is the dialog's: it closes it
+                if self.robot_keys or (self.held and not down):
+                    return self._key(obj, ev, down, forced=True)  # a request or a correction: the robot's keys
+                if self.request_pending and ev.key() == K.Key_N:
+                    return self._key(obj, ev, down, forced=True)
             return False
-        if t == QEvent.Type.WindowDeactivate and obj is self.window:
-            self.release_all()
+        if t == QEvent.Type.WindowDeactivate and (obj is self.window or (
+                self.held and isinstance(obj, QWidget) and obj.isWindow() and self._owned(obj))):
+            self.release_all()  # focus left for another window: no key may stay held as motion
         elif t == QEvent.Type.FocusIn and self.held and is_text_input(obj) and isinstance(obj, QWidget) \
-                and obj.window() is self.window:
+                and obj.window() is self.window and not self.robot_keys:
             self.release_all()  # typing starts: no key may stay held as motion
         return False
 
     def _owned(self, w: QWidget) -> bool:
+        """``w`` is in a window the main window owns (a dialog, the help), not the main window itself."""
         top = w.window()
+        if top is self.window:
+            return False
         while top is not None:
             if top is self.window:
                 return True
@@ -100,13 +117,13 @@ class KeyboardBridge(QObject):
             top = parent.window() if parent is not None else None
         return False
 
-    def _key(self, obj: QWidget, ev: QKeyEvent, down: bool) -> bool:
+    def _key(self, obj: QWidget, ev: QKeyEvent, down: bool, *, forced: bool = False) -> bool:
         key = ev.key()
         if key == K.Key_Escape:
             if down and not ev.isAutoRepeat():
-                self.commands.put(EStop(source="keyboard", reason="Esc key in the app window"))
+                self.commands.put(EStop(source="keyboard", reason="Esc key"))
             return True
-        if is_text_input(obj) or is_text_input(QApplication.focusWidget()):
+        if not forced and not self.robot_keys and (is_text_input(obj) or is_text_input(QApplication.focusWidget())):
             return False
         if key not in _MODIFIER_KEYS and ev.modifiers() & _SHORTCUT_MODIFIERS:
             return False  # Ctrl+Q and friends are shortcuts, not motion
@@ -114,6 +131,10 @@ class KeyboardBridge(QObject):
         if name is None:
             return False
         if ev.isAutoRepeat():
+            return True
+        if name == DECLINE_KEY and self.request_pending and name not in self.held:
+            if down:
+                self.commands.put(DeclineRequest())
             return True
         if down:
             self.held.add(name)

@@ -31,11 +31,12 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.control.live import CommandQueue, EStop, LatestSlot, Quit, Snapshot
+from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, LatestSlot, Quit, Snapshot
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
 from hg_dagger.ui.device_panel import DevicePanel
 from hg_dagger.ui.gate import GateLight, HandoverBanner
 from hg_dagger.ui.health import LoopHealthPanel
+from hg_dagger.ui.keymap import DECLINE_KEY, ESTOP_KEY
 from hg_dagger.ui.keys import KeyboardBridge
 from hg_dagger.ui.plots import PlotsPanel
 from hg_dagger.ui.review import ReviewWorkspace
@@ -44,7 +45,8 @@ from hg_dagger.ui.snapshots import SnapshotReader
 from hg_dagger.ui.view import LiveView
 
 NOT_A_PERSON = ("", "none", "synthetic", "expert")  # device kinds that answer a gate without the operator
-WINDOW_SHORTCUTS = (("Esc", "emergency stop (anywhere in the window)"), ("F1", "this help"),
+WINDOW_SHORTCUTS = ((ESTOP_KEY, "emergency stop (in the console; in a dialog or this help Esc closes it)"),
+                    (DECLINE_KEY.upper(), "let the student go on (while a request waits)"), ("F1", "this help"),
                     ("Ctrl+Q", "quit (open episodes end as operator aborts)"))
 
 
@@ -89,7 +91,8 @@ class HelpDialog(QDialog):
 
 class ReviewEscape(QObject):
     """Esc is the e-stop on the Review page too, where the keyboard bridge is off (its keys scrub and type there):
-    an application event filter, so it works whatever widget of the window, or of a dialog it owns, has focus."""
+    an application event filter, so it works whatever widget of the window has focus. In a dialog Esc is the
+    dialog's (it closes it), as on the console."""
 
     def __init__(self, window: MainWindow):
         super().__init__(window)
@@ -98,20 +101,11 @@ class ReviewEscape(QObject):
     def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
         if ev.type() != QEvent.Type.KeyPress or ev.key() != Qt.Key.Key_Escape or not self.window.reviewing:
             return False
-        if not isinstance(obj, QWidget) or not self._owned(obj):
+        if not isinstance(obj, QWidget) or obj.window() is not self.window:
             return False
         if not ev.isAutoRepeat():
-            self.window.commands.put(EStop(source="keyboard", reason="Esc key in the app window"))
+            self.window.commands.put(EStop(source="keyboard", reason="Esc key"))
         return True
-
-    def _owned(self, w: QWidget) -> bool:
-        top = w.window()
-        while top is not None:
-            if top is self.window:
-                return True
-            parent = top.parentWidget()
-            top = parent.window() if parent is not None else None
-        return False
 
 
 def app_settings() -> QSettings:
@@ -135,8 +129,10 @@ class MainWindow(QMainWindow):
 
         sound = self.settings.value("ui/sound", True, type=bool)
         self.banner = HandoverBanner(sound_enabled=sound)
+        self.banner.declined.connect(lambda: self.commands.put(DeclineRequest()))
         self.gate = GateLight()
         self.estop = EStopPanel(commands)
+        self.estop.setFixedHeight(self.gate.height())  # the top row keeps one height, latched or not
         self.view = LiveView()
         self.plots = PlotsPanel()
         self.controls = EpisodeControls(commands)
@@ -152,8 +148,8 @@ class MainWindow(QMainWindow):
         self.split_view.setObjectName("split_view")
         self.split_view.addWidget(self.view)
         self.split_view.addWidget(self.plots)
-        self.split_view.setStretchFactor(0, 3)
-        self.split_view.setStretchFactor(1, 2)
+        self.split_view.setStretchFactor(0, 1)
+        self.split_view.setStretchFactor(1, 1)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.device, "Device")
         self.tabs.addTab(self.rounds, "Rounds")
@@ -168,8 +164,8 @@ class MainWindow(QMainWindow):
         self.split_main.setObjectName("split_main")
         self.split_main.addWidget(self.split_view)
         self.split_main.addWidget(bottom)
-        self.split_main.setStretchFactor(0, 3)
-        self.split_main.setStretchFactor(1, 1)
+        self.split_main.setStretchFactor(0, 1)  # the controls get the height they need, the view and plots the rest
+        self.split_main.setStretchFactor(1, 0)
         self.pages = QTabWidget()
         self.pages.setObjectName("pages")
         self.pages.setFocusPolicy(Qt.FocusPolicy.NoFocus)
@@ -259,6 +255,11 @@ class MainWindow(QMainWindow):
 
     # ---- snapshots ---------------------------------------------------------------------------
     def show_snapshot(self, snap: Snapshot) -> None:
+        person = snap.device.kind not in NOT_A_PERSON
+        requested = snap.control_state == "handover_requested" and snap.estop is None and snap.phase == "running"
+        self.keys.request_pending = requested and person
+        self.keys.robot_keys = person and snap.device.kind == "keyboard" and snap.phase == "running" and (
+            requested or snap.control_state == "human")
         for v in self.views:
             v.show_snapshot(snap)
         if self.review is not None:
@@ -270,6 +271,10 @@ class MainWindow(QMainWindow):
             if requested and self.reviewing and snap.device.kind not in NOT_A_PERSON:
                 self.show_console()  # a gate asks for the operator: back to the robot
             self._last_state = snap.control_state
+        if not self._user_split and snap.phase == "running" and snap.frame is None and not self._view_narrowed:
+            self._view_narrowed = True  # a task without a camera: the plots take the room the view would
+            width = sum(self.split_view.sizes())
+            self.split_view.setSizes([width // 4, width - width // 4])
         title = f"hg-dagger - {snap.task}" if snap.task else "hg-dagger"
         if self.windowTitle() != title:
             self.setWindowTitle(title)
@@ -277,8 +282,8 @@ class MainWindow(QMainWindow):
     def set_training_progress(self, stage: str, fraction: float) -> None:
         self.rounds.set_training_progress(stage, fraction)
 
-    def set_training_done(self, message: str) -> None:
-        self.rounds.set_training_done(message)
+    def set_training_done(self, message: str, trained: str = "") -> None:
+        self.rounds.set_training_done(message, trained)
         if self.review is not None and self.review.rows_loaded:
             self.review.reload()  # a round runs QC first: show its verdicts
 
@@ -290,10 +295,32 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         else:
             self.resize(1400, 900)
+        self._split_restored = False
+        self._view_narrowed = False
         for split in (self.split_main, self.split_view, self.plots):
             state = s.value(f"window/{split.objectName()}")
             if state is not None:
                 split.restoreState(state)
+                self._split_restored = True
+        self._user_split = self._split_restored  # the person's own layout is never changed for them
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if not self._split_restored:
+            self._split_restored = True
+            self.default_split()
+
+    def default_split(self) -> None:
+        """The first layout: the controls their natural height, the view and the plots the rest, side by side
+        in equal parts, the action plots more than the gate and progress plots together."""
+        self.centralWidget().layout().activate()
+        total = sum(self.split_main.sizes())
+        bottom = self.split_main.widget(1).minimumSizeHint().height() + 12
+        self.split_main.setSizes([max(1, total - bottom), bottom])
+        width = sum(self.split_view.sizes())
+        self.split_view.setSizes([width // 2, width - width // 2])
+        height = sum(self.plots.sizes())
+        self.plots.setSizes([height * 2 // 9, height * 2 // 9, height - 2 * (height * 2 // 9)])
 
     def save_layout(self) -> None:
         s = self.settings

@@ -17,13 +17,14 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import pyqtgraph as pg
 from PyQt6.QtCore import QRectF, Qt, QTimer
-from PyQt6.QtWidgets import QGraphicsItem, QSizePolicy, QSplitter, QVBoxLayout, QWidget
+from PyQt6.QtWidgets import QGraphicsItem, QLabel, QSizePolicy, QSplitter, QVBoxLayout, QWidget
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.live import Snapshot
 from hg_dagger.ui import style
 
 WINDOW_S = 10.0
+ACTION_ROW_PX = 55  # the height one row of action plots needs to stay readable
 CAPACITY = 2048
 RANGE_INTERVAL_S = 0.5  # a growing y range changes at most this often (each change redraws its axis)
 RANGE_MARGIN = 0.1  # share of the span added on each side when a range grows, so it rarely grows again
@@ -198,12 +199,6 @@ def _setup_plot(p: pg.PlotItem) -> None:
         p.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
 
-def _cache_legend(legend: pg.LegendItem) -> None:
-    """The legend sits over the curves; cache it (and its samples and labels) so it is blitted, not drawn."""
-    for item in (legend, *legend.childItems()):
-        item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-
-
 class Curve(pg.PlotCurveItem):
     """A curve cheap to bound: its data bounds take one plain pass over the data (pyqtgraph's general
     version costs several NaN-aware reductions and a warnings context per call, for every curve every
@@ -242,12 +237,23 @@ def _curve(p: pg.PlotItem, colour: str, name: str, *, dashed: bool = False, widt
     return c
 
 
+PLOT_MIN_PX = 70  # a plot (title, axes and area) never gets less: below it the curves are unreadable
+
+_DASH = {"solid": "&#9472;&#9472;", "dashed": "&#9472; &#9472;"}
+
+
+def legend_title(title: str, entries) -> str:
+    """A plot title that is its legend: the title, then each (name, colour, "solid"|"dashed") in its colour.
+    A legend in the title is never clipped by a small plot nor drawn over the curves."""
+    parts = [f"<span style='color:{c}'>{_DASH[kind]} {name}</span>" for name, c, kind in entries]
+    return f"<b>{title}</b> <span style='color:#666'>(last {WINDOW_S:g} s)</span> &nbsp; " + " &nbsp; ".join(parts)
+
+
 def _plot_widget(title: str) -> pg.PlotWidget:
     w = pg.PlotWidget(background="w", axisItems=_axes())
-    w.setTitle(title, color="#222", size="11pt")
+    w.setTitle(title, color="#222", size="10pt")
     _setup_plot(w.getPlotItem())
-    w.setLabel("bottom", "s")
-    w.setMinimumHeight(90)
+    w.setMinimumHeight(PLOT_MIN_PX)
     return w
 
 
@@ -275,16 +281,20 @@ class GatePlot(QWidget):
         self.history = History(2)
         self.yrange = GrowingRange(include=(0.0,))
         self._episode: str | None = None
-        self.plot = _plot_widget("Gate: uncertainty vs thresholds")
+        self.plot = _plot_widget(legend_title("Gate", (("uncertainty", style.POLICY, "solid"),
+                                                       ("confidence", style.POLICY, "dashed"),
+                                                       ("warn", style.WARNING, "dashed"),
+                                                       ("trigger", style.SAFETY, "dashed"))))
         item = self.plot.getPlotItem()
-        legend = item.addLegend(offset=(8, 8))
         self.uncertainty = _curve(item, style.POLICY, "uncertainty", width=2)
         self.confidence = _curve(item, style.POLICY, "confidence", dashed=True)
-        _cache_legend(legend)
         self.lines: dict[str, pg.InfiniteLine] = {}
-        for key, colour in (("warn", style.WARNING), ("trigger", style.SAFETY)):
+        # the two labels sit apart along x, warn under its line and trigger over its own, so they never
+        # overprint even when the band between the lines is thin
+        for key, colour, pos, anchors in (("warn", style.WARNING, 0.12, [(0, 0), (0, 0)]),
+                                          ("trigger", style.SAFETY, 0.55, [(0, 1), (0, 1)])):
             line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
-                                   label=key, labelOpts={"position": 0.35, "color": colour, "anchors": [(0, 1), (0, 1)]})
+                                   label=key, labelOpts={"position": pos, "color": colour, "anchors": anchors})
             line.setVisible(False)
             for item in (line, line.label):  # drawn over by the curves every frame: blit, not redraw
                 item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
@@ -337,7 +347,8 @@ class ProgressPlot(QWidget):
         self.history = History(1)
         self.yrange = GrowingRange()
         self._episode: str | None = None
-        self.plot = _plot_widget("Task progress")
+        self.plot = _plot_widget(legend_title("Task progress", (("progress (higher is better)", style.AUTONOMOUS,
+                                                                  "solid"),)))
         self.curve = _curve(self.plot.getPlotItem(), style.AUTONOMOUS, "progress")
         self._timer = _RangeTimer(self, self._apply_range)
         lay = QVBoxLayout(self)
@@ -384,9 +395,13 @@ class ActionPlots(QWidget):
         super().__init__(parent)
         self.history = History(0)
         self.names: tuple[str, ...] = ()
+        self.legend = QLabel(legend_title("Actions", (("policy", style.POLICY, "solid"), ("you", style.HUMAN, "solid"),
+                                                      ("applied", style.APPLIED, "dashed"))))
+        self.legend.setObjectName("action_legend")
+        self.legend.setStyleSheet("background: white; color: #222; padding: 2px 6px;")
         self.layout_widget = pg.GraphicsLayoutWidget()
         self.layout_widget.setBackground("w")
-        self.layout_widget.setMinimumHeight(100)
+        self.layout_widget.setMinimumHeight(ACTION_ROW_PX)
         self.plots: list[pg.PlotItem] = []
         self.curves: list[dict[str, Curve]] = []
         self.yranges: list[GrowingRange] = []
@@ -394,6 +409,8 @@ class ActionPlots(QWidget):
         self._timer = _RangeTimer(self, self._apply_ranges)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        lay.addWidget(self.legend)
         lay.addWidget(self.layout_widget)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
@@ -402,19 +419,19 @@ class ActionPlots(QWidget):
         self.plots, self.curves = [], []
         self.yranges = [GrowingRange() for _ in names]
         self.names = names
-        cols = 2 if len(names) > 3 else 1
+        cols = 2 if len(names) > 1 else 1
         for i, name in enumerate(names):
             p = self.layout_widget.addPlot(row=i // cols, col=i % cols, title=name, axisItems=_axes())
+            p.setTitle(name, size="8pt")
             _setup_plot(p)
-            legend = p.addLegend(offset=(4, 4)) if i == 0 else None
             self.plots.append(p)
             self.curves.append({
                 "policy": _curve(p, style.POLICY, "policy"),
                 "human": _curve(p, style.HUMAN, "human"),
                 "applied": _curve(p, style.APPLIED, "applied", dashed=True),
             })
-            if legend is not None:
-                _cache_legend(legend)
+        rows = max(1, -(-len(names) // cols))
+        self.layout_widget.setMinimumHeight(rows * ACTION_ROW_PX)
 
     def show_snapshot(self, snap: Snapshot) -> None:
         n = len(snap.action_names)

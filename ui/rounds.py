@@ -1,5 +1,6 @@
-"""Rounds of DAgger at a glance (success, intervention rate and human labels per round), the button
-that asks for the next student, and the status line at the bottom of the window."""
+"""Rounds of DAgger at a glance (success, intervention rate and human labels per round), how the
+requests of this sitting ended, what reached the last training, the button that asks for the next
+student, and the status line at the bottom of the window."""
 
 from __future__ import annotations
 
@@ -29,6 +30,43 @@ COLUMNS = (("round", "Round"), ("policy_version", "Policy"), ("episodes", "Episo
            ("success_rate", "Success"), ("intervention_rate", "Intervention"), ("human_labels", "Human labels"))
 
 
+# TrainingBlock names (contract.labels) in the words the Rounds panel uses
+_BLOCK_WORDS = {"not_reviewed": "not reviewed", "rejected": "rejected", "needs_fix": "sent back for a fix",
+                "not_authorized": "approved but not authorized", "qc_not_run": "QC not run", "qc_failed": "failed QC",
+                "replay_mismatch": "did not replay", "self_review": "approved by their own operator",
+                "reviewer_not_listed": "reviewer not on the roster"}
+
+
+def training_summary(selection: dict | None) -> str:
+    """What reached training, from train.json's ``selection``: "956 of 1,020 labels reached training;
+    35 rejected, 29 not reviewed" (a label stopped for several reasons counts under each)."""
+    if not selection:
+        return ""
+    allowed, total = int(selection.get("allowed", 0)), int(selection.get("labels", 0))
+    stops = [f"{int(selection[k]):,} {w}" for k, w in _BLOCK_WORDS.items() if int(selection.get(k) or 0)]
+    return f"{allowed:,} of {total:,} labels reached training" + (f"; {', '.join(stops)}" if stops else "")
+
+
+def read_training_summary(checkpoint: str) -> str:
+    """``training_summary`` of the train.json beside a student checkpoint ("" when there is none or it is
+    unreadable: a first student made elsewhere has none)."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads((Path(checkpoint).parent / "train.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return training_summary(data.get("selection")) if isinstance(data, dict) else ""
+
+
+def requests_line(snap: Snapshot) -> str:
+    """How this sitting's handover requests ended."""
+    c = snap.counters
+    return (f"Requests: {c.requests_answered} answered, {c.requests_declined} declined, "
+            f"{c.requests_expired} expired")
+
+
 def _cell(key: str, value) -> str:
     if value is None:
         return "-"
@@ -39,7 +77,8 @@ def _cell(key: str, value) -> str:
 
 
 class RoundsPanel(QWidget):
-    """Table and plot of ``snap.rounds``; "Train next student" emits ``train_requested``."""
+    """Table of ``snap.rounds`` and a plot of their success and intervention rates beside it; "Train next
+    student" emits ``train_requested``."""
 
     train_requested = pyqtSignal()
 
@@ -53,25 +92,30 @@ class RoundsPanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setWordWrap(False)
         self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        rows = self.table.fontMetrics().height() + 8
+        self.table.verticalHeader().setDefaultSectionSize(rows)
+        self.table.setMinimumHeight(self.table.horizontalHeader().sizeHint().height() + 3 * rows + 6)  # 3+ rows
         self.graph = pg.GraphicsLayoutWidget()
         self.graph.setBackground("w")
-        self.graph.setMinimumHeight(90)
-        self.table.setMinimumHeight(70)
-        self.rates = self.graph.addPlot(row=0, col=0, title="success / intervention")
+        self.graph.setMinimumHeight(self.table.minimumHeight())
+        self.requests = QLabel(requests_line(Snapshot()))
+        self.requests.setObjectName("rounds_requests")
+        self.trained = QLabel()
+        self.trained.setObjectName("rounds_trained")
+        self.trained.setWordWrap(True)
+        self.rates = self.graph.addPlot(row=0, col=0)
         self.rates.setYRange(0, 1.05, padding=0)
-        self.rates.addLegend(offset=(4, 4))
-        self.labels_plot = self.graph.addPlot(row=0, col=1, title="human labels")
-        for p in (self.rates, self.labels_plot):
+        for p in (self.rates,):
             p.setMouseEnabled(x=False, y=False)
             p.setMenuEnabled(False)
             p.showGrid(x=False, y=True, alpha=0.25)
+        self.rates.setTitle(f"<span style='color:{style.AUTONOMOUS}'>&#9679; success</span> &nbsp; "
+                            f"<span style='color:{style.HUMAN}'>&#9679; intervention</span>", size="9pt")
         sym = dict(symbol="o", symbolSize=7)
         self.success = self.rates.plot(pen=pg.mkPen(style.AUTONOMOUS, width=2), symbolBrush=style.AUTONOMOUS,
                                        name="success", **sym)
         self.intervention = self.rates.plot(pen=pg.mkPen(style.HUMAN, width=2), symbolBrush=style.HUMAN,
                                             name="intervention", **sym)
-        self.labels = pg.BarGraphItem(x=[], height=[], width=0.6, brush=style.HUMAN)
-        self.labels_plot.addItem(self.labels)
         self.train = QPushButton("Train next student")
         self.train.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.train.setToolTip("Train a new student on the approved labels so far (in the background)")
@@ -82,8 +126,12 @@ class RoundsPanel(QWidget):
         self.message = QLabel()
         self.message.setWordWrap(True)
         lay = QVBoxLayout(self)
-        lay.addWidget(self.table, 3)  # the rounds themselves first; the plot is the trend
-        lay.addWidget(self.graph, 2)
+        lay.addWidget(self.requests)
+        side = QHBoxLayout()
+        side.addWidget(self.table, 2)  # the rounds themselves first (labels per round too); the plot is the trend
+        side.addWidget(self.graph, 1)
+        lay.addLayout(side, 1)
+        lay.addWidget(self.trained)
         row = QHBoxLayout()
         row.addWidget(self.train)
         row.addWidget(self.progress, 1)
@@ -95,6 +143,9 @@ class RoundsPanel(QWidget):
     def show_snapshot(self, snap: Snapshot) -> None:
         if snap.rounds != self._rounds:
             self.set_rounds(snap.rounds)
+        line = requests_line(snap)
+        if self.requests.text() != line:
+            self.requests.setText(line)
         training = snap.phase == "training" or self._training
         self.train.setEnabled(not training and snap.phase not in ("error", "stopped"))
         if snap.phase == "training":
@@ -122,7 +173,6 @@ class RoundsPanel(QWidget):
 
         self.success.setData(x, col("success_rate"))
         self.intervention.setData(x, col("intervention_rate"))
-        self.labels.setOpts(x=x, height=col("human_labels"), width=0.6)
 
     def set_training_progress(self, stage: str, fraction: float) -> None:
         """A training job's progress (from the app's job poller)."""
@@ -133,11 +183,17 @@ class RoundsPanel(QWidget):
         self.progress.setFormat(f"{stage} %p%")
         self.train.setEnabled(False)
 
-    def set_training_done(self, message: str) -> None:
+    def set_training_done(self, message: str, trained: str = "") -> None:
         self._training = False
         self.progress.setVisible(False)
         self.message.setText(message)
+        if trained:
+            self.set_trained(trained)
         self.train.setEnabled(True)
+
+    def set_trained(self, summary: str) -> None:
+        """What reached the current student's training (training_summary)."""
+        self.trained.setText(f"Last training: {summary}" if summary else "")
 
 
 class StatusLine:
@@ -162,8 +218,8 @@ class StatusLine:
         texts = {
             self.store: f"Store: {snap.store or '-'}",
             self.episode: f"Episode: {snap.episode_id or '-'}  step {snap.episode_step}",
-            self.counters: (f"Episodes {c.episodes} | Successes {c.successes} | Windows {c.windows} | "
-                            f"Human labels {c.human_steps}"),
+            self.counters: (f"Episodes {c.episodes} | Successes {c.successes} | E-stops {c.estops} | "
+                            f"Windows {c.windows} | Human labels {c.human_steps}"),
             self.operator: f"Operator: {snap.operator or '-'}",
             self.policy: f"Policy: {snap.policy_version or '-'}",
             self.message: snap.message if snap.phase == "error" else "",

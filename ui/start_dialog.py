@@ -80,7 +80,7 @@ def _row(*widgets: QWidget) -> QWidget:
 
 class StartDialog(QDialog):
     def __init__(self, parent: QWidget | None = None, *, settings: QSettings | None = None,
-                 tasks: list[str] | None = None):
+                 tasks: list[str] | None = None, task: str = ""):
         super().__init__(parent)
         self.setWindowTitle("hg-dagger: start a session")
         self.setMinimumWidth(520)
@@ -90,7 +90,7 @@ class StartDialog(QDialog):
         self.operator.setPlaceholderText("a pseudonym, e.g. op-07 (stored with every episode)")
         self.task = QComboBox()
         self.task.addItems(tasks if tasks is not None else task_names())
-        i = self.task.findText(s.value("start/task", "", type=str))
+        i = self.task.findText(task or s.value("start/task", "", type=str))  # the command line's task wins
         if i >= 0:
             self.task.setCurrentIndex(i)
         self.backend = QComboBox()
@@ -194,7 +194,9 @@ class StartDialog(QDialog):
         super().accept()
 
     @classmethod
-    def ask(cls, parent: QWidget | None = None, *, settings: QSettings | None = None) -> StartChoices | None:
-        """Show the dialog and wait for the operator (before the session exists); None when cancelled."""
-        dlg = cls(parent, settings=settings)
+    def ask(cls, parent: QWidget | None = None, *, settings: QSettings | None = None,
+            task: str = "") -> StartChoices | None:
+        """Show the dialog and wait for the operator (before the session exists); None when cancelled.
+        ``task`` (from the command line) is chosen over the remembered one."""
+        dlg = cls(parent, settings=settings, task=task)
         return dlg.choices() if dlg.exec() == QDialog.DialogCode.Accepted else None

@@ -1,6 +1,8 @@
 """One place for what colours and state names mean, so every widget says the same thing the same way.
 
 Policy is blue, the human orange, the expert purple, safety red, a warning amber, autonomy green.
+A request for the person ("take over!") has a look of its own, magenta, flashing: it must never be
+mistaken for "you are in control" (steady orange).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ WARNING = "#e0a800"
 AUTONOMOUS = "#2e9e4f"
 APPLIED = "#3a3a3a"
 NEUTRAL = "#7a7f87"
+REQUEST = "#c2185b"  # a gate asks for the person: flashes against REQUEST_DARK
+REQUEST_DARK = "#4a0622"
+CALM = "#eceef1"  # the reserved banner space while nothing is asked
 OK = AUTONOMOUS
 TEXT_ON_COLOUR = "#ffffff"
 
@@ -20,14 +25,15 @@ TEXT_ON_COLOUR = "#ffffff"
 STATES: dict[str, tuple[str, str]] = {
     "autonomous": ("AUTONOMOUS", AUTONOMOUS),
     "warning": ("WARNING", WARNING),
-    "handover_requested": ("TAKE OVER", HUMAN),
-    "human": ("HUMAN IN CONTROL", HUMAN),
+    "handover_requested": ("TAKE OVER!", REQUEST),
+    "human": ("YOU ARE IN CONTROL", HUMAN),
     "returning": ("RETURNING TO POLICY", POLICY),
     "safe_stop": ("SAFE STOP", SAFETY),
     "expert": ("EXPERT IN CONTROL", EXPERT),
 }
 # loop phases in which no control state applies: shown instead of a stale one
 PHASES: dict[str, tuple[str, str]] = {
+    "loading": ("LOADING", NEUTRAL),
     "idle": ("IDLE", NEUTRAL),
     "paused": ("PAUSED", NEUTRAL),
     "training": ("TRAINING NEXT STUDENT", NEUTRAL),

@@ -15,6 +15,7 @@ from PyQt6.QtWidgets import QSizePolicy, QWidget
 from hg_dagger.control.live import Snapshot
 
 PLACEHOLDER = "no camera for this task"
+LOADING = "loading the session..."  # until the control loop has built its env
 BACKGROUND = QColor("#15171a")
 
 
@@ -46,13 +47,14 @@ class LiveView(QWidget):
         return None if self._image is None else (self._image.width(), self._image.height())
 
     def show_snapshot(self, snap: Snapshot) -> None:
-        self.set_frame(snap.frame)
+        self.set_frame(snap.frame, loading=snap.loading or snap.phase == "loading")
 
-    def set_frame(self, frame: np.ndarray | None) -> None:
+    def set_frame(self, frame: np.ndarray | None, *, loading: bool = False) -> None:
         if frame is None:
-            if self._image is not None or self.message != PLACEHOLDER:
+            placeholder = LOADING if loading else PLACEHOLDER
+            if self._image is not None or self.message != placeholder:
                 self._image, self._frame = None, None
-                self.message = PLACEHOLDER
+                self.message = placeholder
                 self.update()
             return
         if frame is self._frame:

@@ -6,8 +6,8 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("app", help="the operator console: watch the student, answer gates, correct, train the next "
                        "student (without a display: the headless demo)")
-    p.add_argument("--task", default=None, help="task id (configs/tasks); default: the last one used, else "
-                   "fetch_pick_place")
+    p.add_argument("--task", default=None, help="task id (configs/tasks); it wins over the remembered one (the "
+                   "start dialog opens on it); default: the last one used, else fetch_pick_place")
     p.add_argument("--store", help="episode store to record into (default: runs/app/<task>/store.zarr)")
     p.add_argument("--student", help="student checkpoint (default: the newest the app trained for the task; a first "
                    "one is made from planner demonstrations when there is none)")
@@ -36,6 +36,12 @@ def register(sub) -> None:
 def _app(args) -> int:
     from hg_dagger.errors import HgDaggerError
     from hg_dagger.ui.application import AppOptions, display_available, run_app
+
+    if args.task:
+        from hg_dagger.envs.mapping import known_tasks
+
+        if args.task not in known_tasks():
+            raise HgDaggerError(f"--task {args.task}: unknown task; known tasks: {', '.join(known_tasks())}")
     if not display_available():
         if args.headless_fallback == "error":
             raise HgDaggerError("no display (DISPLAY/WAYLAND_DISPLAY unset): run on a desktop, under Xvfb, or with "
