@@ -26,7 +26,7 @@ INTEROP_PY := $(INTEROP_VENV)/bin/python
 INTEROP_PACKAGES := datasets==5.2.0 huggingface-hub==2.4.0 accelerate==1.15.0 av==15.1.0 \
 	opencv-python-headless==5.0.0.93 jsonlines==4.0.0 packaging==26.4 draccus==0.10.0 gymnasium==1.4.0 \
 	deepdiff==9.1.0 imageio==2.38.1 termcolor==3.3.0 einops==0.8.2 pyserial==3.5 pandas==3.1.1 pyarrow==26.0.1 \
-	pytest==9.2.0 pytest-timeout==2.4.0
+	diffusers==0.35.2 pytest==9.2.0 pytest-timeout==2.4.0
 
 test-interop: install-dev $(INTEROP_VENV)/.installed
 	QT_QPA_PLATFORM=offscreen HG_DAGGER_PYTHON=$(abspath $(PY)) $(INTEROP_PY) -m pytest -q -p no:cacheprovider tests/interop

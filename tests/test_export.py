@@ -79,7 +79,10 @@ def test_lerobot_export_equals_the_store(store_path, tmp_path):
     assert info["codebase_version"] == "v3.0" and info["fps"] == 50
     assert info["total_episodes"] == 3 and info["total_frames"] == sum(lengths) and info["total_tasks"] == 1
     assert info["features"]["observation.images.rgb"]["dtype"] == "image"
-    assert info["features"]["observation.state"] == {"dtype": "float32", "shape": [31], "names": None}
+    # no task mapping recorded: the state is every non-camera key, named per dimension
+    assert info["features"]["observation.state"] == {"dtype": "float32", "shape": [31],
+                                                     "names": [f"state_{i}" for i in range(31)]}
+    assert "observation.environment_state" not in info["features"]
     tasks = pq.read_table(out / "meta" / "tasks.parquet").to_pydict()
     assert tasks == {"task_index": [0], "task": ["toy_reach"]}
     eps = pq.read_table(out / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
@@ -129,6 +132,11 @@ def test_lerobot_export_equals_the_store(store_path, tmp_path):
     np.testing.assert_allclose(stats["observation.state"]["mean"], f["observation.state"].mean(0), rtol=1e-5)
     assert stats["observation.state"]["count"] == [sum(lengths)]
     assert np.array(stats["observation.images.rgb"]["mean"]).shape == (3, 1, 1)
+    for q in (1, 10, 50, 90, 99):  # exact here (fewer rows than the quantile sample holds)
+        np.testing.assert_allclose(stats["observation.state"][f"q{q:02d}"],
+                                   np.quantile(f["observation.state"].astype(np.float64), q / 100, axis=0), rtol=1e-6)
+        np.testing.assert_allclose(stats["action"][f"q{q:02d}"], np.quantile(f["action"], q / 100, axis=0), rtol=1e-6)
+        assert np.array(stats["observation.images.rgb"][f"q{q:02d}"]).shape == (3, 1, 1)
 
 
 def test_caller_trainable_mask_overrides_the_label_layer(store_path, tmp_path):
@@ -231,6 +239,7 @@ def test_cli_exports_named_episodes_in_order_and_reports_bad_input(store_path, t
         assert r.stderr.count("\n") == 1
         assert not (tmp_path / "bad").exists()
     r = _cli(store_path, "--format", "lerobot", "--out", tmp_path / "out", "--quiet")
-    assert r.returncode == 2 and "folder is not empty" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "holds a LeRobot export already" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
     r = _cli(tmp_path / "missing", "--format", "lerobot", "--out", tmp_path / "x", "--quiet")
     assert r.returncode == 2 and "no episode store here" in r.stderr

@@ -59,7 +59,8 @@ def test_tensor_data_source_reads_the_export_and_values_equal_the_store(export):
         np.testing.assert_array_equal(d["segment_accepted"][:n].numpy(), trainable)
         np.testing.assert_array_equal(d["label_target"][:n].numpy(), store.labels(eid).target)
         assert d["valid"][:n].all() and not d["valid"][n:].any()  # padding past the episode's end
-        assert (d["continuity_id"][:n] == 0).all() and (d["continuity_id"][n:] == -1).all()
+        # one continuous recording per episode, each its own stretch; padding -1
+        assert (d["continuity_id"][:n] == row).all() and (d["continuity_id"][n:] == -1).all()
         np.testing.assert_array_equal(d["episode_step"][:n].numpy(), np.arange(n))
         seg = d["segment_id"][:n].numpy()
         starts = d["segment_start"][:n].numpy()
@@ -98,7 +99,7 @@ def test_caller_mask_and_refusals(export, tmp_path):
     td, meta = load_ods(tmp_path / "one")
     np.testing.assert_array_equal(td["trainable"][0].numpy(), mask)
     assert meta["episodes"][0]["trainable_steps"] == 3
-    with pytest.raises(ExportError, match="folder is not empty"):
+    with pytest.raises(ExportError, match="holds an ODS export already"):
         export_ods([ExportItem(store, eid)], tmp_path / "one")
     with pytest.raises(ExportError, match="not an ODS export"):
         load_ods(tmp_path)

@@ -1,4 +1,5 @@
-"""hg-dagger export STORE --format lerobot|ods|rlinf --out DIR [--task T] [--episodes ID ...]"""
+"""hg-dagger export STORE --format lerobot|ods|rlinf --out DIR [--task T] [--episodes ID ...] [--labels all|trainable]
+[--video h264|av1] [--layout padded|ragged]"""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ def register(sub) -> None:
     p.add_argument("--task", metavar="T", help="only episodes of this task id")
     p.add_argument("--episodes", nargs="+", metavar="ID",
                    help="these episodes, in this order (default: every complete episode of the store)")
+    p.add_argument("--labels", choices=("all", "trainable"), default="all",
+                   help="lerobot: all = every step with the label information per frame (default); trainable = only "
+                   "the labels training may use, each run of them one episode, action = the label target")
+    p.add_argument("--video", choices=("h264", "av1"),
+                   help="lerobot: cameras as mp4 video (H.264 for OpenCV and browsers, AV1 for archives; lossy) "
+                   "instead of PNG frames")
+    p.add_argument("--layout", choices=("padded", "ragged"), default="padded",
+                   help="ods: padded = one row per episode, padded to the longest (default); ragged = episodes "
+                   "packed end to end into rows, each its own continuity stretch")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_export)
@@ -31,7 +41,17 @@ def _export(args) -> int:
 
     store = EpisodeStore.open(args.store)
     items = select(store, task_id=args.task, episodes=args.episodes)
-    fn = {"lerobot": export_lerobot, "ods": export_ods, "rlinf": export_rlinf}[args.format]
-    summary = fn(items, args.out, progress=not args.quiet)
+    from hg_dagger.datasets.source import ExportError
+
+    for flag, value, default, fmt in (("--labels", args.labels, "all", "lerobot"), ("--video", args.video, None, "lerobot"),
+                                      ("--layout", args.layout, "padded", "ods")):
+        if value != default and args.format != fmt:
+            raise ExportError(f"{flag} is for --format {fmt}")
+    if args.format == "lerobot":
+        summary = export_lerobot(items, args.out, progress=not args.quiet, labels=args.labels, video=args.video)
+    elif args.format == "ods":
+        summary = export_ods(items, args.out, progress=not args.quiet, layout=args.layout)
+    else:
+        summary = export_rlinf(items, args.out, progress=not args.quiet)
     print(json.dumps(summary.__dict__, indent=2) if args.json else summary.line())
     return 0

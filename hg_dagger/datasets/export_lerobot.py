@@ -1,11 +1,16 @@
-"""Export episodes as a LeRobot dataset, format v3.0 (what lerobot >= 0.4 reads with ``LeRobotDataset``).
+"""Export episodes as a LeRobot dataset, format v3.0 (what lerobot >= 0.4 reads with ``LeRobotDataset`` and
+trains on with ``lerobot-train``).
 
 Written with pyarrow alone (no lerobot, torch or datasets import): meta/info.json, meta/tasks.parquet,
-meta/episodes/chunk-000/file-000.parquet, meta/stats.json, data/chunk-CCC/file-FFF.parquet. Camera frames are
-LeRobot "image" features: PNG bytes inside the data parquet (lossless, so values compare equal; LeRobot's video
-features are lossy AV1). One store episode is one LeRobot episode with every step; the label information travels
-per frame (``trainable``, ``intervene_flag``, ``label_mask``, ``action_source``, ``segment_id``), so a consumer
-selects its training frames itself. Columns: docs/datasets.md, "Exports".
+meta/episodes/chunk-000/file-000.parquet, meta/stats.json (with quantiles), data/chunk-CCC/file-FFF.parquet, and
+with ``video`` videos/<camera>/chunk-CCC/file-FFF.mp4 (PyAV). The state the policy sees is ``observation.state``
+(the task mapping's flattened keys, named per dimension) and its goal ``observation.environment_state``; camera
+frames are ``observation.images.<key>``, PNG bytes inside the parquet by default (lossless).
+
+By default one store episode is one LeRobot episode with every step, and the label information travels per frame
+(``trainable``, ``intervene_flag``, ``label_mask``, ``action_source``, ``segment_id``). With
+``labels="trainable"`` only the labels training may use are written, each run of them one episode with the label
+target as ``action``, for trainers without a per-frame mask. Columns: docs/datasets.md, "Exports".
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.contract import SCHEMA_VERSION
+from hg_dagger.datasets.sequences import label_runs
 from hg_dagger.datasets.source import (
+    LABELS,
     EpisodeData,
     ExportError,
     ExportItem,
@@ -31,6 +39,7 @@ from hg_dagger.datasets.source import (
     obs_fields,
     read_groups,
     start_output,
+    task_mapping,
     task_text,
 )
 
@@ -42,6 +51,14 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
 STATS_ROWS = 32768
 IMAGE_STATS_FRAMES = 256  # frames per read group that image statistics sample
+QUANTILE_ROWS = 100_000  # rows per feature the quantiles are computed from
+QUANTILES = (1, 10, 50, 90, 99)  # stats.json q01 ... q99
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+# --video NAME -> (PyAV encoder, LeRobot's video.codec name, encoder options)
+VIDEO_CODECS = {"h264": ("libx264", "h264", {"crf": "18", "preset": "veryfast"}),
+                "av1": ("libsvtav1", "av1", {"crf": "30", "preset": "8"})}
+STATE = "observation.state"
+ENV_STATE = "observation.environment_state"
 
 
 def _pa():
@@ -81,10 +98,14 @@ def obs_column(key: str, image: bool) -> str:
 
 
 class _Stats:
-    """Running min / max / mean / std / count per feature (finite values only), LeRobot's stats.json layout."""
+    """Running min / max / mean / std / count per feature (finite values only), LeRobot's stats.json layout, and
+    the quantiles LeRobot's QUANTILES / QUANTILE10 normalization reads (q01, q10, q50, q90, q99), from a seeded
+    uniform sample of at most QUANTILE_ROWS rows per feature (exact below that)."""
 
     def __init__(self):
         self.acc: dict[str, list] = {}
+        self.sample: dict[str, list] = {}  # name -> [rows seen, sample array]
+        self.rng = np.random.default_rng(0)
 
     def add(self, name: str, values: np.ndarray) -> None:
         for lo in range(0, len(values), STATS_ROWS):  # bounded temporaries: float64 copies of a slice at a time
@@ -106,6 +127,19 @@ class _Stats:
             a[2] += part[2]
             np.minimum(a[3], part[3], out=a[3])
             np.maximum(a[4], part[4], out=a[4])
+        self._sample(name, np.where(ok, v, np.nan).astype(np.float32))
+
+    def _sample(self, name: str, v: np.ndarray) -> None:
+        """Reservoir sampling (algorithm R, vectorized per batch)."""
+        seen, kept = self.sample.get(name, (0, v[:0]))
+        room = max(QUANTILE_ROWS - len(kept), 0)
+        kept = np.concatenate([kept, v[:room]])
+        rest = v[room:]
+        if len(rest):
+            slot = self.rng.integers(0, seen + room + 1 + np.arange(len(rest)))
+            take = slot < QUANTILE_ROWS
+            kept[slot[take]] = rest[take]
+        self.sample[name] = (seen + len(v), kept)
 
     def add_images(self, name: str, frames: np.ndarray) -> None:
         """Per-channel statistics of frames scaled to [0, 1], as LeRobot stores them ((C, 1, 1)), from a sample:
@@ -120,6 +154,14 @@ class _Stats:
             mean = s / cnt
             std = np.sqrt(np.maximum(ss / cnt - mean * mean, 0.0))
             stats = {"min": lo, "max": hi, "mean": mean, "std": std}
+            kept = self.sample[name][1].astype(np.float64)
+            for q in QUANTILES:
+                if len(kept):
+                    with warnings.catch_warnings():  # an all-NaN column gives NaN, written as 0 below
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        stats[f"q{q:02d}"] = np.nanquantile(kept, q / 100, axis=0)
+                else:
+                    stats[f"q{q:02d}"] = np.zeros_like(mean)
             if name in image_keys:
                 stats = {k: v.reshape(-1, 1, 1) for k, v in stats.items()}
             out[name] = {k: np.where(np.isfinite(v), v, 0.0).tolist() for k, v in stats.items()}
@@ -203,14 +245,21 @@ def _feature(dtype: str, shape: tuple[int, ...], names=None) -> dict:
 
 
 def export_lerobot(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: float | None = None,
-                   robot_type: str | None = None, progress: bool = False) -> ExportSummary:
+                   robot_type: str | None = None, progress: bool = False, labels: str = "all",
+                   video: str | None = None) -> ExportSummary:
     """Write the episodes of ``items`` (in that order) as a LeRobot v3.0 dataset at ``out``, a new or empty
-    folder. Everything is written into a temporary sibling folder that is renamed into place at the end: a failed
-    export leaves nothing at ``out``."""
+    folder. ``labels="trainable"``: only the labels training may use, each run of them (cut as dataset samples'
+    runs are) one LeRobot episode whose ``action`` is the label target. ``video``: cameras as H.264 or AV1 mp4
+    instead of PNG. Everything is written into a temporary sibling folder that is renamed into place at the
+    end: a failed export leaves nothing at ``out``."""
+    if labels not in LABELS:
+        raise ExportError(f"labels must be one of {', '.join(LABELS)}, not {labels!r}")
+    codec = video_codec(video) if video is not None else None
     pa, pq = _pa()
     final, tmp = start_output(out)
     try:
-        summary = _write(pa, pq, items, tmp, fps=fps, robot_type=robot_type, progress=progress)
+        summary = _write(pa, pq, items, tmp, fps=fps, robot_type=robot_type, progress=progress,
+                         trainable_only=labels == "trainable", codec=codec)
         summary.out = str(final)
         finish_output(final, tmp)
     except BaseException:
@@ -219,64 +268,158 @@ def export_lerobot(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: 
     return summary
 
 
-def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSummary:
+def video_codec(name: str) -> tuple[str, str, dict]:
+    """(PyAV encoder, LeRobot codec name, options) of ``--video NAME``; one line when PyAV or its encoder is
+    missing, before anything is written."""
+    if name not in VIDEO_CODECS:
+        raise ExportError(f"--video {name}: unknown codec; choose {' or '.join(VIDEO_CODECS)}")
+    encoder, lerobot_name, options = VIDEO_CODECS[name]
+    try:
+        import av
+    except ImportError:
+        raise ExportError(f"--video {name} needs PyAV: pip install 'hg-dagger[export]'") from None
+    try:
+        av.codec.Codec(encoder, "w")
+    except Exception:  # av.codec.codec.UnknownCodecError, whose import path differs across PyAV versions
+        raise ExportError(f"--video {name}: this machine's PyAV (av {av.__version__}) has no {encoder} encoder; "
+                          "export without --video (PNG frames) or install a PyAV build with it") from None
+    return encoder, lerobot_name, options
+
+
+@dataclass
+class _Layout:
+    """How the store's observation keys become LeRobot columns."""
+
+    composed: dict[str, tuple[list[str], list[str]]]  # observation.state / environment_state -> (keys, dim names)
+    obs_cols: dict[str, str]  # obs/<key> -> per-key column (non-camera keys)
+    image_cols: dict[str, str]  # obs/<key> -> observation.images.<key>
+    action_names: list[str] | None
+    obs_names: set[str] = field(default_factory=set)  # every obs/<key> field of the export
+
+
+def _layout(ep: EpisodeData, specs) -> _Layout:
+    """observation.state = the state the policy sees (the task mapping's flattened keys, in flatten order; without
+    a known mapping every non-camera key in field order), observation.environment_state = the mapping's goal keys;
+    the per-key columns and cameras keep their names."""
+    mapping = task_mapping(ep.info, specs)
+    plain = [n[4:] for n, sp in specs.items() if not sp.image]
+    if mapping is not None:
+        state = mapping.state_keys()
+        env = list(mapping.export.environment_state)
+        names = {k: mapping.dim_names(k) for k in state}
+        action_names = list(mapping.action.names)
+    else:
+        state, env, action_names = plain, [], None
+        names = {k: [f"{k}_{i}" for i in range(int(np.prod(specs[f"obs/{k}"].shape, dtype=np.int64)))] for k in state}
+    missing = [k for k in state + env if f"obs/{k}" not in specs]
+    if missing:
+        raise ExportError(f"episode {ep.info.episode_id}: task {ep.info.start.task.task_id} exports observation key "
+                          f"{missing[0]!r} as its state, but the episode has no field obs/{missing[0]}")
+    if not state:
+        raise ExportError(f"episode {ep.info.episode_id}: no non-camera observation key to export as {STATE}")
+    composed = {STATE: (state, [x for k in state for x in names[k]])}
+    if env:
+        composed[ENV_STATE] = (env, [x for k in env for x in names.get(k) or mapping.dim_names(k)])
+    obs_cols, image_cols = {}, {}
+    for n, sp in specs.items():
+        col = obs_column(n[4:], sp.image)
+        if sp.image:
+            image_cols[n] = col
+        elif col in composed:  # a key named like a composed column: written once, if it is all of it
+            if composed[col][0] != [n[4:]]:
+                raise ExportError(f"episode {ep.info.episode_id}: observation key {n[4:]!r} would be exported as "
+                                  f"{col}, which holds the keys {composed[col][0]}; rename the key")
+        else:
+            obs_cols[n] = col
+    return _Layout(composed, obs_cols, image_cols, action_names, set(specs))
+
+
+def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_only: bool, codec) -> ExportSummary:
     stats = _Stats()
     tasks: dict[str, int] = {}
     episodes_meta: dict[str, list] = {}
-    writer = None
+    writer = videos = None
     features: dict | None = None
-    image_cols: dict[str, str] = {}
-    obs_cols: dict[str, str] = {}
+    layout: _Layout | None = None
     index = 0
     trainable_total = 0
+    source_eps = 0
+    continuity = 0
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(desc="export", unit="ep", mininterval=1.0)
-    for group in read_groups(items):
-        cols_list, frames_list = [], []
+    for group in read_groups(items, allowed=trainable_only):
+        cols_list, frames_list, pieces_meta = [], [], []
         for ep in group:
             fps = common_fps(ep, fps)
-            if features is None:
+            source_eps += 1
+            if layout is None:
                 specs = obs_fields(ep.item.store, ep.info.episode_id)
-                obs_cols = {n: obs_column(n[4:], s.image) for n, s in specs.items()}
-                image_cols = {n: c for n, c in obs_cols.items() if specs[n].image}
-                features = _features(ep, specs, obs_cols)
+                layout = _layout(ep, specs)
+                features = _features(ep, specs, layout, codec, fps)
                 schema = _schema(pa, features)
                 writer = _DataWriter(root, schema)
+                videos = _VideoWriter(root, codec, fps) if codec is not None else None
                 first = ep.info.episode_id
-            elif {n for n in ep.arrays if n.startswith("obs/")} != set(obs_cols):
+            elif {n for n in ep.arrays if n.startswith("obs/")} != layout.obs_names:
                 raise ExportError(f"episode {ep.info.episode_id}: observation keys differ from episode {first}'s")
             task = task_text(ep.info)
             task_index = tasks.setdefault(task, len(tasks))
-            cols_list.append(_episode_columns(ep, obs_cols, image_cols, features, index, task_index, fps))
-            frames_list.append({name: ep.arrays[name] for name in image_cols})
-            _episode_meta(episodes_meta, ep, task, index)
-            index += ep.num_steps
-            trainable_total += int(ep.trainable.sum())
-        cols = {c: np.concatenate([x[c] for x in cols_list]) for c in cols_list[0]}
-        frames = {n: np.concatenate([x[n] for x in frames_list]) for n in image_cols}
-        check_frames(cols["episode_index"], cols["frame_index"], cols["index"], cols["timestamp"], fps,
-                     where=f"episodes {group[0].info.episode_id}..{group[-1].info.episode_id}")
-        _add_stats(stats, cols, frames, image_cols)
-        table = _table(pa, cols, frames, image_cols, schema)
-        chunk, file = writer.location(table.nbytes)
-        writer.add(table)
-        episodes_meta["data/chunk_index"] += [chunk] * len(group)
-        episodes_meta["data/file_index"] += [file] * len(group)
+            cont = ep.continuity(continuity)
+            continuity = int(cont.max(initial=continuity - 1)) + 1
+            if trainable_only:
+                pieces = label_runs(ep.arrays["action_source"], ep.allowed, ep.windows)
+            else:
+                pieces = [(0, ep.num_steps)]
+            for lo, hi in pieces:
+                e = len(episodes_meta.get("episode_index", ()))
+                cols = _episode_columns(ep, lo, hi, layout, features, index, e, task_index, fps, cont,
+                                        label_action=trainable_only)
+                frames = {name: ep.arrays[name][lo:hi] for name in layout.image_cols}
+                for name, col in layout.image_cols.items():
+                    stats.add_images(col, frames[name])
+                if videos is not None:
+                    for name, col in layout.image_cols.items():
+                        videos.write(col, e, frames[name], episodes_meta)
+                else:
+                    frames_list.append(frames)
+                cols_list.append(cols)
+                _episode_meta(episodes_meta, ep, task, index, e, lo, hi,
+                              trainable=int((ep.allowed if trainable_only else ep.trainable)[lo:hi].sum()))
+                pieces_meta.append(e)
+                index += hi - lo
+                trainable_total += int(cols["trainable"].sum())
         if bar is not None:
             bar.update(len(group))
+        if not cols_list:
+            continue
+        cols = {c: np.concatenate([x[c] for x in cols_list]) for c in cols_list[0]}
+        frames = {n: np.concatenate([x[n] for x in frames_list]) for n in layout.image_cols} if videos is None else {}
+        check_frames(cols["episode_index"], cols["frame_index"], cols["index"], cols["timestamp"], fps,
+                     where=f"episodes {group[0].info.episode_id}..{group[-1].info.episode_id}")
+        for col, v in cols.items():
+            stats.add(col, v)
+        table = _table(pa, cols, frames, layout.image_cols if videos is None else {}, schema)
+        chunk, file = writer.location(table.nbytes)
+        writer.add(table)
+        episodes_meta["data/chunk_index"] += [chunk] * len(pieces_meta)
+        episodes_meta["data/file_index"] += [file] * len(pieces_meta)
     if bar is not None:
         bar.close()
     if writer is None:
         raise ExportError("nothing to export: no episodes were given")
     writer.close()
-    n_eps = len(episodes_meta["episode_index"])
+    n_eps = len(episodes_meta.get("episode_index", ()))
+    if n_eps == 0:
+        raise ExportError(f"nothing to export: none of the {source_eps} episode(s) has a label training may use "
+                          "(--labels trainable needs reviewed and authorized, or certified, labels; see "
+                          "`hg-dagger dataset show` for what stops them)")
     _write_episodes(pa, pq, root, episodes_meta)
     _write_tasks(pa, pq, root, tasks)
     with open(root / "meta" / "stats.json", "w") as f:
-        json.dump(stats.to_json(set(image_cols.values())), f, indent=2)
+        json.dump(stats.to_json(set(layout.image_cols.values())), f, indent=2)
     info = {
         "codebase_version": CODEBASE_VERSION,
         "robot_type": robot_type,
@@ -289,11 +432,16 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
         "fps": int(fps) if float(fps).is_integer() else float(fps),
         "splits": {"train": f"0:{n_eps}"},
         "data_path": DATA_PATH,
-        "video_path": None,
+        "video_path": VIDEO_PATH if videos is not None else None,
         "features": features,
         "hg_dagger": {"exporter": "hg_dagger.datasets.export_lerobot", "schema_version": SCHEMA_VERSION,
-                      "action": "applied_action", "timestamp": "frame_index / fps",
-                      "trainable_frames": trainable_total},
+                      "labels": "trainable" if trainable_only else "all",
+                      "action": ("label target: expert_action where the label layer names it, else applied_action"
+                                 if trainable_only else "applied_action"),
+                      "state": layout.composed[STATE][0],
+                      "environment_state": layout.composed.get(ENV_STATE, ([], []))[0],
+                      "timestamp": "frame_index / fps", "trainable_frames": trainable_total,
+                      "source_episodes": source_eps},
     }
     with open(root / "meta" / "info.json", "w") as f:
         json.dump(info, f, indent=4)
@@ -303,17 +451,56 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
                          files=files, trainable_frames=trainable_total, bytes=size, columns=list(features))
 
 
-def _features(ep: EpisodeData, specs, obs_cols: dict[str, str]) -> dict:
+class _VideoWriter:
+    """One mp4 per camera and LeRobot episode (videos/<camera>/chunk-CCC/file-FFF.mp4, FFF the episode's index
+    within its chunk), frame i at pts i with time base 1 / fps, so frame times equal the rows' timestamps."""
+
+    def __init__(self, root: Path, codec, fps: float):
+        self.root = root
+        self.encoder, self.name, self.options = codec
+        self.fps = fps
+
+    def write(self, col: str, episode: int, frames: np.ndarray, meta: dict[str, list]) -> None:
+        from fractions import Fraction
+
+        import av
+
+        chunk, file = divmod(episode, CHUNKS_SIZE)
+        path = self.root / VIDEO_PATH.format(video_key=col, chunk_index=chunk, file_index=file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rate = Fraction(self.fps).limit_denominator(1_000_000)
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream(self.encoder, rate=rate, options=dict(self.options))
+            stream.height, stream.width = int(frames.shape[1]), int(frames.shape[2])
+            stream.pix_fmt = "yuv420p"
+            stream.time_base = 1 / rate
+            for i, f in enumerate(frames):
+                rgb = f if f.shape[-1] == 3 else np.repeat(f[..., :1], 3, -1)
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+                frame.pts = i
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode())
+        for k, v in ((f"videos/{col}/chunk_index", chunk), (f"videos/{col}/file_index", file),
+                     (f"videos/{col}/from_timestamp", 0.0), (f"videos/{col}/to_timestamp", len(frames) / self.fps)):
+            meta.setdefault(k, []).append(v)
+
+
+def _features(ep: EpisodeData, specs, layout: _Layout, codec, fps: float) -> dict:
     a = ep.arrays["applied_action"].shape[1]
     feats: dict[str, dict] = {}
-    for name, col in obs_cols.items():
-        spec = specs[name]
-        if spec.image:
-            feats[col] = {"dtype": "image", "shape": list(spec.shape), "names": ["height", "width", "channels"]}
-        else:
-            feats[col] = _feature(spec.dtype, tuple(spec.shape))
-    feats["action"] = _feature("float32", (a,))
-    feats["expert_action"] = _feature("float32", (a,))
+    for col, (_keys, names) in layout.composed.items():
+        feats[col] = {"dtype": "float32", "shape": [len(names)], "names": names}
+    for name, col in layout.image_cols.items():
+        shape = list(specs[name].shape)
+        feats[col] = {"dtype": "video" if codec else "image", "shape": shape, "names": ["height", "width", "channels"]}
+        if codec:
+            feats[col]["info"] = {"video.height": shape[0], "video.width": shape[1], "video.codec": codec[1],
+                                  "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": fps,
+                                  "video.channels": 3, "has_audio": False}
+    for name, col in layout.obs_cols.items():
+        feats[col] = _feature(specs[name].dtype, tuple(specs[name].shape))
+    feats["action"] = _feature("float32", (a,), layout.action_names)
+    feats["expert_action"] = _feature("float32", (a,), layout.action_names)
     for col, dtype in (("expert_valid", "bool"), ("action_source", "int64"), ("intervene_flag", "bool"),
                        ("trainable", "bool"), ("label_mask", "int64"), ("label_target", "int64"), ("segment_id", "int64"),
                        ("segment_accepted", "bool"), ("continuity_id", "int64"), ("reward", "float32"),
@@ -326,6 +513,8 @@ def _features(ep: EpisodeData, specs, obs_cols: dict[str, str]) -> dict:
 def _schema(pa, features: dict):
     fields = []
     for col, ft in features.items():
+        if ft["dtype"] == "video":  # in the mp4 files, not in the parquet
+            continue
         if ft["dtype"] == "image":
             typ = _image_type(pa)
         else:
@@ -339,33 +528,37 @@ def _image_type(pa):
     return pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
-def _episode_columns(ep: EpisodeData, obs_cols, image_cols, features, index0: int, task_index: int,
-                     fps: float) -> dict[str, np.ndarray]:
-    """Every non-image column of one episode as numpy, in the feature dtypes."""
-    t = ep.num_steps
+def _episode_columns(ep: EpisodeData, lo: int, hi: int, layout: _Layout, features, index0: int, episode: int,
+                     task_index: int, fps: float, continuity: np.ndarray, *, label_action: bool) -> dict[str, np.ndarray]:
+    """Every non-camera column of steps [lo, hi) of one store episode (one LeRobot episode) as numpy, in the
+    feature dtypes."""
+    t = hi - lo
+    sl = slice(lo, hi)
     frame = np.arange(t, dtype=np.int64)
     a = ep.arrays
     cols: dict[str, np.ndarray] = {}
-    for name, col in obs_cols.items():
-        if name not in image_cols:
-            cols[col] = a[name]
-    cols["action"] = a["applied_action"]
-    cols["expert_action"] = a["expert_action"]
-    cols["expert_valid"] = a["expert_valid"]
-    cols["action_source"] = a["action_source"]
-    cols["intervene_flag"] = ep.intervention & ep.trainable
-    cols["trainable"] = ep.trainable
-    cols["label_mask"] = ep.label_mask
-    cols["label_target"] = ep.label_target
-    cols["segment_id"] = ep.segments()
-    cols["segment_accepted"] = ep.trainable
-    cols["continuity_id"] = np.zeros(t, np.int64)
-    cols["reward"] = a["reward"]
-    cols["done"] = a["terminated"].astype(bool) | a["truncated"].astype(bool)
-    cols["is_success"] = a["success"]
+    for col, (keys, _names) in layout.composed.items():
+        cols[col] = np.concatenate([a[f"obs/{k}"][sl].reshape(t, -1).astype(np.float32) for k in keys], 1)
+    for name, col in layout.obs_cols.items():
+        cols[col] = a[name][sl]
+    trainable = (ep.allowed if label_action else ep.trainable)[sl]
+    cols["action"] = ep.label_action(lo, hi) if label_action else a["applied_action"][sl]
+    cols["expert_action"] = a["expert_action"][sl]
+    cols["expert_valid"] = a["expert_valid"][sl]
+    cols["action_source"] = a["action_source"][sl]
+    cols["intervene_flag"] = ep.intervention[sl] & trainable
+    cols["trainable"] = trainable
+    cols["label_mask"] = ep.label_mask[sl]
+    cols["label_target"] = ep.label_target[sl]
+    cols["segment_id"] = ep.segments()[sl]
+    cols["segment_accepted"] = trainable
+    cols["continuity_id"] = continuity[sl]
+    cols["reward"] = a["reward"][sl]
+    cols["done"] = a["terminated"][sl].astype(bool) | a["truncated"][sl].astype(bool)
+    cols["is_success"] = a["success"][sl]
     cols["timestamp"] = (frame / fps).astype(np.float32)
     cols["frame_index"] = frame
-    cols["episode_index"] = np.full(t, ep.index, np.int64)
+    cols["episode_index"] = np.full(t, episode, np.int64)
     cols["index"] = index0 + frame
     cols["task_index"] = np.full(t, task_index, np.int64)
     out = {}
@@ -393,29 +586,26 @@ def _table(pa, cols: dict[str, np.ndarray], frames: dict[str, np.ndarray], image
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _add_stats(stats: _Stats, cols: dict[str, np.ndarray], frames: dict[str, np.ndarray], image_cols) -> None:
-    for name, col in image_cols.items():
-        stats.add_images(col, frames[name])
-    for col, v in cols.items():
-        stats.add(col, v)
-
-
-def _episode_meta(meta: dict[str, list], ep: EpisodeData, task: str, index0: int) -> None:
-    """One row of meta/episodes (data/chunk_index and data/file_index are added per group)."""
+def _episode_meta(meta: dict[str, list], ep: EpisodeData, task: str, index0: int, episode: int, lo: int, hi: int,
+                  *, trainable: int) -> None:
+    """One row of meta/episodes for steps [lo, hi) of a store episode (data/chunk_index and data/file_index are
+    added per group)."""
     s = ep.info.start
     row = {
-        "episode_index": ep.index,
+        "episode_index": episode,
         "tasks": [task],
-        "length": ep.num_steps,
+        "length": hi - lo,
         "dataset_from_index": index0,
-        "dataset_to_index": index0 + ep.num_steps,
+        "dataset_to_index": index0 + hi - lo,
         "meta/episodes/chunk_index": 0,
         "meta/episodes/file_index": 0,
         "hg_dagger/store": str(ep.item.store.url),
         "hg_dagger/episode_id": ep.info.episode_id,
         "hg_dagger/task_id": s.task.task_id,
+        "hg_dagger/first_step": int(lo),
+        "hg_dagger/end_step": int(hi),
         "hg_dagger/label_version": ep.label_version,
-        "hg_dagger/trainable_frames": int(ep.trainable.sum()),
+        "hg_dagger/trainable_frames": trainable,
         "hg_dagger/policy_version": s.policy_version,
         "hg_dagger/operator": s.operator,
         "hg_dagger/mode": s.mode.value,

@@ -5,9 +5,14 @@
     OUT/data/       TensorDict.load_memmap(OUT/"data") -> TensorDict [episodes, max_steps]
 
 Read it back with ``load_ods(OUT)`` and hand it to ``embodichain.data_pipeline.datasets.TensorDataSource(td,
-schema=..., source_id=...)``. Rows are episodes padded to the longest one (``valid`` false, identifiers -1). A
-segment is a maximal run of steps sharing the action source and the trainable flag; ``segment_accepted`` is that
-flag, so ``SequenceSpecCfg(sampling_mode="segment")`` samples only authorized labels and never crosses a handover.
+schema=..., source_id=...)``. Layout ``padded``: one row per episode, padded to the longest (``valid`` false,
+identifiers -1); ``ragged``: episodes packed end to end into rows as long as the longest episode, so short episodes
+cost no padding each. Every episode is its own ``continuity_id`` stretch (a new one after an invalid step or a
+dropped frame), so a sampled context never joins two episodes. Each step carries the DAgger schema of the ODS
+integration: obs, expert_action, executed_action, expert_used, valid, confidence, episode_id, iteration,
+policy_version, beta, terminated, truncated, success. A segment is a maximal run of steps sharing the action
+source and the trainable flag; ``segment_accepted`` is that flag, so ``SequenceSpecCfg(sampling_mode="segment")``
+samples only authorized labels and never crosses a handover.
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ from hg_dagger.datasets.source import (
 
 FORMAT = "hg_dagger.ods_export"
 FORMAT_VERSION = 1
+LAYOUTS = ("padded", "ragged")
 ACTION_SEMANTICS = "hg_dagger.applied_action"  # the task's raw action, as applied to the robot
 
 # per-step fields besides obs/...: (dtype, padding value)
 _FIELDS = {
     "actions": ("float32", 0), "valid": ("bool", False), "expert_action": ("float32", 0),
-    "expert_valid": ("bool", False), "action_source": ("int64", -1), "intervention": ("bool", False),
+    "executed_action": ("float32", 0), "expert_valid": ("bool", False), "expert_used": ("bool", False),
+    "confidence": ("float32", np.nan), "episode_id": ("int64", -1), "iteration": ("int64", -1),
+    "policy_version": ("int64", -1), "beta": ("float32", np.nan), "action_source": ("int64", -1), "intervention": ("bool", False),
     "trainable": ("bool", False), "label_mask": ("int64", -1), "label_target": ("int64", -1), "rewards": ("float32", 0),
     "terminated": ("bool", False), "truncated": ("bool", False), "success": ("bool", False),
     "episode_step": ("int64", -1), "continuity_id": ("int64", -1), "segment_id": ("int64", -1),
@@ -51,17 +59,22 @@ _FIELDS = {
 
 
 def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: float | None = None,
-               progress: bool = False) -> ExportSummary:
-    """Write the episodes of ``items`` (one row each, in that order) at ``out``, a new or empty folder; written
-    into a temporary sibling that is renamed into place at the end, so a failed export leaves nothing there."""
+               progress: bool = False, layout: str = "padded") -> ExportSummary:
+    """Write the episodes of ``items`` (in that order) at ``out``, a new or empty folder: one row each
+    (``layout="padded"``) or packed end to end into rows (``"ragged"``); written into a temporary sibling that is
+    renamed into place at the end, so a failed export leaves nothing there."""
     import torch
     from tensordict import TensorDict
 
+    if layout not in LAYOUTS:
+        raise ExportError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     items = list(items)
     if not items:
         raise ExportError("nothing to export: no episodes were given")
     infos = [_info(it) for it in items]  # fails before anything is written
-    n_rows, t_max = len(items), max(i.num_steps for i in infos)
+    t_max = max(i.num_steps for i in infos)
+    places = _places([i.num_steps for i in infos], t_max, ragged=layout == "ragged")
+    n_rows = places[-1][0] + 1
     first = items[0]
     specs = obs_fields(first.store, first.episode_id)
     a_dim = first.store.fields(first.episode_id)["applied_action"].shape[0]
@@ -69,8 +82,8 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
     writer = None
     try:
         skeleton = {k: _lazy(torch, (n_rows, t_max), dtype) for k, (dtype, _) in _FIELDS.items()}
-        skeleton["actions"] = _lazy(torch, (n_rows, t_max, a_dim), "float32")
-        skeleton["expert_action"] = _lazy(torch, (n_rows, t_max, a_dim), "float32")
+        for key in ("actions", "expert_action", "executed_action"):
+            skeleton[key] = _lazy(torch, (n_rows, t_max, a_dim), "float32")
         obs: dict = {}
         for name, spec in specs.items():
             node = obs
@@ -85,8 +98,11 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
         writer = _RowWriter(td)
         del td
         tasks: dict[str, int] = {}
+        versions: dict[str, int] = {}
         rows = []
         trainable_total = 0
+        continuity = 0
+        row_segments = [0] * n_rows  # segment ids already used in each row
         bar = None
         if progress:
             from tqdm import tqdm
@@ -95,14 +111,19 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
         for ep in read_episodes(items, obs_keys=[n[4:] for n in specs]):
             fps = common_fps(ep, fps)
             task_index = tasks.setdefault(task_text(ep.info), len(tasks))
-            writer.write(ep.index, _row_values(ep, specs, task_index))
-            trainable_total += int(ep.trainable.sum())
             s = ep.info.start
-            rows.append({"row": ep.index, "store": str(ep.item.store.url), "episode_id": ep.info.episode_id,
+            row, offset = places[ep.index]
+            values, continuity, segments = _row_values(
+                ep, specs, task_index, continuity=continuity, segment0=row_segments[row],
+                version_index=versions.setdefault(s.policy_version, len(versions)))
+            row_segments[row] += segments
+            writer.put(row, offset, values)
+            trainable_total += int(ep.trainable.sum())
+            rows.append({"row": row, "offset": offset, "store": str(ep.item.store.url), "episode_id": ep.info.episode_id,
                          "num_steps": ep.num_steps, "label_version": ep.label_version,
                          "trainable_steps": int(ep.trainable.sum()), "task_id": s.task.task_id,
                          "policy_version": s.policy_version, "operator": s.operator, "mode": s.mode.value,
-                         "iteration": int(s.iteration), "mapping_hash": s.mapping_hash,
+                         "iteration": int(s.iteration), "beta": s.beta, "mapping_hash": s.mapping_hash,
                          "end_reason": ep.info.end.end_reason.value, "task_success": bool(ep.info.end.task_success)})
             if bar is not None:
                 bar.update(1)
@@ -113,7 +134,9 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
             "format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
             "source_id": _source_id(rows),
             "fps": fps,
+            "layout": layout,
             "schema": _schema(specs, fps, a_dim),
+            "policy_versions": list(versions),  # policy_version per step indexes this list; episode_id "episodes"
             "language": {"task": {str(i): t for t, i in tasks.items()}, "subtask": {"0": ""}},
             "episodes": rows,
         }
@@ -121,7 +144,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
             json.dump(meta, f, indent=2)
         files = sum(len(fs) for _, _, fs in os.walk(tmp))
         size = sum(os.path.getsize(os.path.join(d, x)) for d, _, fs in os.walk(tmp) for x in fs)
-        summary = ExportSummary(out=str(final), format="ods", episodes=n_rows, frames=sum(r["num_steps"] for r in rows),
+        summary = ExportSummary(out=str(final), format="ods", episodes=len(rows), frames=sum(r["num_steps"] for r in rows),
                                 tasks=len(tasks), fps=fps, files=files, trainable_frames=trainable_total, bytes=size,
                                 columns=sorted(_FIELDS) + sorted(specs))
         finish_output(final, tmp)
@@ -138,8 +161,23 @@ def _lazy(torch, shape, dtype: str):
     return torch.zeros((), dtype=getattr(torch, str(np.dtype(dtype)))).expand(*shape)
 
 
-def _row_values(ep, specs, task_index: int) -> dict[tuple[str, ...], np.ndarray]:
-    """One episode's values of every leaf (T rows each), keyed by the leaf's TensorDict key."""
+def _places(lengths: list[int], width: int, *, ragged: bool) -> list[tuple[int, int]]:
+    """(row, first step in the row) of each episode: one row each, or packed in order into rows of ``width``."""
+    if not ragged:
+        return [(i, 0) for i in range(len(lengths))]
+    out, row, used = [], 0, 0
+    for n in lengths:
+        if used and used + n > width:
+            row, used = row + 1, 0
+        out.append((row, used))
+        used += n
+    return out
+
+
+def _row_values(ep, specs, task_index: int, *, continuity: int, segment0: int,
+                version_index: int) -> tuple[dict[tuple[str, ...], np.ndarray], int, int]:
+    """One episode's values of every leaf (T rows each), keyed by the leaf's TensorDict key; the next free
+    continuity id, and how many segment ids the episode used (they count on from ``segment0`` within its row)."""
     t = ep.num_steps
     a = ep.arrays
     actions = a["applied_action"].astype(np.float32)
@@ -153,11 +191,21 @@ def _row_values(ep, specs, task_index: int) -> dict[tuple[str, ...], np.ndarray]
     seg_end = np.ones(t, bool)
     seg_end[:-1] = segs[1:] != segs[:-1]
     first = np.maximum.accumulate(np.where(seg_start, np.arange(t), 0))
+    cont = ep.continuity(continuity)
+    cont = np.where(valid, cont, -1)  # a step whose values are not finite is marked like an invalid one
+    s = ep.info.start
     values = {
         "actions": np.where(valid[:, None], actions, 0).astype(np.float32),
         "valid": valid,
         "expert_action": a["expert_action"].astype(np.float32),
+        "executed_action": actions,
         "expert_valid": a["expert_valid"].astype(bool),
+        "expert_used": a["expert_used"].astype(bool),
+        "confidence": a["policy_confidence"].astype(np.float32),
+        "episode_id": np.full(t, ep.index, np.int64),
+        "iteration": np.full(t, int(s.iteration), np.int64),
+        "policy_version": np.full(t, version_index, np.int64),
+        "beta": np.full(t, np.nan if s.beta is None else s.beta, np.float32),
         "action_source": a["action_source"].astype(np.int64),
         "intervention": ep.intervention,
         "trainable": ep.trainable & valid,
@@ -168,8 +216,8 @@ def _row_values(ep, specs, task_index: int) -> dict[tuple[str, ...], np.ndarray]
         "truncated": a["truncated"].astype(bool),
         "success": a["success"].astype(bool),
         "episode_step": np.arange(t, dtype=np.int64),
-        "continuity_id": np.zeros(t, np.int64),
-        "segment_id": segs,
+        "continuity_id": cont,
+        "segment_id": segment0 + segs,
         "segment_step": np.arange(t, dtype=np.int64) - first,
         "segment_start": seg_start,
         "segment_end": seg_end,
@@ -184,11 +232,12 @@ def _row_values(ep, specs, task_index: int) -> dict[tuple[str, ...], np.ndarray]
         if np.issubdtype(v.dtype, np.floating):
             v = np.where(valid.reshape(t, *([1] * (v.ndim - 1))), v, 0).astype(v.dtype)
         out[("obs", *name[4:].split("/"))] = v
-    return out
+    return out, int(cont.max(initial=continuity - 1)) + 1, int(segs.max(initial=-1)) + 1
 
 
 class _RowWriter:
-    """Writes whole rows (one episode, padded to max_steps) into the leaf files of a memmap TensorDict."""
+    """Writes rows of a memmap TensorDict into its leaf files: episodes are put at (row, first step), a row is
+    written whole, padded, once the next row begins (and at close)."""
 
     def __init__(self, td):
         self.t_max = td.batch_size[1]
@@ -198,19 +247,31 @@ class _RowWriter:
             dtype = np.dtype(str(leaf.dtype).removeprefix("torch."))
             pad = _FIELDS[key[0]][1] if key[0] in _FIELDS else 0
             self.leaves[key] = (os.open(leaf.filename, os.O_WRONLY), dtype, tuple(leaf.shape[2:]), pad)
+        self.row = None
+        self.buf: dict = {}
 
-    def write(self, row: int, values: dict[tuple[str, ...], np.ndarray]) -> None:
-        for key, (fd, dtype, shape, pad) in self.leaves.items():
+    def put(self, row: int, offset: int, values: dict[tuple[str, ...], np.ndarray]) -> None:
+        if row != self.row:
+            self._flush()
+            self.row = row
+            self.buf = {key: np.full((self.t_max, *shape), pad, dtype) for key, (_, dtype, shape, pad) in self.leaves.items()}
+        for key, full in self.buf.items():
             v = values[key]
-            full = np.full((self.t_max, *shape), pad, dtype)
-            full[:len(v)] = v
-            data = full.tobytes()
-            offset = row * len(data)
+            full[offset:offset + len(v)] = v
+
+    def _flush(self) -> None:
+        if self.row is None:
+            return
+        for key, (fd, *_rest) in self.leaves.items():
+            data = self.buf[key].tobytes()
+            offset = self.row * len(data)
             while data:
                 n = os.pwrite(fd, data, offset)
                 data, offset = data[n:], offset + n
+        self.row, self.buf = None, {}
 
     def close(self) -> None:
+        self._flush()
         for fd, *_ in self.leaves.values():
             os.close(fd)
         self.leaves = {}

@@ -57,3 +57,11 @@ def cut_sequences(runs: Sequence[tuple[int, int]], length: int, stride: int | No
         for a in range(int(s), int(e) - length + 1, stride):
             out.append((a, a + length))
     return out
+
+
+def label_runs(action_source: np.ndarray, allowed: np.ndarray, windows: Iterable) -> list[tuple[int, int]]:
+    """The runs of allowed labels of one episode, cut where a dataset sample's runs are cut: at every correction
+    window's handover start and end (a run never joins two windows, nor a window and a certified span) and where
+    the action source changes."""
+    bounds = sorted({b for w in windows for b in (w.handover_start, w.handover_end)})
+    return pure_runs(action_source, allowed, bounds)

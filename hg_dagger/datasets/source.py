@@ -16,14 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hg_dagger.contract.enums import INTERVENTION_SOURCES, LabelMask
-from hg_dagger.errors import ContractError, HgDaggerError, StoreError
+from hg_dagger.contract.enums import INTERVENTION_SOURCES, LabelMask, LabelTarget, StepFlag
+from hg_dagger.errors import ConfigError, ContractError, EnvError, HgDaggerError, StoreError
 from hg_dagger.store import EpisodeInfo, EpisodeStore
 
 # Per-step fields every export reads besides the observations (all are contract step fields).
-STEP_FIELDS = ("applied_action", "expert_action", "expert_valid", "action_source", "reward", "valid", "terminated",
-               "truncated", "success")
+STEP_FIELDS = ("applied_action", "expert_action", "expert_valid", "expert_used", "policy_confidence", "action_source",
+               "step_flags", "reward", "valid", "terminated", "truncated", "success")
 _TRAINABLE = LabelMask.TRAINABLE.code
+_EXPERT = LabelTarget.EXPERT_ACTION.code
+LABELS = ("all", "trainable")  # what an export writes: every step, or only training-allowed labels
 ROW_BUDGET_BYTES = 64 << 20  # rows read per store round trip: about this many bytes of step data
 
 
@@ -54,6 +56,8 @@ class EpisodeData:
     label_target: np.ndarray  # uint8 LabelTarget codes of that layer (which array supervises a trainable step)
     label_version: int
     trainable: np.ndarray  # bool (T,)
+    windows: list = field(default_factory=list)  # the label layer's CorrectionWindows
+    allowed: np.ndarray | None = None  # bool (T,): labels training may use (read with labels="trainable")
     extra: dict = field(default_factory=dict)
 
     @property
@@ -72,6 +76,30 @@ class EpisodeData:
         change = np.ones(len(src), bool)
         change[1:] = (src[1:] != src[:-1]) | (self.trainable[1:] != self.trainable[:-1])
         return np.cumsum(change).astype(np.int64) - 1
+
+    def continuity(self, first_id: int) -> np.ndarray:
+        """int64 (T,): ids of the stretches of continuous recording, counting up from ``first_id``: a stretch
+        ends at an invalid step (which gets -1) and before a step flagged DROPPED_FRAME_BEFORE."""
+        valid = self.arrays["valid"].astype(bool)
+        dropped = (self.arrays["step_flags"].astype(np.int64) & StepFlag.DROPPED_FRAME_BEFORE.value) != 0
+        new = valid.copy()
+        new[1:] &= ~valid[:-1] | dropped[1:]
+        ids = first_id + np.cumsum(new) - 1
+        return np.where(valid, ids, -1).astype(np.int64)
+
+    def label_action(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """float32 (n, A): each step's label target (expert_action where the layer names it, else
+        applied_action); a trainable step without a finite target is an error naming it."""
+        sl = slice(lo, self.num_steps if hi is None else hi)
+        expert = self.label_target[sl] == _EXPERT
+        a = self.arrays
+        target = np.where(expert[:, None], a["expert_action"][sl], a["applied_action"][sl]).astype(np.float32)
+        keep = (self.allowed if self.allowed is not None else self.trainable)[sl]
+        bad = np.flatnonzero(keep & ~np.isfinite(target).all(1))
+        if len(bad):
+            raise ExportError(f"episode {self.info.episode_id} step {sl.start + int(bad[0])}: trainable step without "
+                              f"a finite label ({'expert_action' if expert[bad[0]] else 'applied_action'})")
+        return target
 
 
 def task_text(info: EpisodeInfo) -> str:
@@ -102,17 +130,18 @@ def select(store: EpisodeStore, *, task_id: str | None = None, episodes: Sequenc
 
 
 def read_episodes(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = None,
-                  row_budget_bytes: int = ROW_BUDGET_BYTES) -> Iterator[EpisodeData]:
+                  row_budget_bytes: int = ROW_BUDGET_BYTES, *, allowed: bool = False) -> Iterator[EpisodeData]:
     """Episodes in the order given, each with STEP_FIELDS and its obs/<key> arrays (see read_groups)."""
-    for group in read_groups(items, obs_keys, row_budget_bytes):
+    for group in read_groups(items, obs_keys, row_budget_bytes, allowed=allowed):
         yield from group
 
 
 def read_groups(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = None,
-                row_budget_bytes: int = ROW_BUDGET_BYTES) -> Iterator[list[EpisodeData]]:
+                row_budget_bytes: int = ROW_BUDGET_BYTES, *, allowed: bool = False) -> Iterator[list[EpisodeData]]:
     """Episodes in the order given, in groups: consecutive items of one store are read together, about
     ``row_budget_bytes`` of step data at a time, with one block read per field (``iter_batches`` without
-    shuffling), so memory stays bounded and many short episodes do not cost one store round trip each."""
+    shuffling), so memory stays bounded and many short episodes do not cost one store round trip each.
+    ``allowed``: also read which labels training may use (EpisodeData.allowed, see ``allowed_labels``)."""
     group: list[tuple[int, ExportItem, EpisodeInfo]] = []
     group_bytes = 0
     n = 0
@@ -124,13 +153,13 @@ def read_groups(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = No
             row_bytes[key] = _row_bytes(item.store, info)
         size = row_bytes[key] * info.num_steps
         if group and (group[0][1].store is not item.store or group_bytes + size > row_budget_bytes):
-            yield list(_read_group(group, obs_keys))
+            yield list(_read_group(group, obs_keys, allowed))
             group, group_bytes = [], 0
         group.append((n, item, info))
         group_bytes += size
         n += 1
     if group:
-        yield list(_read_group(group, obs_keys))
+        yield list(_read_group(group, obs_keys, allowed))
 
 
 def _info(item: ExportItem) -> EpisodeInfo:
@@ -156,7 +185,8 @@ def obs_fields(store: EpisodeStore, episode_id: str) -> dict[str, object]:
     return {n: s for n, s in store.fields(episode_id).items() if n.startswith("obs/")}
 
 
-def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequence[str] | None) -> Iterator[EpisodeData]:
+def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequence[str] | None,
+                with_allowed: bool = False) -> Iterator[EpisodeData]:
     store = group[0][1].store
     first = group[0][2].episode_id
     keys = list(obs_keys) if obs_keys is not None else [n[4:] for n in obs_fields(store, first)]
@@ -206,7 +236,45 @@ def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequ
         layer = store.labels(info.episode_id, item.label_version)
         trainable = (layer.mask == _TRAINABLE) if item.trainable is None else np.asarray(item.trainable, bool)
         yield EpisodeData(index=n_out, item=item, info=info, arrays=arrays, label_mask=layer.mask,
-                          label_target=layer.target, label_version=layer.version, trainable=trainable)
+                          label_target=layer.target, label_version=layer.version, trainable=trainable,
+                          windows=list(layer.windows),
+                          allowed=allowed_labels(item, info, trainable) if with_allowed else None)
+
+
+def allowed_labels(item: ExportItem, info: EpisodeInfo, trainable: np.ndarray) -> np.ndarray:
+    """The labels training may use: the caller's mask when it gave one (a dataset version's rule), else the
+    latest label layer's trainable steps that the contract's training boundary allows (learn.aggregate.selection,
+    the reader the trainer uses)."""
+    if item.trainable is not None:
+        return trainable
+    from hg_dagger.learn.aggregate import selection
+
+    return trainable & selection(item.store, info).allowed
+
+
+def task_mapping(info: EpisodeInfo, specs: dict) -> object | None:
+    """The TaskMapping an episode was recorded under (its stored copy; the shipped task's export naming when the
+    stored copy predates it), or the shipped task's when the episode has none and the shipped observation keys
+    fit the stored ones; None when neither is known (exports then name the state by key)."""
+    from hg_dagger.envs.mapping import ExportNames, TaskMapping, load_mapping
+
+    try:
+        shipped = load_mapping(info.start.task.task_id)
+    except (ConfigError, EnvError):
+        shipped = None
+    mapping = None
+    if info.start.mapping:
+        try:
+            mapping = TaskMapping.from_metadata(info.start.mapping)
+        except ConfigError:
+            mapping = None
+    if mapping is None:
+        fits = shipped is not None and {f"obs/{k}": (tuple(s), str(d)) for k, (s, d) in shipped.obs_spec().items()} == {
+            n: (tuple(sp.shape), str(sp.dtype)) for n, sp in specs.items()}
+        return shipped if fits else None
+    if mapping.export == ExportNames() and shipped is not None and shipped.hash == mapping.hash:
+        return shipped
+    return mapping
 
 
 def _restore_dtype(want: np.dtype, a: np.ndarray) -> np.ndarray:
@@ -217,16 +285,29 @@ def _restore_dtype(want: np.dtype, a: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------- output folder
 
 
+_CREATED: dict[Path, list[Path]] = {}  # temporary folder -> parent folders start_output made for it
+_EXPORT_MARKERS = {"meta/info.json": "a LeRobot export", "ods.json": "an ODS export"}
+
+
 def start_output(out: str | os.PathLike) -> tuple[Path, Path]:
-    """(final path, temporary sibling to write into). Refuses a file or a non-empty folder at ``out``."""
+    """(final path, temporary sibling to write into). Refuses a file or a non-empty folder at ``out``; missing
+    parent folders are made (and removed again if the export fails)."""
     final = Path(out).absolute()
     _check_target(final)
-    if not final.parent.is_dir():
-        raise ExportError(f"{final.parent}: parent folder of the export does not exist")
+    made = []
+    parent = final.parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ExportError(f"{parent}: is not a folder; the export cannot be written under it")
+    for d in reversed(made):
+        d.mkdir()
     tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    _CREATED[tmp] = made
     return final, tmp
 
 
@@ -234,6 +315,10 @@ def _check_target(final: Path) -> None:
     if final.is_file() or final.is_symlink():
         raise ExportError(f"{final}: exists and is not a folder; choose a new output folder")
     if final.is_dir() and any(final.iterdir()):
+        what = next((kind for marker, kind in _EXPORT_MARKERS.items() if (final / marker).is_file()), None)
+        if what:
+            raise ExportError(f"{final}: holds {what} already; export into a new or empty folder (remove the old "
+                              "one first to replace it)")
         raise ExportError(f"{final}: folder is not empty; export into a new or empty folder")
 
 
@@ -243,10 +328,17 @@ def finish_output(final: Path, tmp: Path) -> None:
     if final.is_dir():
         final.rmdir()
     os.replace(tmp, final)
+    _CREATED.pop(tmp, None)
 
 
 def abandon_output(tmp: Path) -> None:
+    """Remove a failed export's temporary folder and the parent folders made for it."""
     shutil.rmtree(tmp, ignore_errors=True)
+    for d in _CREATED.pop(tmp, []):
+        try:
+            d.rmdir()
+        except OSError:  # no longer empty: something else wrote there meanwhile
+            break
 
 
 def common_fps(eps: EpisodeData, fps: float | None) -> float:

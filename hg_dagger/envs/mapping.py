@@ -179,6 +179,15 @@ class Joints(_Strict):
     obs_key: str | None = None  # observation key whose last dim is ordered like names
 
 
+class ExportNames(_Strict):
+    """How exports name the observation for other trainers: the state the policy sees (every flattened key, in
+    flatten order) goes out as one vector with a name per dimension, and the goal keys as the environment state
+    (LeRobot's ``observation.state`` / ``observation.environment_state``)."""
+
+    environment_state: list[str] = Field(default_factory=list)  # keys concatenated as the environment (goal) state
+    names: dict[str, list[str]] = Field(default_factory=dict)  # per-dimension names of a key (default: key_0 ...)
+
+
 class TaskMapping(_Strict):
     """One task: backend, timing, observation layout and the action conversions (see docs/envs.md)."""
 
@@ -203,6 +212,7 @@ class TaskMapping(_Strict):
     human: HumanAction
     joints: Joints | None = None
     replay: ReplayTolerance = Field(default_factory=ReplayTolerance)
+    export: ExportNames = Field(default_factory=ExportNames)
 
     _source: str | None = PrivateAttr(default=None)
 
@@ -229,6 +239,15 @@ class TaskMapping(_Strict):
         plo, phi = np.broadcast_to(self.policy.low, n), np.broadcast_to(self.policy.high, n)
         if np.any(plo >= phi):
             raise ValueError("policy.low must be < policy.high for every dim")
+        by_name = {k.name: k for k in self.observation}
+        for name in self.export.environment_state:
+            if name not in by_name or not by_name[name].flattened:
+                raise ValueError(f"export.environment_state names {name!r}, not a flattened observation key ({names})")
+        for name, dims in self.export.names.items():
+            if name not in by_name:
+                raise ValueError(f"export.names names {name!r}, not an observation key ({names})")
+            if len(dims) != by_name[name].size:
+                raise ValueError(f"export.names.{name} has {len(dims)} names; the key has {by_name[name].size} values")
         if self.joints is not None and self.joints.obs_key is not None:
             key = next((k for k in self.observation if k.name == self.joints.obs_key), None)
             if key is None:
@@ -304,8 +323,10 @@ class TaskMapping(_Strict):
 
     @cached_property
     def hash(self) -> str:
-        """Content hash of the mapping (sha256 of its canonical JSON, 16 hex chars)."""
-        text = json.dumps(self.model_dump(mode="json", exclude={"replay"}), sort_keys=True, separators=(",", ":"))
+        """Content hash of the mapping (sha256 of its canonical JSON, 16 hex chars; replay tolerances and export
+        naming left out: they change no recorded value)."""
+        text = json.dumps(self.model_dump(mode="json", exclude={"replay", "export"}), sort_keys=True,
+                          separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- observations
@@ -339,6 +360,15 @@ class TaskMapping(_Strict):
                 part /= std
             col += size
         return out
+
+    def state_keys(self) -> list[str]:
+        """The keys of the state the policy sees, in flatten order (what exports write as one state vector)."""
+        return [name for name, _, _, _ in self._flat_plan]
+
+    def dim_names(self, key: str) -> list[str]:
+        """Per-dimension names of an observation key: ``export.names`` or ``<key>_<i>``."""
+        size = next(k.size for k in self.observation if k.name == key)
+        return list(self.export.names.get(key) or [f"{key}_{i}" for i in range(size)])
 
     # ---------------------------------------------------------------- actions
     def clip_raw(self, a: np.ndarray) -> np.ndarray:
