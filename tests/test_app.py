@@ -48,6 +48,13 @@ def check_correction(store_url: str, operator: str, policy_version: str):
     return info
 
 
+def mark(dlg) -> None:
+    """Answer a per-episode dialog with its OK button."""
+    from PyQt6.QtWidgets import QDialogButtonBox
+
+    dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+
+
 def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tmp_path, settings, toy_student):
     store = str(tmp_path / "store.zarr")
     opts = AppOptions(task="toy_reach", store=store, student=toy_student, operator="device", device="keyboard",
@@ -66,7 +73,8 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     qtbot.keyPress(win, Qt.Key.Key_Space)  # hold to intervene: grabbing the device is a takeover
     qtbot.keyPress(win, Qt.Key.Key_W)
     first = wait_snap(qtbot, op, lambda s: s.control_state == "human" and s.action_source == "human")
-    qtbot.waitUntil(lambda: "HUMAN" in win.gate.headline.text().upper(), timeout=10_000)
+    qtbot.waitUntil(lambda: win.gate.headline.text() == "YOU ARE IN CONTROL" and win.banner.look == "human",
+                    timeout=10_000)
     wait_snap(qtbot, op, lambda s: s.episode_step >= first.episode_step + 10)
     snap = op.loop.slot.read()
     assert snap.device.engaged and snap.device.axes[0] == pytest.approx(1.0)  # 'w' is x+
@@ -84,8 +92,13 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     after = op.loop.slot.read()  # read without letting the GUI thread run: these ticks happened while it was blocked
     assert after.health.ticks >= before.health.ticks + 2, "the control loop waited for the GUI"
 
-    qtbot.mouseClick(win.controls.success, Qt.MouseButton.LeftButton)
-    done = wait_snap(qtbot, op, lambda s: s.counters.episodes == 1 and s.phase == "idle")
+    eid = op.loop.slot.read().episode_id
+    qtbot.mouseClick(win.controls.success, Qt.MouseButton.LeftButton)  # asks, naming the episode
+    (dlg,) = win.controls.dialogs
+    assert dlg.target == eid and eid[:8] in dlg.text.text()
+    wait_snap(qtbot, op, lambda s: s.starts_held)  # new episodes wait while the dialog is open
+    mark(dlg)
+    done = wait_snap(qtbot, op, lambda s: s.counters.episodes == 1 and s.phase == "idle" and not s.starts_held)
     assert done.counters.successes == 1 and done.counters.windows >= 1 and done.counters.human_steps >= 10
 
     # a reviewer approves the correction for training; the next student: trained in the background, swapped in
@@ -98,6 +111,7 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     op.train_next(keep_running=True)
     qtbot.waitUntil(lambda: op.job is None, timeout=WAIT_MS)
     assert win.rounds.message.text().startswith("new student"), win.rounds.message.text()
+    assert "labels reached training" in win.rounds.trained.text(), win.rounds.trained.text()  # from train.json
     new = wait_snap(qtbot, op, lambda s: "new student" in s.message)
     qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
     new = wait_snap(qtbot, op, lambda s: s.phase == "running" and s.policy_version != old and len(s.rounds) == 2)
@@ -147,6 +161,7 @@ def test_fetch_pick_place_gamepad_events_take_over_and_hand_back(qtbot, tmp_path
     wait_snap(qtbot, op, lambda s: s.control_state in ("autonomous", "warning", "returning")
               and s.action_source == "policy")
     qtbot.mouseClick(win.controls.failure, Qt.MouseButton.LeftButton)
+    mark(win.controls.dialogs[0])
     wait_snap(qtbot, op, lambda s: s.counters.episodes == 1 and s.phase == "idle")
     assert close_app(qtbot, op) == 0
     info = check_correction(store, "op-pad", boot["version"])
@@ -173,6 +188,12 @@ def test_scripted_app_run_leaves_a_valid_store(tmp_path, toy_student):
     assert "Traceback" not in r.stderr and "propagateSizeHints" not in r.stderr
     st = EpisodeStore.open(store)
     assert len(st.episodes()) == 3 and list(validate_store(st)) == []
+
+
+def test_an_unknown_task_on_the_command_line_is_one_line(tmp_path):
+    r = run_cli(["app", "--task", "no_such_task"], {"QT_QPA_PLATFORM": "offscreen"}, tmp_path, timeout=120)
+    assert r.returncode == 2 and "--task no_such_task: unknown task; known tasks: " in r.stderr
+    assert "toy_reach" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_without_a_display_the_app_says_so(tmp_path):
