@@ -16,14 +16,14 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from hg_dagger.contract.enums import ReplayStatus, StepFlag
+from hg_dagger.contract.enums import EndReason, ReplayStatus, StepFlag
 from hg_dagger.contract.schema import ReplayCheck
 from hg_dagger.envs.mapping import ReplayTolerance
 from hg_dagger.errors import ContractError, HgDaggerError, StoreError
@@ -160,44 +160,20 @@ def replay_episode(store, episode_id: str, *, perturb: Mapping[int, Any] | None 
         return ReplayCheck(status=status, reason=reason, checked_with={**base, **kw.pop("checked_with", {})},
                            t_wall=_now(), **kw)
 
-    bridge = start.extra.get("robot_bridge")
-    if bridge is not None:
-        where = bridge.get("endpoint", "") if isinstance(bridge, dict) else ""
-        return verdict(ReplayStatus.VIDEO_ONLY, "recorded on a robot over the robot bridge" + (f" ({where})" if where else ""))
-    seed = start.initial_state.get("seed")
-    if seed is None:
-        return verdict(ReplayStatus.UNVERIFIED, "no recorded initial state")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        return verdict(ReplayStatus.UNVERIFIED, f"recorded initial_state seed {seed!r} is not an integer")
     try:
-        from hg_dagger.envs import load_mapping
-
-        mapping = load_mapping(start.task.task_id)
-    except HgDaggerError as exc:
-        return verdict(ReplayStatus.UNVERIFIED, f"task not available here: {exc}")
-    if mapping.task_version != start.task.task_version or mapping.hash != start.mapping_hash:
-        return verdict(ReplayStatus.UNVERIFIED,
-                       f"task {mapping.task_id} changed since recording (recorded version {start.task.task_version} "
-                       f"mapping {start.mapping_hash or '-'}, now version {mapping.task_version} mapping {mapping.hash}): "
-                       "not replayed")
-    images = [k.name for k in mapping.observation if np.dtype(k.dtype) == np.uint8 and len(k.shape) == 3]
-    if len(images) == len(mapping.observation):
-        return verdict(ReplayStatus.VIDEO_ONLY, "camera-only observations")
-    if mapping.backend in NOT_REPLAYABLE:
-        return verdict(ReplayStatus.UNVERIFIED, NOT_REPLAYABLE[mapping.backend])
-    if info.end.dropped_steps:
-        return verdict(ReplayStatus.UNVERIFIED, f"{info.end.dropped_steps} step(s) dropped by the recorder")
-    if info.num_steps == 0:
-        return verdict(ReplayStatus.UNVERIFIED, "no steps recorded")
+        plan = replay_plan(info)
+    except NotReplayable as exc:
+        return verdict(exc.status, exc.reason)
+    mapping = plan.mapping
     if tolerance is not None:
         mapping = mapping.model_copy(update={"replay": tolerance.model_dump()})
     tol = mapping.replay
-    checked_with = {"seed": int(seed), "backend": mapping.backend, "tolerance": tol.model_dump(mode="json"),
+    checked_with = {"seed": plan.seed, "backend": mapping.backend, "tolerance": tol.model_dump(mode="json"),
                     "packages": _packages(mapping.backend)}
     try:
-        mismatch, steps = _run(store, episode_id, mapping, int(seed), images, perturb or {})
-    except _Unreplayable as exc:
-        return verdict(ReplayStatus.UNVERIFIED, str(exc), checked_with=checked_with)
+        mismatch, steps = run_record(store, episode_id, mapping, plan.seed, plan.images, perturb or {})
+    except NotReplayable as exc:
+        return verdict(ReplayStatus.UNVERIFIED, exc.reason, checked_with=checked_with)
     if mismatch is None:
         return verdict(ReplayStatus.REPLAYABLE, steps_checked=steps, checked_with=checked_with)
     step, key, err, why = mismatch
@@ -205,13 +181,73 @@ def replay_episode(store, episode_id: str, *, perturb: Mapping[int, Any] | None 
                    error=err if math.isfinite(err) else None, steps_checked=steps, checked_with=checked_with)
 
 
-class _Unreplayable(Exception):
-    pass
+class NotReplayable(Exception):
+    """Why an episode cannot be re-run here, with the replay status that says so."""
+
+    def __init__(self, reason: str, status: ReplayStatus = ReplayStatus.UNVERIFIED):
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
 
 
-def _run(store, episode_id, mapping, seed: int, images: list[str], perturb: Mapping[int, Any]):
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What re-running an episode needs: the current task mapping (checked against the recorded one), the
+    recorded seed and the task's camera keys."""
+
+    mapping: Any  # TaskMapping
+    seed: int
+    images: list[str]
+
+
+def replay_plan(info) -> ReplayPlan:
+    """The mapping and seed to re-run a committed episode with, or NotReplayable saying why it cannot be.
+
+    The one home of the rules on which episodes replay (replay verification and the review's re-rendered
+    scene both follow them)."""
+    start = info.start
+    bridge = start.extra.get("robot_bridge")
+    if bridge is not None:
+        where = bridge.get("endpoint", "") if isinstance(bridge, dict) else ""
+        raise NotReplayable("recorded on a robot over the robot bridge" + (f" ({where})" if where else ""),
+                            ReplayStatus.VIDEO_ONLY)
+    seed = start.initial_state.get("seed")
+    if seed is None:
+        raise NotReplayable("no recorded initial state")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise NotReplayable(f"recorded initial_state seed {seed!r} is not an integer")
+    try:
+        from hg_dagger.envs import load_mapping
+
+        mapping = load_mapping(start.task.task_id)
+    except HgDaggerError as exc:
+        raise NotReplayable(f"task not available here: {exc}") from None
+    if mapping.task_version != start.task.task_version or mapping.hash != start.mapping_hash:
+        raise NotReplayable(f"task {mapping.task_id} changed since recording (recorded version {start.task.task_version} "
+                            f"mapping {start.mapping_hash or '-'}, now version {mapping.task_version} mapping "
+                            f"{mapping.hash}): not replayed")
+    images = [k.name for k in mapping.observation if np.dtype(k.dtype) == np.uint8 and len(k.shape) == 3]
+    if len(images) == len(mapping.observation):
+        raise NotReplayable("camera-only observations", ReplayStatus.VIDEO_ONLY)
+    if mapping.backend in NOT_REPLAYABLE:
+        raise NotReplayable(NOT_REPLAYABLE[mapping.backend])
+    if info.end.dropped_steps:
+        raise NotReplayable(f"{info.end.dropped_steps} step(s) dropped by the recorder")
+    if info.num_steps == 0:
+        raise NotReplayable("no steps recorded")
+    return ReplayPlan(mapping=mapping, seed=int(seed), images=images)
+
+
+def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb: Mapping[int, Any] | None = None,
+               *, view: Callable[[int, Any], None] | None = None):
     """Step a fresh one-row env through the record; (step, key, error, reason) of the first divergence or None,
-    and the number of steps reproduced before it."""
+    and the number of steps reproduced before it.
+
+    ``view(t, env)`` is called while the env holds step t's state, before step t's action (the moment step
+    t's observation was taken). With a view the whole record is stepped, past the first divergence (a
+    reviewer sees the scene of every step), unless the simulator ended the episode early. An episode the
+    collector cut (end reason timeout, e.g. a run's max_episode_steps) records a truncation at its last step
+    that the simulator, with its own horizon, does not reproduce: that one is the cut, not a divergence."""
     from hg_dagger.envs import make_env
 
     obs_keys = [k.name for k in mapping.observation]
@@ -219,39 +255,54 @@ def _run(store, episode_id, mapping, seed: int, images: list[str], perturb: Mapp
     wanted = ["applied_action", "valid", "step_flags", *(f"obs/{k}" for k in obs_keys), *OUTCOMES]
     missing = [f for f in ("applied_action", *(f"obs/{k}" for k in obs_keys)) if f not in fields]
     if missing:
-        raise _Unreplayable(f"stored fields missing: {', '.join(missing)}")
+        raise NotReplayable(f"stored fields missing: {', '.join(missing)}")
     rec = store.read_steps(episode_id, [f for f in wanted if f in fields])
     actions = np.array(rec["applied_action"], np.float32)
     n = len(actions)
-    for step, delta in perturb.items():
+    for step, delta in (perturb or {}).items():
         if not 0 <= int(step) < n:
             raise ContractError(f"episode {episode_id}: perturbed step {step} outside its {n} steps")
         actions[int(step)] = actions[int(step)] + np.asarray(delta, np.float32)
     if actions.shape[1:] != (mapping.action_dim,):
-        raise _Unreplayable(f"applied_action has shape {list(actions.shape[1:])}, the task takes {mapping.action_dim}")
+        raise NotReplayable(f"applied_action has shape {list(actions.shape[1:])}, the task takes {mapping.action_dim}")
     valid = rec.get("valid", np.ones(n, bool)).astype(bool)
     stale = (rec.get("step_flags", np.zeros(n, np.uint16)).astype(np.int64) & int(StepFlag.SENSOR_LOSS)) != 0
     compare_obs = valid & ~stale  # a stale or invalid sample is not what the simulator held
     bad_action = np.flatnonzero(~np.isfinite(actions).all(axis=1))
     if len(bad_action):
-        raise _Unreplayable(f"applied_action is NaN at step {int(bad_action[0])}: the record cannot drive a replay")
+        raise NotReplayable(f"applied_action is NaN at step {int(bad_action[0])}: the record cannot drive a replay")
     tol = mapping.replay
+    cut = store.info(episode_id).end.end_reason == EndReason.TIMEOUT
     try:
         env = make_env(mapping, num_envs=1, seed=seed)
     except HgDaggerError as exc:
-        raise _Unreplayable(f"the {mapping.backend} simulator is not available here: {exc}") from None
+        raise NotReplayable(f"the {mapping.backend} simulator is not available here: {exc}") from None
+    first = None  # (step, key, error, reason) of the first divergence
+
+    def diverged(found) -> bool:
+        """Note a divergence; True when the walk stops here (no view asks for the rest)."""
+        nonlocal first
+        if first is None:
+            first = found
+        return view is None
+
     try:
         obs, _ = env.reset(seed=[seed], env_ids=[0])
         for t in range(n):
-            if compare_obs[t]:
+            if view is not None:
+                view(t, env)
+            if compare_obs[t] and first is None:
                 for key in obs_keys:
                     err, limit = _difference(obs[key][0], rec[f"obs/{key}"][t], key, key in images, tol)
                     if err > limit:
-                        return (t, f"obs/{key}", err, _why(t, f"obs/{key}", err, limit)), t
+                        diverged((t, f"obs/{key}", err, _why(t, f"obs/{key}", err, limit)))
+                        break
+                if first is not None and view is None:
+                    break
             result = env.step(actions[t : t + 1])
             outcome = {"reward": result.reward, "success": result.info.get("success"),
                        "terminated": result.terminated, "truncated": result.truncated}
-            for key in OUTCOMES:
+            for key in OUTCOMES if first is None else ():
                 if key not in rec or outcome[key] is None:
                     continue
                 got, want = np.asarray(outcome[key])[0], rec[key][t]
@@ -260,18 +311,24 @@ def _run(store, episode_id, mapping, seed: int, images: list[str], perturb: Mapp
                     limit = tol.obs_atol + tol.obs_rtol * abs(float(want))
                 else:
                     err, limit = float(bool(got) != bool(want)), 0.0
+                    if key == "truncated" and cut and t == n - 1 and bool(want):
+                        err = 0.0  # the collector's cut
                 if not err <= limit:
-                    return (t, key, err, _why(t, key, err, limit)), t
+                    diverged((t, key, err, _why(t, key, err, limit)))
+                    break
+            if first is not None and view is None:
+                break
             ended = bool(result.terminated[0] or result.truncated[0])
             if ended and t < n - 1:
-                return (t, "terminated" if result.terminated[0] else "truncated", 1.0,
-                        f"step {t}: the replay ended the episode here, the record goes on to step {n - 1}"), t
+                diverged((t, "terminated" if result.terminated[0] else "truncated", 1.0,
+                          f"step {t}: the replay ended the episode here, the record goes on to step {n - 1}"))
+                break
             obs = result.obs
     except HgDaggerError as exc:
-        raise _Unreplayable(f"the simulator refused the record: {exc}") from None
+        raise NotReplayable(f"the simulator refused the record: {exc}") from None
     finally:
         env.close()
-    return None, n
+    return first, (n if first is None else first[0])
 
 
 def _difference(got, want, key: str, image: bool, tol) -> tuple[float, float]:

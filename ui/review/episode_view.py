@@ -1,16 +1,20 @@
-"""The selected window's episode: a timeline coloured by action source, action plots and the step's frame.
+"""The selected window's episode: a timeline coloured by what each step was, action plots and the step's picture.
 
 Everything here is drawn from an EpisodeData read once when a window is selected; scrubbing (the slider,
-Left/Right, Space to play at the recorded control rate) only moves cursors and swaps the frame.
+Left/Right, Space to play at the recorded control rate) only moves cursors and swaps the frame. The picture is
+the recorded camera frame, or for an episode recorded without a camera the scene re-rendered from its
+recorded initial state and applied actions (review.render, on the SceneRenderer's thread; "rendering 40/150"
+until it is ready).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PyQt6.QtCore import QPointF, Qt, QTimer, pyqtSignal
+from PyQt6.QtCore import QEvent, QObject, QPointF, Qt, QTimer, pyqtSignal
 from PyQt6.QtGui import QColor, QImage, QPixmap
 from PyQt6.QtWidgets import (
+    QApplication,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -22,12 +26,19 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.contract.command import COMMAND_AXES
+from hg_dagger.review.render import Scene
 from hg_dagger.ui import style
-from hg_dagger.ui.review.model import SOURCE_COLOURS, SOURCE_NAMES, EpisodeData
+from hg_dagger.ui.keys import is_text_input
+from hg_dagger.ui.review.model import STEP_KINDS, WAIT_MARKER, EpisodeData
+from hg_dagger.ui.review.worker import SceneRenderer
 
 MARKER_STYLE = {"gate_warning": (style.WARNING, "warn"), "gate_trigger": (style.SAFETY, "gate"),
                 "estop": (style.SAFETY, "E-STOP"), "safety_clamp": (style.SAFETY, "clamp"),
-                "handover_start": (style.HUMAN, ""), "handover_end": (style.POLICY, "")}
+                "handover_start": (style.HUMAN, ""), "handover_end": (style.POLICY, ""),
+                WAIT_MARKER: (style.NEUTRAL, "")}
+LEGEND_KINDS = ("policy", "human", "expert", "waiting", "handback", "safety")
+_SHORTCUT_MODIFIERS = (Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier
+                       | Qt.KeyboardModifier.MetaModifier)
 
 
 def _rgba(colour: str, alpha: int) -> QColor:
@@ -36,22 +47,44 @@ def _rgba(colour: str, alpha: int) -> QColor:
     return c
 
 
+class SecondsAxis(pg.AxisItem):
+    """An axis over steps that reads in seconds (step / control_hz), with ticks at round seconds."""
+
+    def __init__(self, orientation="top", **kw):
+        super().__init__(orientation, **kw)
+        self.hz = 1.0
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: N802,N803 - pyqtgraph override
+        return [(spacing * self.hz, [v * self.hz for v in values])
+                for spacing, values in super().tickValues(minVal / self.hz, maxVal / self.hz, size)]
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph override
+        return [f"{v / self.hz:g}" for v in values]
+
+
 class Timeline(pg.PlotWidget):
-    """One bar per step coloured by action_source, event markers, windows shaded with their context; pressing or
-    dragging on it emits ``scrubbed(step)``."""
+    """One bar per step coloured by what the step was (STEP_KINDS), event markers, windows shaded with their
+    context; steps along the bottom, seconds along the top. Pressing or dragging on it emits ``scrubbed(step)``."""
 
     scrubbed = pyqtSignal(int)
 
     def __init__(self, parent=None):
-        super().__init__(parent)
+        self.seconds = SecondsAxis("top")
+        super().__init__(parent, axisItems={"top": self.seconds})
         self.setBackground("w")
-        self.setMaximumHeight(110)
+        self.setMinimumHeight(120)
+        self.setMaximumHeight(150)
         self.setMouseEnabled(x=False, y=False)
         self.hideButtons()
-        self.getPlotItem().hideAxis("left")
+        plot = self.getPlotItem()
+        plot.hideAxis("left")
+        plot.showAxis("top")
+        plot.setLabel("bottom", "step")
+        plot.setLabel("top", "time (s)")
         self.setYRange(-0.35, 1.35, padding=0)
         self.colours: list[str] = []
         self.markers: list[tuple[int, str]] = []
+        self.marker_texts: list[str] = []  # the label drawn at each marker
         self.regions: list[tuple[int, int, str]] = []  # (start, end, "window" | "context")
         self.cursor = pg.InfiniteLine(pos=0, angle=90, pen=pg.mkPen(style.APPLIED, width=2))
         self.cursor.setZValue(10)
@@ -64,6 +97,7 @@ class Timeline(pg.PlotWidget):
             plot.removeItem(item)
         self._items = []
         n = self.num_steps = data.num_steps
+        self.seconds.hz = max(float(data.control_hz), 1e-6)
         self.colours = data.step_colours()
         x = np.arange(n) + 0.5
         bars = pg.BarGraphItem(x=x, height=np.ones(n), width=1.0, y0=np.zeros(n),
@@ -82,14 +116,17 @@ class Timeline(pg.PlotWidget):
                     region.setZValue(-5)
                     self._add(region)
                     self.regions.append((a, b, kind))
-        self.markers = []
+        self.markers, self.marker_texts = [], []
         for m in data.markers:
             colour, label = MARKER_STYLE.get(m.kind, (style.NEUTRAL, m.kind))
+            label = m.text or label
             line = pg.InfiniteLine(pos=m.step + 0.5, angle=90, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
-                                   label=label or None, labelOpts={"position": 0.95, "color": colour})
-            line.setToolTip(f"{m.kind} at step {m.step}" + (f": {m.reason}" if m.reason else ""))
+                                   label=label or None, labelOpts={"position": 0.5 if m.text else 0.95, "color": colour,
+                                                                   "fill": _rgba("#ffffff", 200) if m.text else None})
+            line.setToolTip(f"{m.text or m.kind} at step {m.step}" + (f": {m.reason}" if m.reason else ""))
             self._add(line)
             self.markers.append((m.step, m.kind))
+            self.marker_texts.append(label)
         self._add(self.cursor)
         self.setXRange(0, max(n, 1), padding=0.01)
 
@@ -138,9 +175,16 @@ class ActionPlots(pg.GraphicsLayoutWidget):
         steps = np.arange(data.num_steps)
         human = np.flatnonzero(data.action_source == 1)
         self.human_steps = human
+        last = len(data.action_names) - 1
         for i, name in enumerate(data.action_names):
             p = self.addPlot(row=i, col=0)
             p.setLabel("left", name)
+            if i < len(data.action_ranges):
+                lo, hi = data.action_ranges[i]
+                p.getAxis("left").setToolTip(f"{name}: raw action, {lo:g} to {hi:g}"
+                                             + (f" ({data.action_description})" if data.action_description else ""))
+            if i == last:
+                p.setLabel("bottom", "step")
             p.showGrid(x=True, y=True, alpha=0.2)
             p.setMouseEnabled(x=False, y=False)
             if i == 0:
@@ -170,34 +214,140 @@ class ActionPlots(pg.GraphicsLayoutWidget):
             c.setValue(step)
 
 
-class FrameView(QLabel):
-    """The step's camera frame, or its observation values as text where the episode has no camera."""
+class FrameView(QWidget):
+    """The step's picture with a line saying what it is, and the step's state observations as text under it.
+
+    The picture is the recorded camera frame, or, for an episode without one, its scene re-rendered through the
+    simulator (``set_scene``); ``set_progress`` and ``set_no_scene`` say how that render goes."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.setMinimumSize(200, 160)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.picture = QLabel()
+        self.picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.picture.setMinimumSize(160, 120)
+        self.picture.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.caption = QLabel("")
+        self.caption.setWordWrap(True)
+        self.values = QLabel("")
+        self.values.setWordWrap(True)
+        self.values.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.values.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.picture, 1)
+        lay.addWidget(self.caption)
+        lay.addWidget(self.values)
         self.data: EpisodeData | None = None
+        self.scene: Scene | None = None
+        self.state = "none"  # recorded | rendering | rendered | no scene | none
+        self.shown: np.ndarray | None = None  # the frame on screen (for its step)
+        self.step = 0
+
+    @property
+    def frames(self) -> np.ndarray | None:
+        if self.data is not None and self.data.images is not None:
+            return self.data.images
+        return self.scene.frames if self.scene is not None else None
+
+    def text(self) -> str:
+        """The step's state observations as shown under the picture."""
+        return self.values.text()
+
+    def pixmap(self) -> QPixmap:
+        """The picture on screen (null while there is none)."""
+        return self.picture.pixmap()
 
     def set_episode(self, data: EpisodeData | None) -> None:
-        self.data = data
-        self.clear()
+        self.data, self.scene, self.shown = data, None, None
+        self.picture.clear()
+        self.values.clear()
+        if data is None:
+            self.state = "none"
+            self.caption.clear()
+        elif data.images is not None:
+            self.state = "recorded"
+            self.caption.setText(f"camera {data.image_key} as recorded")
+        else:
+            self.state = "rendering"
+            self.caption.setText("no camera recorded: re-rendering the scene from the recorded initial state")
+
+    def set_progress(self, done: int, total: int) -> None:
+        if self.state != "rendering":
+            return
+        self.picture.setText(f"rendering {done}/{total}")
+
+    def set_scene(self, scene: Scene) -> None:
+        if self.data is None or scene.episode_id != self.data.episode_id or self.data.images is not None:
+            return
+        self.scene, self.state = scene, "rendered"
+        self.caption.setText("scene re-rendered from the recorded initial state and applied actions (no camera "
+                             "was recorded)" + (f"; {note}" if (note := scene.note()) else ""))
+        self.caption.setStyleSheet(f"color: {style.SAFETY};" if scene.diverged_at is not None else "")
+        self.set_step(self.step)
+
+    def set_no_scene(self, reason: str) -> None:
+        if self.state != "rendering":
+            return
+        self.state = "no scene"
+        self.picture.setText("no scene to show")
+        self.caption.setText(reason)
 
     def set_step(self, step: int) -> None:
+        self.step = step
         d = self.data
         if d is None:
             return
-        if d.images is not None:
-            frame = np.ascontiguousarray(d.images[step])
-            h, w = frame.shape[:2]
-            img = QImage(frame.data, w, h, 3 * w, QImage.Format.Format_RGB888).copy()
-            pix = QPixmap.fromImage(img)
-            self.setPixmap(pix.scaled(max(self.width(), 64), max(self.height(), 64),
-                                      Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.FastTransformation))
-        else:
-            self.setText(d.obs_text(step))
+        frames = self.frames
+        if frames is not None and 0 <= step < len(frames):
+            self.shown = np.ascontiguousarray(frames[step])
+            self._draw()
+        if d.images is None:
+            self.values.setText(d.obs_text(step))
+
+    def _draw(self) -> None:
+        frame = self.shown
+        if frame is None:
+            return
+        h, w = frame.shape[:2]
+        img = QImage(frame.data, w, h, 3 * w, QImage.Format.Format_RGB888).copy()
+        size = self.picture.size()
+        self.picture.setPixmap(QPixmap.fromImage(img).scaled(
+            max(size.width(), 64), max(size.height(), 64), Qt.AspectRatioMode.KeepAspectRatio,
+            Qt.TransformationMode.SmoothTransformation))
+
+    def resizeEvent(self, event):  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._draw()
+
+
+class ScrubKeys(QObject):
+    """Left/Right step and Space plays/pauses anywhere in ``area`` but a text input (an application event
+    filter, so a focused table, slider or button does not take them; Space never clicks a button there)."""
+
+    def __init__(self, view: EpisodeView, area: QWidget):
+        super().__init__(view)
+        self.view, self.area = view, area
+
+    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
+        t = ev.type()
+        if t not in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease) or not isinstance(obj, QWidget):
+            return False
+        key = ev.key()
+        if key not in (Qt.Key.Key_Left, Qt.Key.Key_Right, Qt.Key.Key_Space) or ev.modifiers() & _SHORTCUT_MODIFIERS:
+            return False
+        area = self.area
+        if not area.isVisible() or not (obj is area or area.isAncestorOf(obj)):
+            return False
+        if is_text_input(obj) or is_text_input(QApplication.focusWidget()):
+            return False
+        if t == QEvent.Type.KeyPress:
+            if key == Qt.Key.Key_Left:
+                self.view.set_step(self.view.step - 1)
+            elif key == Qt.Key.Key_Right:
+                self.view.set_step(self.view.step + 1)
+            elif not ev.isAutoRepeat():
+                self.view.toggle_play()
+        return True
 
 
 class EpisodeView(QWidget):
@@ -205,11 +355,18 @@ class EpisodeView(QWidget):
 
     step_changed = pyqtSignal(int)
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, *, renderer: SceneRenderer | None = None):
         super().__init__(parent)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.data: EpisodeData | None = None
         self.step = 0
+        self.renderer = renderer if renderer is not None else SceneRenderer(self)
+        self.renderer.progress.connect(self._render_progress)
+        self.renderer.rendered.connect(self._rendered)
+        self.renderer.failed.connect(self._render_failed)
+        self._scene_key: tuple[str, str] | None = None
+        self.keys = ScrubKeys(self, self)
+        QApplication.instance().installEventFilter(self.keys)
         self.title = QLabel("select a window")
         self.title.setWordWrap(True)
         self.privacy = QLabel("")
@@ -225,6 +382,8 @@ class EpisodeView(QWidget):
         self.play_button.toggled.connect(self._play_toggled)
         self.step_label = QLabel("-")
         self.plots = ActionPlots()
+        self.action_caption = QLabel("")
+        self.action_caption.setWordWrap(True)
         self.frame = FrameView()
         self.timer = QTimer(self)
         self.timer.timeout.connect(self._advance)
@@ -233,12 +392,17 @@ class EpisodeView(QWidget):
         scrub.addWidget(self.slider, 1)
         scrub.addWidget(self.step_label)
         split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(self.plots)
+        plots = QWidget()
+        plots_lay = QVBoxLayout(plots)
+        plots_lay.setContentsMargins(0, 0, 0, 0)
+        plots_lay.addWidget(self.action_caption)
+        plots_lay.addWidget(self.plots, 1)
+        split.addWidget(plots)
         split.addWidget(self.frame)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
-        legend = QLabel("  ".join(f'<span style="color:{SOURCE_COLOURS[c]}">&#9632;</span> {SOURCE_NAMES[c]}'
-                                  for c in (0, 1, 3, 2)))
+        legend = QLabel("  ".join(f'<span style="color:{STEP_KINDS[k][0]}">&#9632;</span> {STEP_KINDS[k][1]}'
+                                  for k in LEGEND_KINDS))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.title)
@@ -257,7 +421,10 @@ class EpisodeView(QWidget):
         self.privacy.setText(f"privacy: {data.privacy}")
         self.timeline.show_episode(data, window_id)
         self.plots.show_episode(data)
+        self.action_caption.setText(f"actions ({data.task_id or 'task'} raw units): {data.action_description}"
+                                    if data.action_description else "")
         self.frame.set_episode(data)
+        self._show_scene(data)
         self.slider.blockSignals(True)
         self.slider.setRange(0, max(data.num_steps - 1, 0))
         self.slider.blockSignals(False)
@@ -279,9 +446,45 @@ class EpisodeView(QWidget):
         self.timeline.set_step(step)
         self.plots.set_step(step)
         self.frame.set_step(step)
-        src = SOURCE_NAMES.get(int(d.action_source[step]), "?")
-        self.step_label.setText(f"step {step} / {d.num_steps - 1}  ({src})")
+        self.step_label.setText(f"step {step} / {d.num_steps - 1}, {step / max(d.control_hz, 1e-6):.2f} s  "
+                                f"({d.step_text(step)})")
         self.step_changed.emit(step)
+
+    def scrub_keys_in(self, area: QWidget) -> None:
+        """Let Left/Right/Space scrub wherever focus is in ``area`` (the workspace), not only on this view."""
+        self.keys.area = area
+
+    def shutdown(self) -> None:
+        """Stop playback and the render thread."""
+        self.stop()
+        self.renderer.close()
+
+    # ----------------------------------------------------------------------------------------- scene
+
+    def _show_scene(self, data: EpisodeData) -> None:
+        """Ask for the re-rendered scene of an episode recorded without a camera (cached, or rendered now)."""
+        if data.images is not None or not data.store:
+            self._scene_key = None
+            self.renderer.cancel()
+            return
+        self._scene_key = (data.store, data.episode_id)
+        scene = self.renderer.request(*self._scene_key)
+        if scene is not None:
+            self.frame.set_scene(scene)
+        else:
+            self.frame.set_progress(0, data.num_steps)
+
+    def _render_progress(self, key, done: int, total: int) -> None:
+        if key == self._scene_key:
+            self.frame.set_progress(done, total)
+
+    def _rendered(self, key, scene: Scene) -> None:
+        if key == self._scene_key:
+            self.frame.set_scene(scene)
+
+    def _render_failed(self, key, reason: str) -> None:
+        if key == self._scene_key:
+            self.frame.set_no_scene(reason)
 
     # ----------------------------------------------------------------------------------------- playback
 
@@ -310,14 +513,3 @@ class EpisodeView(QWidget):
             self.stop()
             return
         self.set_step(self.step + 1)
-
-    def keyPressEvent(self, event):
-        key = event.key()
-        if key == Qt.Key.Key_Left:
-            self.set_step(self.step - 1)
-        elif key == Qt.Key.Key_Right:
-            self.set_step(self.step + 1)
-        elif key == Qt.Key.Key_Space:
-            self.toggle_play()
-        else:
-            super().keyPressEvent(event)

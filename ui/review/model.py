@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.command import COMMAND_AXES
-from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.contract.enums import ActionSource, ControlState, ReviewStatus
 from hg_dagger.contract.labels import certified_windows
 from hg_dagger.contract.schema import EpisodeStart
 from hg_dagger.review.decisions import WindowRow, open_store
@@ -26,9 +26,21 @@ from hg_dagger.review.decisions import _row as window_row  # the one definition 
 from hg_dagger.store import EpisodeInfo, EpisodeStore
 from hg_dagger.ui import style
 
-# ActionSource codes as stored (docs/data-format.md): 0 policy, 1 human, 2 safety_controller, 3 expert, 4 unknown
-SOURCE_COLOURS: dict[int, str] = {0: style.POLICY, 1: style.HUMAN, 2: style.SAFETY, 3: style.EXPERT, 4: style.NEUTRAL}
-SOURCE_NAMES = {0: "policy", 1: "human", 2: "safety", 3: "expert", 4: "unknown"}
+# What each step is on the timeline: its action source (ActionSource codes as stored, docs/data-format.md), except
+# that a safety_controller step says why the controller acted (its control_state): holding position while a
+# request waited for the operator, or blending the hand-back to the policy. Only the rest is "safety".
+STEP_KINDS: dict[str, tuple[str, str]] = {  # kind -> (colour, legend text)
+    "policy": (style.POLICY, "policy"),
+    "human": (style.HUMAN, "human"),
+    "expert": (style.EXPERT, "expert"),
+    "waiting": ("#b3b9c2", "waiting for operator"),
+    "handback": ("#9cb9e6", "hand-back blend"),
+    "safety": (style.SAFETY, "safety"),
+    "unknown": (style.NEUTRAL, "unknown"),
+}
+_SOURCE_KINDS = {ActionSource.POLICY.code: "policy", ActionSource.HUMAN.code: "human",
+                 ActionSource.SAFETY_CONTROLLER.code: "safety", ActionSource.EXPERT.code: "expert"}
+_HOLD_KINDS = {ControlState.HANDOVER_REQUESTED.code: "waiting", ControlState.RETURNING.code: "handback"}
 ANY = ""
 QC_NONE = "no QC"
 PRIVACY_KEY = "privacy"
@@ -176,11 +188,42 @@ def counts(rows: list[ReviewRow]) -> str:
 
 @dataclass
 class Marker:
-    """A point event on the timeline (gate warning/trigger, e-stop, ...)."""
+    """A point event on the timeline (gate warning/trigger, e-stop, a wait for the operator, ...)."""
 
     step: int
     kind: str
     reason: str = ""
+    text: str = ""  # the label drawn on the timeline; empty: the kind's own
+
+
+WAIT_MARKER = "request_end"
+"""Marker kind of a handover request's end (EventKind ``request_end``, its values ``outcome`` and ``wait_s``):
+how long the request waited for the person. Where the simulator paused meanwhile the wait left no rows, and
+this marker is all the timeline shows of it; where the robot held, the held steps read "waiting for operator"."""
+
+
+def wait_text(values: dict[str, Any]) -> str | None:
+    """The timeline label of an event that ended a handover request (``waited 4.2 s for operator``, with
+    ``declined`` or ``expired`` when the person did not take over), or None for any other event. The wall time
+    waited is shown where it was measured, else the control time."""
+    outcome = values.get("outcome")
+    seconds = values.get("wait_wall_s")
+    if seconds is None:
+        seconds = values.get("wait_s")
+    if not isinstance(outcome, str) or isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    text = f"waited {float(seconds):.1f} s for operator"
+    return text if outcome == "answered" else f"{text}, {outcome}"
+
+
+def step_kinds(action_source: np.ndarray, control_state: np.ndarray | None) -> list[str]:
+    """The STEP_KINDS key of every step (see STEP_KINDS for the rule)."""
+    kinds = [_SOURCE_KINDS.get(int(c), "unknown") for c in action_source]
+    if control_state is not None:
+        hold = ActionSource.SAFETY_CONTROLLER.code
+        for t in np.flatnonzero(np.asarray(action_source) == hold):
+            kinds[t] = _HOLD_KINDS.get(int(control_state[t]), "safety")
+    return kinds
 
 
 @dataclass
@@ -206,10 +249,24 @@ class EpisodeData:
     operator: str = ""
     policy_version: str = ""
     privacy: str = ""
+    control_state: np.ndarray | None = None  # (T,) ControlState codes
+    store: str = ""  # the store's url (where a scene is re-rendered from)
+    task_id: str = ""
+    action_description: str = ""  # the task mapping's words on the action (units, scale)
+    action_ranges: list[tuple[float, float]] = field(default_factory=list)  # per dim (low, high), raw units
+
+    @cached_property
+    def kinds(self) -> list[str]:
+        """Each step's STEP_KINDS key."""
+        return step_kinds(self.action_source, self.control_state)
 
     def step_colours(self) -> list[str]:
-        """The timeline colour of each step, by the source of its applied action."""
-        return [SOURCE_COLOURS.get(int(c), style.NEUTRAL) for c in self.action_source]
+        """The timeline colour of each step (STEP_KINDS)."""
+        return [STEP_KINDS[k][0] for k in self.kinds]
+
+    def step_text(self, step: int) -> str:
+        """What the step was, as the legend says it (``waiting for operator``, ``human``, ...)."""
+        return STEP_KINDS[self.kinds[step]][1]
 
     def obs_text(self, step: int) -> str:
         """The step's state observations as readable lines (shown where there is no camera frame)."""
@@ -231,8 +288,8 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
     image_key = next((n for n, s in specs.items() if n.startswith("obs/") and s.dtype == "uint8"
                       and len(s.shape) == 3 and s.shape[-1] == 3), None)
     obs_keys = [n for n, s in specs.items() if n.startswith("obs/") and n != image_key and not s.image]
-    want = [n for n in ("action_source", "applied_action", "policy_action", "expert_action", "human_command")
-            if n in specs]
+    want = [n for n in ("action_source", "control_state", "applied_action", "policy_action", "expert_action",
+                        "human_command") if n in specs]
     arrays = st.read_steps(episode_id, want + obs_keys + ([image_key] if image_key else []))
     n = info.num_steps
     mapping = info.start.mapping or {}
@@ -246,8 +303,18 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
     human_names = list((mapping.get("human") or {}).get("axes") or [])
     human_axes = [COMMAND_AXES.index(ax) if ax in COMMAND_AXES else None for ax in human_names][:dim]
     human_axes += [None] * (dim - len(human_axes))
-    markers = [Marker(int(e.step), e.kind.value, e.reason or "") for e in info.end.events
-               if e.kind.value in MARKER_KINDS and e.step is not None and e.step >= 0]
+    markers = []
+    for e in info.end.events:
+        if e.step is None or e.step < 0:
+            continue
+        waited = wait_text(e.values) if e.kind.value == WAIT_MARKER else None
+        if waited is not None:
+            markers.append(Marker(int(e.step), WAIT_MARKER, e.reason or "", waited))
+        elif e.kind.value in MARKER_KINDS:
+            markers.append(Marker(int(e.step), e.kind.value, e.reason or ""))
+    action = mapping.get("action") or {}
+    lows, highs = list(action.get("low") or []), list(action.get("high") or [])
+    ranges = list(zip(lows, highs, strict=True)) if len(lows) == len(highs) == dim else []
     return EpisodeData(
         episode_id=episode_id, num_steps=n, control_hz=float(info.start.control_hz or 10.0), action_names=names,
         action_source=np.asarray(arrays.get("action_source", np.full(n, 4, np.uint8))),
@@ -258,7 +325,10 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
         obs={k.removeprefix("obs/"): arrays[k] for k in obs_keys}, markers=markers,
         windows=list(st.labels(episode_id).windows), mode=info.start.mode.value, operator=info.start.operator,
         policy_version=info.start.policy_version,
-        privacy=privacy_status(info.start, image_key is not None or any(s.image for s in specs.values())))
+        privacy=privacy_status(info.start, image_key is not None or any(s.image for s in specs.values())),
+        control_state=np.asarray(arrays["control_state"]) if "control_state" in arrays else None, store=st.url,
+        task_id=info.task_id, action_description=str(action.get("description") or ""),
+        action_ranges=[(float(lo), float(hi)) for lo, hi in ranges])
 
 
 def with_window(row: ReviewRow, w: WindowRow) -> ReviewRow:

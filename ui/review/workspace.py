@@ -42,6 +42,7 @@ class ReviewWorkspace(QWidget):
         self.worker = StoreWorker(self)
         self.browser = WindowBrowser()
         self.episode = EpisodeView()
+        self.episode.scrub_keys_in(self)  # Left/Right/Space scrub wherever focus is in the workspace
         self.panel = DecisionPanel(reviewer, self.worker, default_reviewer=default_reviewer)
         self.status = QLabel("")
         self.status.setWordWrap(True)
@@ -235,9 +236,9 @@ class ReviewWorkspace(QWidget):
     # ----------------------------------------------------------------------------------------- lifetime
 
     def shutdown(self) -> None:
-        """Stop playback and the background thread (waits for a read or decision in progress)."""
+        """Stop playback and the background threads (waits for a read or decision in progress)."""
         self._retry.stop()
-        self.episode.stop()
+        self.episode.shutdown()
         self.worker.close()
 
     def closeEvent(self, event):
