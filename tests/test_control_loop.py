@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hg_dagger.contract import EndReason
+from hg_dagger.contract import EndReason, LabelMask
 from hg_dagger.control import live
 from hg_dagger.control.build import build_session
 from hg_dagger.control.loop import ControlLoop
@@ -19,6 +19,8 @@ WAIT = 120.0
 
 
 def toy_builder(store: str, *, operator: str = "synthetic", calibrate: int = 200, **overrides):
+    overrides.setdefault("episode_gap_s", 0)  # episodes back to back (the pause between them: test_session_waiting)
+
     def build():
         cfg = load_run_config(None, "toy_reach", num_envs=1, seed=1, **{"operator.type": operator, **overrides})
         env = make_env("toy_reach", num_envs=1, seed=1)
@@ -100,9 +102,12 @@ def test_pause_estop_and_operator_verdicts(tmp_path, loop_factory):
     infos = EpisodeStore.open(store).episodes()
     reasons = [i.end.end_reason for i in infos]
     assert EndReason.SUCCESS in reasons and EndReason.OPERATOR_ABORT in reasons and EndReason.SAFETY_STOP in reasons
-    discarded = [i for i in infos if "discarded" in i.end.quality_flags]
-    assert len(discarded) == 1
-    assert list(validate_store(EpisodeStore.open(store))) == []
+    st = EpisodeStore.open(store)
+    discarded = [i for i in infos if any(e.values.get("discarded") for e in i.end.events)]
+    assert len(discarded) == 1 and discarded[0].end.end_reason == EndReason.OPERATOR_ABORT
+    layer = st.labels(discarded[0].episode_id)  # undoable in the sitting: a label layer keeps it out of training
+    assert layer.author.startswith("operator:") and not (layer.mask == LabelMask.TRAINABLE.code).any()
+    assert list(validate_store(st)) == []
 
 
 def test_a_build_error_is_shown_not_raised(tmp_path, loop_factory):

@@ -126,6 +126,7 @@ class EventKind(str, Enum):
     HEARTBEAT_LOSS = "heartbeat_loss"
     NOTE = "note"
     WINDOW_CLOSED = "window_closed"  # a correction window's bounds and ids, recorded as it closes (kept by a killed run)
+    REQUEST_END = "request_end"  # a handover request ended: values outcome answered|declined|expired and the wait
 
 
 class StepFlag(int, Enum):

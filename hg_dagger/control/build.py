@@ -80,7 +80,7 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     return Session(env, student, recorder, gates=gates, handover=machine, safety=safety, operator=operator,
                    expert=expert, latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene,
                    seed=cfg.seed, iteration=cfg.iteration, realtime=cfg.realtime,
-                   max_episode_steps=cfg.max_episode_steps,
+                   max_episode_steps=cfg.max_episode_steps, episode_gap_s=cfg.episode_gap_s,
                    gate_config_extra={"operator_config": op.model_dump(mode="json")},
                    episode_extra={**_robot_metadata(env), **(extra or {})})
 
@@ -89,7 +89,7 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
                  extra: dict[str, Any] | None = None) -> Session:
     """The session a run config describes, recording into ``store_url`` (created if missing): the env, the
     student (a fresh, untrained one when no checkpoint is given), a recorder, and the confidence gate
-    calibrated if the config asks. The caller closes ``session.rec`` and then ``session.env``."""
+    calibrated at start-up if the config asks and the student brings no thresholds of its own. The caller closes ``session.rec`` and then ``session.env``."""
     env = make_run_env(cfg)  # bad task, robot or checkpoint: fail before the store (and before loading torch)
     try:
         cfg = _follow_robot(cfg, env)
@@ -110,9 +110,14 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
     rec = store.recorder()
     try:
         session = build_session(cfg, rec, student, env=env, extra=extra)
-        if cfg.calibrate_steps:
+        if session.student_has_thresholds:  # the student's own thresholds: no start-up calibration
+            log.info("%s", session.notice)
+        elif cfg.calibrate_steps:
             cal = session.calibrate(cfg.calibrate_steps)
-            log.info("confidence gate calibrated: %s", cal if cal else "too few samples, thresholds unchanged")
+            if cal is None:
+                log.info("confidence gate not calibrated: too few samples, thresholds unchanged")
+            elif not cal.get("refused"):
+                log.info("confidence gate calibrated at start-up: warn %.3g, trigger %.3g", cal["warn"], cal["trigger"])
     except BaseException:
         rec.close()
         env.close()

@@ -50,6 +50,8 @@ class Calibration(_Strict):
 
     target_rate: float = Field(gt=0.0, lt=1.0)
     warn_rate: float | None = Field(default=None, gt=0.0, lt=1.0, description="warn quantile rate; default 2 x target")
+    warn_band: float = Field(default=0.2, gt=0.0, lt=1.0, description="the warning sits at least this fraction of "
+                             "the trigger below it, so amber always comes before a request")
     min_samples: int = Field(default=200, ge=1)
     window: int = Field(default=5000, ge=1, description="recent autonomous steps kept for calibration")
 
@@ -128,6 +130,11 @@ GateSpec = Annotated[
 ]
 
 
+GRACE_TYPES = ("confidence", "risk", "progress_stall")
+"""Gates that predict trouble and so may wait a moment after a reset or a hand-back; the gates that see it
+(constraint, signal, policy_failed) and the operator's own takeover are never delayed."""
+
+
 class GateConfig(_Strict):
     """configs/gates/<name>.yaml (kind: gates): the gates in force for a task and scene."""
 
@@ -135,6 +142,10 @@ class GateConfig(_Strict):
     task: str = ""
     scene: str = ""
     gates: list[GateSpec] = Field(default_factory=list)
+    grace_after_reset_s: float = Field(default=0.0, ge=0.0, description="control time after an episode begins "
+                                       "before the confidence, risk and stall gates may ask for the person")
+    grace_after_handback_s: float = Field(default=0.0, ge=0.0, description="the same after control came back "
+                                          "to the policy (hand-back, or a declined or expired request)")
 
     @model_validator(mode="after")
     def _unique(self) -> GateConfig:
@@ -411,6 +422,35 @@ _IMPLS = {"confidence": _Confidence, "risk": _Risk, "progress_stall": _Stall, "c
           "policy_failed": _Failed, "operator": _Operator}
 
 
+def _steps(seconds: float, step_dt: float) -> int:
+    return int(np.ceil(seconds / step_dt - 1e-9)) if seconds > 0 and step_dt > 0 else 0
+
+
+class CalibrationRefused(ValueError):
+    """The samples cannot set a usable gate (no spread, nothing finite): the gate keeps its thresholds."""
+
+
+def quantile_thresholds(scores: np.ndarray, cal: Calibration) -> dict[str, Any]:
+    """The quantile rule with a warning that leads: trigger = the (1 - target_rate) quantile of ``scores``, warn
+    the lower of the (1 - warn_rate) quantile and trigger x (1 - warn_band), so the band is never empty. The
+    measured spread comes with it (min, p50, p90, max), and the result must lie inside it: samples without
+    spread or a trigger outside the range they span are refused (CalibrationRefused names why)."""
+    u = np.asarray(scores, np.float64)
+    u = u[np.isfinite(u)]
+    if u.size == 0:
+        raise CalibrationRefused("no finite samples")
+    lo, hi = float(u.min()), float(u.max())
+    spread = {"min": lo, "p50": float(np.quantile(u, 0.5)), "p90": float(np.quantile(u, 0.9)), "max": hi}
+    trig = calibrate_threshold(u, cal.target_rate)
+    warn = min(calibrate_threshold(u, cal.warn_rate or min(0.99, 2 * cal.target_rate)), trig * (1 - cal.warn_band))
+    if hi - lo <= 1e-6 * max(1.0, abs(hi)):
+        raise CalibrationRefused(f"the {u.size} samples do not vary (all {hi:.3g}): no quantile separates them")
+    if not (lo <= trig <= hi) or trig <= 0:
+        raise CalibrationRefused(f"trigger {trig:.3g} lies outside the measured range {lo:.3g}..{hi:.3g}")
+    return {"trigger": trig, "warn": max(warn, 0.0), "samples": int(u.size), "target_rate": cal.target_rate,
+            "uncertainty": spread}
+
+
 def calibrate_threshold(uncertainty: np.ndarray, target_rate: float) -> float:
     """ThriftyDAgger's quantile rule: the threshold above which ``target_rate`` of the samples lie."""
     u = np.asarray(uncertainty, np.float64)
@@ -439,6 +479,11 @@ class GateEngine:
             specs.append(OperatorGate(name="operator"))  # an operator can always take over
         self.gates: list[_Gate] = [_IMPLS[g.type](g, num_envs, step_dt, action_dim) for g in specs]
         k = len(self.gates)
+        self.step_dt = step_dt
+        self._graced = np.array([g.spec.type in GRACE_TYPES for g in self.gates], bool)[:, None]
+        self._grace_steps = {"reset": _steps(config.grace_after_reset_s, step_dt),
+                             "handback": _steps(config.grace_after_handback_s, step_dt)}
+        self.grace_until = np.zeros(num_envs, np.int64)  # episode step from which the graced gates may rise again
         self.gate_level = np.zeros((k, num_envs), np.uint8)
         self.pending = np.zeros((k, num_envs), np.int32)  # consecutive ticks a rise has held
         self.level = np.zeros(num_envs, np.uint8)
@@ -487,24 +532,29 @@ class GateEngine:
         if self.confidence is not None:
             self.confidence.observe(np.asarray(uncertainty, np.float32).ravel())
 
-    def calibrate(self, uncertainty: np.ndarray | None = None) -> dict[str, float] | None:
-        """Set the confidence gate's thresholds by the quantile rule from ``uncertainty`` (or the recent
-        autonomous samples). Returns the new thresholds, or None when there are too few samples."""
+    def calibrate(self, uncertainty: np.ndarray | None = None) -> dict[str, Any] | None:
+        """Set the confidence gate's thresholds by the quantile rule (``quantile_thresholds``) from
+        ``uncertainty`` (or the recent autonomous samples). Returns the new thresholds, None when there are
+        too few samples, or, when the samples cannot set a usable gate, the thresholds in force unchanged
+        with ``refused`` saying why."""
         g = self.confidence
         if g is None or g.spec.calibration is None:
             raise ConfigError("calibration needs a confidence gate with a 'calibration' section")
-        cal = g.spec.calibration
         if uncertainty is None:
             uncertainty = g.recent[: min(g.recent_n, g.recent.size)]
-        u = np.asarray(uncertainty, np.float32)
-        u = u[np.isfinite(u)]
-        if u.size < cal.min_samples:
-            return None
-        trig = calibrate_threshold(u, cal.target_rate)
-        warn = calibrate_threshold(u, cal.warn_rate or min(0.99, 2 * cal.target_rate))
-        trig = max(trig, 1e-9)
-        self.set_threshold(g.name, trigger=trig, warn=min(warn, trig))
-        return {"trigger": trig, "warn": min(warn, trig), "samples": int(u.size), "target_rate": cal.target_rate}
+        return self.calibrate_gate(g.name, uncertainty)
+
+    def adopt(self, stored: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Thresholds stored with a student (``{"confidence": {"trigger", "warn", ...}}``, see
+        policy.checkpoint): set them on the gates of those types. Returns what was set (None: nothing stored)."""
+        done = {}
+        for g in self.gates:
+            thr = (stored or {}).get(g.spec.type)
+            if isinstance(thr, dict) and thr.get("trigger"):
+                self.set_threshold(g.name, trigger=float(thr["trigger"]),
+                                   warn=None if thr.get("warn") is None else float(thr["warn"]))
+                done[g.name] = {"trigger": g.trigger, "warn": g.warn}
+        return done or None
 
     def calibrate_gate(self, name: str, scores: np.ndarray) -> dict[str, float] | None:
         """The quantile rule for any gate with a 'calibration' section (e.g. a risk gate): its trigger becomes
@@ -519,18 +569,27 @@ class GateEngine:
         u = u[np.isfinite(u)]
         if u.size < cal.min_samples:
             return None
-        trig = max(calibrate_threshold(u, cal.target_rate), 1e-9)
-        warn = min(calibrate_threshold(u, cal.warn_rate or min(0.99, 2 * cal.target_rate)), trig)
-        self.set_threshold(name, trigger=trig, warn=warn)
-        return {"trigger": trig, "warn": warn, "samples": int(u.size), "target_rate": cal.target_rate}
+        try:
+            res = quantile_thresholds(u, cal)
+        except CalibrationRefused as exc:
+            return {"trigger": g.trigger, "warn": g.warn, "samples": int(u.size), "target_rate": cal.target_rate,
+                    "refused": f"gate {name!r}: calibration refused ({exc}); thresholds kept (warn {g.warn}, "
+                               f"trigger {g.trigger})"}
+        self.set_threshold(name, trigger=res["trigger"], warn=res["warn"])
+        return res
 
     # ---- per-env state ---------------------------------------------------------------------
 
-    def rearm(self, rows) -> None:
-        """Clear levels, debounce counters and gate histories (episode start, or the policy is back)."""
+    def rearm(self, rows, *, grace: str | None = None, step: np.ndarray | int | None = None) -> None:
+        """Clear levels, debounce counters and gate histories (episode start, or the policy is back). ``grace``
+        "reset" or "handback" with the rows' current episode ``step``: the GRACE_TYPES gates stay quiet for the
+        configured grace period from there."""
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return
+        if grace is not None:
+            at = np.broadcast_to(np.asarray(0 if step is None else step, np.int64), (self.n,))[rows]
+            self.grace_until[rows] = at + self._grace_steps[grace]
         self.gate_level[:, rows] = OK
         self.pending[:, rows] = 0
         self.level[rows] = OK
@@ -559,6 +618,11 @@ class GateEngine:
         s = self._scores
         up = np.where(s >= self.trig, TRIGGER, np.where(s >= self.warn_t, WARN, OK)).astype(np.uint8)
         hold = np.where(s >= self.trig_clear, TRIGGER, np.where(s >= self.warn_clear, WARN, OK)).astype(np.uint8)
+        quiet = np.asarray(inp.step, np.int64) < self.grace_until
+        if quiet.any():  # within a grace period: the predicting gates may not rise yet
+            held = self._graced & quiet[None, :]
+            up[held] = OK
+            hold[held] = OK
         cur = self.gate_level
         target = np.maximum(up, np.minimum(cur, hold))
         rising = target > cur

@@ -5,7 +5,10 @@ from any state. One machine drives ``num_envs`` envs; per-env state lives in num
 tick (nothing changes) costs a few vector operations.
 
 Rules that live here:
-- While waiting for the person the env runs the policy, holds position, or is paused (``wait``).
+- While waiting for the person the env runs the policy, holds position, or is paused (``wait``; ``auto``: pause a
+  local simulator, hold a robot, resolved by ``resolve_wait``). A request ends only by the person taking over
+  (answered), declining it (declined: the student goes on), the wait limit (expired; off by default) or the end of
+  the episode (expired): each ending is one ``RequestEnd`` with the ticks waited.
 - t_handover is the t_action_apply of the first step whose applied action carried the operator's command.
 - Switches never jump: the applied action blends (or ramps) from the last applied action to the new source
   over ``transition_ticks``; blended steps carry StepFlag.INTERPOLATED, and blended human steps also
@@ -60,16 +63,54 @@ class AutoReturn(_Strict):
 
 
 class HandoverConfig(_Strict):
-    wait: Literal["pause", "hold", "policy"] = "hold"
+    wait: Literal["auto", "pause", "hold", "policy"] = Field(
+        default="hold", description="while a request waits for the person: pause the simulator (nothing is stepped "
+        "or recorded), hold position (stepped and recorded; on a robot its clock runs), or keep the policy running; "
+        "auto: pause a local simulator with one env driven by a person's device, else hold")
     transition: Literal["blend", "ramp", "none"] = "blend"
     transition_ticks: int = Field(default=3, ge=0, description="blend length; for ramp, the most ticks before it snaps")
     ramp_max_delta: float = Field(default=0.2, gt=0, description="ramp: largest change per tick and dim")
     return_on_release: bool = True
     auto_return: AutoReturn = Field(default_factory=AutoReturn)
     on_device_loss: Literal["hold", "stop"] = "hold"
-    wait_timeout_s: float | None = Field(default=None, gt=0, description="SAFE_STOP when nobody takes over in time")
+    wait_timeout_s: float | None = Field(default=None, gt=0, description="the wait limit: a request nobody takes "
+                                         "over within this much control time expires (None: it waits for the person)")
+    on_wait_timeout: Literal["stop", "policy"] = Field(
+        default="stop", description="what an expired request does: SAFE_STOP (the episode ends as a safety stop) or "
+        "let the student go on, as a declined request does")
     context_before: int = Field(default=25, ge=0)
     context_after: int = Field(default=25, ge=0)
+
+
+def resolve_wait(cfg: HandoverConfig, *, world_clock: str, num_envs: int, person: bool) -> HandoverConfig:
+    """``wait: auto`` made concrete: a local simulator with one env, answered by a person at a device, pauses while
+    a request waits (the world waits for the person); a robot (``world_clock`` "live") or a batch of envs holds
+    position, and so does a scripted operator (its timing is in ticks, and one that never answers must not stop
+    a headless run for good)."""
+    if cfg.wait != "auto":
+        return cfg
+    wait = "pause" if world_clock != "live" and num_envs == 1 and person else "hold"
+    return cfg.model_copy(update={"wait": wait})
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """How one handover request ended: ``outcome`` answered | declined | expired, ``why`` the cause
+    (operator_engaged, declined, wait_limit, episode_end, estop), ``wait_ticks`` the ticks it waited (paused or
+    not), ``t_request`` when it was made (monotonic ns), ``step`` the episode step it was made at."""
+
+    row: int
+    outcome: str
+    why: str
+    wait_ticks: int
+    t_request: int
+    step: int
+    reason: str  # the gate (or device_lost) that asked
+
+    def values(self, step_dt: float, t_ns: int) -> dict:
+        wall = (t_ns - self.t_request) / 1e9 if self.t_request != NO_TIME else None
+        return {"outcome": self.outcome, "wait_ticks": self.wait_ticks, "wait_s": self.wait_ticks * step_dt,
+                "wait_wall_s": wall, "requested_step": self.step, "gate_reason": self.reason}
 
 
 @dataclass
@@ -86,6 +127,7 @@ class TickInputs:
     gate_trip: list[dict] | None = None  # per row {"reason", "values"} of the last gate edge
     t_warn: np.ndarray | None = None
     t_gate: np.ndarray | None = None
+    decline: np.ndarray | None = None  # bool [N] the person let the student go on (DeclineRequest)
 
 
 @dataclass
@@ -96,6 +138,7 @@ class Decision:
     rearm: np.ndarray  # int64 rows whose gates must be re-armed (policy fully back)
     device_lost: np.ndarray  # bool [N] lost the device while in control this tick
     transitions: list[tuple[int, int, int, str]] = field(default_factory=list)  # (row, from, to, why)
+    requests_ended: list[RequestEnd] = field(default_factory=list)
 
 
 @dataclass
@@ -133,8 +176,12 @@ class HandoverMachine:
         self._in_control = EXPERT if operator == "expert" else HUMAN
         self._src_operator = SRC_EXPERT if operator == "expert" else SRC_HUMAN
         self.state = np.full(num_envs, AUTO, np.uint8)
-        self.wait_since = np.zeros(num_envs, np.int64)
+        self.wait_since = np.zeros(num_envs, np.int64)  # episode step the open request was made at
+        self.wait_ticks = np.zeros(num_envs, np.int64)  # ticks the open request has waited (paused or not)
+        self.t_request = np.full(num_envs, NO_TIME, np.int64)
+        self.request_reason = [""] * num_envs  # the gate (or device_lost) that made the open request
         self.paused_ticks = np.zeros(num_envs, np.int64)  # ticks waited with the env paused (no step)
+        self._ended: list[RequestEnd] = []  # requests ended outside update() (finish), handed out by take_requests
         self.agree_count = np.zeros(num_envs, np.int32)
         self.force_hold = np.zeros(num_envs, bool)
         self.trans_left = np.zeros(num_envs, np.int32)
@@ -178,13 +225,18 @@ class HandoverMachine:
 
     def update(self, x: TickInputs) -> Decision:
         if self._quiet(x):  # the common tick: the policy is in control everywhere and nothing asks for a change
-            return Decision(self.state.copy(), self._all_policy.copy(), self._no_rows.copy(), _EMPTY, self._no_rows.copy(), [])
+            return Decision(self.state.copy(), self._all_policy.copy(), self._no_rows.copy(), _EMPTY, self._no_rows.copy(), [],
+                            self.take_requests())
         st = self.state
         before = st.copy()
         transitions: list[tuple[int, int, int, str]] = []
         device_lost = np.zeros(self.n, bool)
+        ended: list[RequestEnd] = self.take_requests()
 
         def go(r: int, to: int, why: str) -> None:
+            if st[r] == REQUESTED and to != REQUESTED:
+                outcome = {"operator_engaged": "answered", "declined": "declined"}.get(why, "expired")
+                ended.append(self._request_end(r, outcome, "wait_limit" if why == "no_operator" else why))
             transitions.append((r, int(st[r]), to, why))
             st[r] = to
 
@@ -202,8 +254,7 @@ class HandoverMachine:
             t_gate = int(x.t_gate[r]) if x.t_gate is not None else x.t_ns
             t_warn = int(x.t_warn[r]) if x.t_warn is not None else t_gate
             self.open[r] = _Open(int(x.step[r]), trip.get("reason", "gate"), t_warn, t_gate, self.open_source())
-            self.wait_since[r] = x.step[r]
-            self.paused_ticks[r] = 0
+            self._request(r, int(x.step[r]), x.t_ns)
             go(r, REQUESTED, f"gate:{trip.get('reason', 'gate')}")
         warn_rows = armed & (lvl == _GATE_WARN) & (st == AUTO)
         ok_rows = armed & (lvl == 0) & (st == WARNING)
@@ -224,8 +275,7 @@ class HandoverMachine:
                 go(r, SAFE_STOP, "device_lost")
             else:
                 self.open[r] = _Open(int(x.step[r]), "device_lost", x.t_ns, x.t_ns, self.open_source())
-                self.wait_since[r] = x.step[r]
-                self.paused_ticks[r] = 0
+                self._request(r, int(x.step[r]), x.t_ns)
                 self.force_hold[r] = True
                 go(r, REQUESTED, "device_lost")
         ar = self.cfg.auto_return
@@ -245,6 +295,12 @@ class HandoverMachine:
                 go(r, AUTO, why)
 
         # waiting for the operator (including rows that started waiting this tick)
+        if x.decline is not None:  # the person lets the student go on: the request ends, nothing was corrected
+            for r in np.flatnonzero((st == REQUESTED) & x.decline):
+                r = int(r)
+                self.open[r] = None
+                self.force_hold[r] = False
+                go(r, AUTO, "declined")
         waiting = st == REQUESTED
         take = waiting & x.engaged & x.device_ok
         take &= ~device_lost  # a device lost this tick cannot take over in the same tick
@@ -258,30 +314,59 @@ class HandoverMachine:
             if self.cfg.transition != "none" and self.cfg.transition_ticks > 0:
                 self._start_transition(r, to_operator=True)
             go(r, self._in_control, "operator_engaged")
+        still = (st == REQUESTED) & (before == REQUESTED)
+        self.wait_ticks[still] += 1
         if self.cfg.wait == "pause":
-            self.paused_ticks[(st == REQUESTED) & ~self.force_hold & (before == REQUESTED)] += 1
+            self.paused_ticks[still & ~self.force_hold] += 1
         if self.cfg.wait_timeout_s is not None:
-            waited = (x.step - self.wait_since + self.paused_ticks) * self.step_dt
-            late = (st == REQUESTED) & (waited >= self.cfg.wait_timeout_s)
+            late = (st == REQUESTED) & (self.wait_ticks * self.step_dt >= self.cfg.wait_timeout_s)
             for r in np.flatnonzero(late):
-                self.open[int(r)] = None
-                go(int(r), SAFE_STOP, "no_operator")
+                r = int(r)
+                self.open[r] = None
+                self.force_hold[r] = False
+                if self.cfg.on_wait_timeout == "policy":
+                    go(r, AUTO, "no_operator")
+                else:
+                    go(r, SAFE_STOP, "no_operator")
 
         # a finished return blend hands over to the policy fully
         done = (before == RETURNING) & (st == RETURNING) & (self.trans_left <= 0)
         for r in np.flatnonzero(done):
             go(int(r), AUTO, "returned")
-        rearm = np.array([r for r, f, t, _ in transitions if t == AUTO and f in (RETURNING, HUMAN, EXPERT)], np.int64)
+        rearm = np.array([r for r, f, t, _ in transitions if t == AUTO and f in (RETURNING, HUMAN, EXPERT, REQUESTED)],
+                         np.int64)
 
         source = np.full(self.n, SRC_POLICY, np.uint8)
         source[st == self._in_control] = self._src_operator
         hold_wait = (st == REQUESTED) & (self.force_hold | (self.cfg.wait != "policy"))
         source[hold_wait | (st == SAFE_STOP) | device_lost] = SRC_HOLD
         paused = (st == REQUESTED) & ~self.force_hold & (self.cfg.wait == "pause")
-        return Decision(st.copy(), source, paused, rearm, device_lost, transitions)
+        return Decision(st.copy(), source, paused, rearm, device_lost, transitions, ended)
 
     def _quiet(self, x: TickInputs) -> bool:
-        return not (self.state.any() or x.gate_level.any() or x.estop.any())  # AUTO is code 0
+        return not (self.state.any() or x.gate_level.any() or x.estop.any() or self._ended)  # AUTO is code 0
+
+    def _request(self, r: int, step: int, t_ns: int) -> None:
+        w = self.open[r]
+        self.request_reason[r] = w.reason if w is not None else ""
+        self.wait_since[r] = step
+        self.wait_ticks[r] = 0
+        self.paused_ticks[r] = 0
+        self.t_request[r] = t_ns
+
+    def _request_end(self, r: int, outcome: str, why: str) -> RequestEnd:
+        return RequestEnd(row=r, outcome=outcome, why=why, wait_ticks=int(self.wait_ticks[r]),
+                          t_request=int(self.t_request[r]), step=int(self.wait_since[r]),
+                          reason=self.request_reason[r])
+
+    def take_requests(self) -> list[RequestEnd]:
+        """Requests that ended outside ``update`` (their episode ended while they waited) and were not handed out."""
+        out, self._ended = self._ended, []
+        return out
+
+    def waiting_s(self, row: int) -> float | None:
+        """Control time the open request of ``row`` has waited (None without one)."""
+        return float(self.wait_ticks[row] * self.step_dt) if self.state[row] == REQUESTED else None
 
     def open_source(self) -> ActionSource:
         return ActionSource.EXPERT if self.operator == "expert" else ActionSource.HUMAN
@@ -353,6 +438,8 @@ class HandoverMachine:
                ) -> tuple[list[CorrectionWindow], RecoveryOutcome]:
         """Close the episode in ``row``: its correction windows and the episode's recovery outcome."""
         w = self.open[row]
+        if self.state[row] == REQUESTED:  # the episode ended while its request waited: it expired
+            self._ended.append(self._request_end(row, "expired", "episode_end"))
         if w is not None and w.start >= 0:
             w.end, w.cause = num_steps, "episode_end"
             self.closed[row].append(w)

@@ -29,6 +29,7 @@ from hg_dagger.errors import HgDaggerError
 log = logging.getLogger(__name__)
 
 _WINDOW = 256  # ticks in the health window
+DEFAULT_EPISODE_GAP_S = 2.0  # a live front end's pause before a queued episode begins (run config episode_gap_s)
 
 
 class _Health:
@@ -72,7 +73,7 @@ class ControlLoop:
 
     def __init__(self, build: Callable[[], Any], *, rate_hz: float | None = None, view_size: int = 256,
                  view_hz: float = 30.0, store: str = "", name: str = "hg-dagger-control",
-                 slot: live.LatestSlot | None = None, commands=None):
+                 slot: live.LatestSlot | None = None, commands=None, episode_gap_s: float | None = None):
         self._build = build
         self._rate_hz = rate_hz
         self.view_size = view_size
@@ -90,7 +91,9 @@ class ControlLoop:
         self._frame: np.ndarray | None = None
         self._last_frame_ns = 0
         self._message = ""
-        self._discarded = 0
+        self._episode_gap_s = episode_gap_s  # None: the run config's, else DEFAULT_EPISODE_GAP_S
+        self._discards: list[str] = []  # episodes discarded in this sitting, oldest first (UndoDiscard takes back)
+        self.actions = None  # StoreActions: the label layers per-episode commands write, off the control thread
         self._per_version: dict[str, dict[str, int]] = {}  # policy_version -> what it did, in order of first use
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
 
@@ -120,14 +123,24 @@ class ControlLoop:
 
     def run(self) -> None:
         """The loop itself, in the calling thread (``start`` runs it in a thread of its own)."""
+        self._seq += 1
+        self.slot.publish(live.Snapshot(seq=self._seq, phase="loading", loading=True, store=self.store,
+                                        message="loading the task and the student"))
         try:
             self.session = self._build()
         except Exception as exc:  # noqa: BLE001 - shown to the operator, the thread ends
             self.error = _describe(exc)
             log.error("could not start the session: %s", self.error)
-            self.slot.publish(live.Snapshot(seq=1, phase="error", message=self.error, store=self.store))
+            self._seq += 1
+            self.slot.publish(live.Snapshot(seq=self._seq, phase="error", message=self.error, store=self.store))
             return
         s = self.session
+        gap = self._episode_gap_s if self._episode_gap_s is not None else s.live_episode_gap_s
+        s.episode_gap_s = DEFAULT_EPISODE_GAP_S if gap is None else float(gap)
+        self._message = s.notice
+        from hg_dagger.control.store_actions import StoreActions
+
+        self.actions = StoreActions(self.store or _store_url(s.rec), s.operator_name)
         _single_threaded_torch()
         self._warm_up()
         m = s.mapping
@@ -157,6 +170,10 @@ class ControlLoop:
         finally:
             self._shutdown()
 
+    def settled(self) -> bool:
+        """No store action (discard, undo, flag) is still waiting to be written (tests, scripts)."""
+        return self.actions is None or not self.actions.busy
+
     def _warm_up(self) -> None:
         """The first render (a GL context) and the first student call (torch's lazy setup) happen before
         the schedule starts, so they never show up as a late first tick."""
@@ -169,6 +186,8 @@ class ControlLoop:
 
     def _one_tick(self) -> None:
         s = self.session
+        for line in self.actions.take_messages():
+            self._message = line
         version, before = s.student.version, self._counts()  # the student acting now (a swap waits)
         for cmd in self.commands.drain():
             self._handle(cmd)
@@ -214,6 +233,8 @@ class ControlLoop:
             try:
                 if s is not None:
                     s.rec.close()
+                if self.actions is not None:  # every episode is committed now: write what still waits
+                    self.actions.close()
             finally:
                 if s is not None:
                     s.env.close()
@@ -239,16 +260,27 @@ class ControlLoop:
                     self._paused = False
                 case live.Pause(paused=p):
                     self._paused = p
-                case live.ResetEpisode():
-                    self._end(EndReason.ENV_RESET, False)
-                case live.AbortEpisode():
-                    self._end(EndReason.OPERATOR_ABORT, False)
-                case live.MarkOutcome(success=ok):
-                    self._end(EndReason.SUCCESS if ok else EndReason.FAILURE, ok)
-                case live.DiscardEpisode(reason=why):
-                    if s.running:
-                        s.discard_episode(0, why)
-                        self._discarded += 1
+                case live.ResetEpisode(episode_id=eid):
+                    self._end(EndReason.ENV_RESET, False, eid, "reset")
+                case live.AbortEpisode(episode_id=eid):
+                    self._end(EndReason.OPERATOR_ABORT, False, eid, "abort")
+                case live.MarkOutcome(success=ok, episode_id=eid):
+                    self._end(EndReason.SUCCESS if ok else EndReason.FAILURE, ok, eid,
+                              "mark success" if ok else "mark failure")
+                case live.DiscardEpisode(reason=why, episode_id=eid):
+                    self._discard(eid, why)
+                case live.UndoDiscard(episode_id=eid):
+                    self._undo_discard(eid)
+                case live.DeclineRequest():
+                    if not s.decline():
+                        raise HgDaggerError("no request is waiting for the person")
+                case live.HoldStarts(hold=h):
+                    s.hold_starts(h)
+                case live.FlagCorrection(window_id=wid, reason=why):
+                    if not wid:
+                        raise HgDaggerError("no correction to flag yet")
+                    self.actions.flag(wid, why or "flagged by the operator", s.window_episode.get(wid, ""))
+                    self._message = f"flagging correction {wid[:12]} as bad..."
                 case live.EStop(source=src, reason=why):
                     s.estop(src, why)
                 case live.ClearEStop(by=who):
@@ -275,9 +307,44 @@ class ControlLoop:
             self._message = str(exc)
             log.warning("%s: %s", type(cmd).__name__, exc)
 
-    def _end(self, reason: EndReason, success: bool) -> None:
-        if self.session.running:
-            self.session.end_episode(0, reason, success)
+    def _row_of(self, episode_id: str | None) -> int | None:
+        """The env row running ``episode_id`` (None: the watched row, if it runs an episode); None if it runs
+        nowhere (it ended, or never ran here)."""
+        eids = self.session.eids
+        if episode_id is None:
+            return 0 if eids[0] is not None else None
+        return eids.index(episode_id) if episode_id in eids else None
+
+    def _end(self, reason: EndReason, success: bool, episode_id: str | None, what: str) -> None:
+        """End exactly the named episode (None: the watched one); an episode that already ended is refused."""
+        row = self._row_of(episode_id)
+        if row is None:
+            if episode_id is None:
+                return  # nothing runs: nothing to end
+            raise HgDaggerError(f"episode {episode_id[:12]} has already ended; {what} applies only to a running "
+                                "episode (its record stays as it ended)")
+        self.session.end_episode(row, reason, success)
+
+    def _discard(self, episode_id: str | None, reason: str) -> None:
+        """Discard exactly the named episode: a running one ends now; an ended one is discarded all the same.
+        Either way a label layer keeps it out of training (StoreActions), undoable in this sitting."""
+        row = self._row_of(episode_id)
+        if row is not None:
+            episode_id = self.session.discard_episode(row, reason, final=False)
+        elif episode_id is None:
+            raise HgDaggerError("no running episode to discard; name the episode")
+        if episode_id in self._discards:
+            raise HgDaggerError(f"episode {episode_id[:12]} is already discarded")
+        self._discards.append(episode_id)
+        self.actions.discard(episode_id, reason or "discarded")
+        self._message = f"discarding episode {episode_id[:12]}..."
+
+    def _undo_discard(self, episode_id: str) -> None:
+        if episode_id not in self._discards:
+            raise HgDaggerError(f"episode {episode_id[:12]} was not discarded in this sitting; nothing to undo")
+        self._discards.remove(episode_id)
+        self.actions.undo(episode_id)
+        self._message = f"undoing the discard of episode {episode_id[:12]}..."
 
     def _swap_student(self, path: str, calibration: tuple[float, ...]) -> None:
         """A new student from the next episode on (closing the previous student's round), with the
@@ -287,9 +354,17 @@ class ControlLoop:
         s = self.session
         student = Student.load(path, s.mapping)
         s.set_student(student)
+        conf = student.gate_thresholds.get("confidence")
+        if conf:  # its own thresholds, set when it starts acting
+            self._message = (f"new student {student.version} with its own confidence thresholds (warn "
+                             f"{conf.get('warn', float('nan')):.3g}, trigger {conf.get('trigger', float('nan')):.3g})")
+            return
         cal = None
         if calibration and s.gates.confidence is not None and s.gates.confidence.spec.calibration is not None:
             cal = s.gates.calibrate(np.asarray(calibration, np.float32))
+        if cal is not None and cal.get("refused"):
+            self._message = f"new student {student.version}; {cal['refused']}"
+            return
         self._message = f"new student {student.version}" + (
             f", confidence gate recalibrated (trigger {cal['trigger']:.3g})" if cal else "")
 
@@ -328,7 +403,8 @@ class ControlLoop:
         counters = live.Counters(episodes=sm.episodes, successes=sm.successes, windows=sm.windows,
                                  human_steps=sm.human_steps, gate_triggers=sm.gate_triggers,
                                  context_switches=sm.context_switches, estops=sm.estops, steps=sm.steps,
-                                 discarded=self._discarded)
+                                 discarded=len(self._discards), requests_answered=sm.requests_answered,
+                                 requests_declined=sm.requests_declined, requests_expired=sm.requests_expired)
         safety = s.safety
         estop = (safety.estop_source or "", safety.estop_reason or "") if safety.estopped else None
         if phase is None:
@@ -363,8 +439,17 @@ class ControlLoop:
             action_names=tuple(s.mapping.action.names), episode_id=s.eids[0],
             policy_version=s.student.version, estop=estop, counters=counters, health=health,
             device=s.device_state(), frame=self._frame, store=self.store, operator=s.operator_name,
-            rounds=tuple(self.rounds()), observation=_row_obs(s), **kw)
+            rounds=tuple(self.rounds()), observation=_row_obs(s), request_wait_s=s.request_wait_s(0),
+            ended_episode_id=s.ended_ids[0], last_window_id=s.last_window_id,
+            discarded_this_sitting=tuple(self._discards), starts_held=s.starts_held,
+            next_start_in_s=s.next_start_in_s(), **kw)
         self.slot.publish(snap)
+
+
+def _store_url(rec) -> str:
+    """The store a session's recorder writes to."""
+    store = getattr(rec, "_store", None)
+    return str(getattr(store, "url", "")) if store is not None else ""
 
 
 def _single_threaded_torch() -> None:

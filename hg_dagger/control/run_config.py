@@ -88,6 +88,9 @@ class RunConfig(_Strict):
     latency_budget_ms: float | None = Field(default=None, gt=0, description="obs-to-apply latency above which a step "
                                             "is flagged latency_exceeded (excluded from labels)")
     realtime: bool = Field(default=False, description="pace ticks at the task's control rate (live devices)")
+    episode_gap_s: float | None = Field(default=None, ge=0, description="live front ends (the app): a pause "
+                                        "before each queued episode begins, so the person can breathe; None: "
+                                        "the front end's default (the app: 2 s). A headless run never waits")
     robot: RobotConfig | None = Field(default=None, description="drive a robot over the bridge instead of a "
                                       "local simulator")
 

@@ -35,6 +35,7 @@ from hg_dagger.control.handover import (
     AUTO,
     EXPERT,
     HUMAN,
+    REQUESTED,
     SAFE_STOP,
     SRC_EXPERT,
     SRC_HOLD,
@@ -42,7 +43,9 @@ from hg_dagger.control.handover import (
     SRC_POLICY,
     WARNING,
     HandoverMachine,
+    RequestEnd,
     TickInputs,
+    resolve_wait,
 )
 from hg_dagger.control.operators import ExpertOperator, NoOperator, Operator, OperatorTick
 from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay importable from here
@@ -86,6 +89,9 @@ class RunSummary:
     safety_clamps: int = 0
     estops: int = 0
     paused_ticks: int = 0
+    requests_answered: int = 0  # handover requests the person took over
+    requests_declined: int = 0  # ... let the student go on (DeclineRequest)
+    requests_expired: int = 0  # ... that ran out: the wait limit, or their episode ended while they waited
     stopped_by: str = ""  # "estop" when the run ended on an emergency stop
     episode_ids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what happened outside any episode (e.g. an e-stop cleared)
@@ -127,13 +133,18 @@ class Session:
     def __init__(self, env, student, recorder, *, gates: GateEngine, handover: HandoverMachine,
                  safety: SafetyMonitor, operator: Operator, expert=None, latency_budget_ms: float | None = None,
                  scene: str = "", seed: int = 0, iteration: int = 0, realtime: bool = False,
-                 max_episode_steps: int | None = None,
+                 max_episode_steps: int | None = None, episode_gap_s: float | None = None,
                  gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None):
         self.env, self.student, self.rec = env, student, recorder
         self.mapping = env.mapping
         self.n = env.num_envs
+        self._world_clock = getattr(env, "world_clock", "stepped")
+        self._base_handover = handover.cfg  # as configured (wait may be auto: resolved per operator, _waiting)
+        if handover.cfg.wait == "auto":
+            handover = HandoverMachine(self._waiting(handover.cfg, operator), num_envs=self.n, action_dim=handover.a,
+                                       step_dt=handover.step_dt, operator=handover.operator,
+                                       operator_name=handover.operator_name)
         self.gates, self.machine, self.safety = gates, handover, safety
-        self._base_handover = handover.cfg
         if operator.n != self.n:
             raise ConfigError(f"the operator answers {operator.n} envs, the env has {self.n}: give one per env")
         self.operator = operator
@@ -143,6 +154,25 @@ class Session:
         self.seed = seed
         self.iteration = int(iteration)  # the DAgger round, recorded in each EpisodeStart
         self.max_episode_steps = max_episode_steps  # cut episodes here (end reason timeout); None: the env's horizon
+        # on a robot (a live clock) the robot holds while a request waits, and the step limit counts only steps in
+        # which something acted, the task's horizon included; a simulator pauses instead (wait auto/pause), or,
+        # told to hold, counts every step like its own horizon does
+        live_clock = getattr(env, "world_clock", "stepped") == "live"
+        self.count_acting = live_clock
+        self.step_limit = max_episode_steps if max_episode_steps is not None else (
+            self.mapping.horizon if live_clock else None)
+        self.acted = np.zeros(self.n, np.int64)  # steps of each row's open episode that count against the limit
+        self.live_episode_gap_s = episode_gap_s  # the run config's pause between episodes for live front ends
+        self.episode_gap_s = 0.0  # in force: a live front end sets it (ControlLoop); a headless run never waits
+        self.starts_held = False  # a per-episode dialog is open: queued episodes wait (hold_starts)
+        self._queued: dict[int, int] = {}  # row -> monotonic ns at which its next episode may begin
+        self._decline = False
+        self.last_window_id: str | None = None  # the person's latest closed correction window (flag as bad)
+        self.ended_ids: list[str | None] = [None] * self.n  # the episode that ended last in each row
+        self.window_episode: dict[str, str] = {}  # the person's closed windows this sitting -> their episode
+        self.notice = ""  # one line for the operator about how the session was set up (the gate's thresholds)
+        self.threshold_source = "config"  # config | student | calibration: where the confidence thresholds came from
+        self._adopt_student_thresholds()
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
         self.episode_extra = episode_extra or {}
@@ -191,7 +221,18 @@ class Session:
 
     @property
     def running(self) -> bool:
-        return any(e is not None for e in self.eids) and not self.summary.stopped_by
+        """An episode is open, or one waits to begin (the pause between episodes, or starts held)."""
+        return (any(e is not None for e in self.eids) or bool(self._queued)) and not self.summary.stopped_by
+
+    def request_wait_s(self, row: int = 0) -> float | None:
+        """Control time the row's open handover request has waited; None without one."""
+        return self.machine.waiting_s(row) if self.eids[row] is not None else None
+
+    def next_start_in_s(self) -> float | None:
+        """Seconds until the next queued episode begins (None when none is queued or starts are held)."""
+        if not self._queued or self.starts_held:
+            return None
+        return max(0.0, (min(self._queued.values()) - now_ns()) / 1e9)
 
     # ---- controls (call them from the thread that ticks) ------------------------------------
 
@@ -228,6 +269,18 @@ class Session:
             self.summary.notes.append(f"robot resumed by {by}")
         self.robot_hold = ""
 
+    def decline(self) -> bool:
+        """The person lets the student go on: every waiting request ends as declined on the next tick. False
+        (and nothing happens) when no request waits."""
+        if not ((self.machine.state == REQUESTED) & self.writer.active()).any():
+            return False
+        self._decline = True
+        return True
+
+    def hold_starts(self, hold: bool) -> None:
+        """While held, episodes queued to begin wait (a running one goes on); released, they begin when due."""
+        self.starts_held = bool(hold)
+
     def press(self, button: str) -> None:
         """The app's take-over / hand-back buttons: count as that operator button on the next tick."""
         if button not in BUTTONS:
@@ -238,16 +291,22 @@ class Session:
         """End ``row``'s episode now (operator abort, verdict, reset) and begin the next one if any remain."""
         self._end_now(row, EndReason(reason), bool(success))
 
-    def discard_episode(self, row: int, reason: str) -> None:
-        """End ``row``'s episode as an operator abort flagged "discarded": kept on disk, never trainable."""
-        if self.eids[row] is None:
+    def discard_episode(self, row: int, reason: str, *, final: bool = True) -> str:
+        """End ``row``'s episode as an operator abort, discarded: kept on disk, never trainable. ``final``: the
+        quality flag "discarded" (no undo); otherwise the caller keeps it out of training with a label layer
+        (control.store_actions, undoable). Returns the episode id."""
+        eid = self.eids[row]
+        if eid is None:
             raise HgDaggerError(f"no open episode in env row {row} to discard")
-        self._event(row, EventKind.NOTE, now_ns(), reason or "discarded", "operator", {"discarded": True})
-        self._end_now(row, EndReason.OPERATOR_ABORT, False, flags=["discarded"])
+        self._event(row, EventKind.NOTE, now_ns(), reason or "discarded", "operator",
+                    {"discarded": True, "undoable": not final})
+        self._end_now(row, EndReason.OPERATOR_ABORT, False, flags=["discarded"] if final else None)
+        return eid
 
     def close_all(self, reason: str) -> None:
         """Stop without losing data: every open episode ends as an operator abort; no new one begins."""
         self._target = self._started
+        self._queued.clear()
         t = now_ns()
         for r in range(self.n):
             if self.eids[r] is not None:
@@ -322,6 +381,22 @@ class Session:
 
     # ---- calibration -----------------------------------------------------------------------
 
+    def _adopt_student_thresholds(self) -> bool:
+        """The acting student's own gate thresholds (calibrated when it was trained, stored with its checkpoint)."""
+        done = self.gates.adopt(getattr(self.student, "gate_thresholds", None))
+        if not done:
+            return False
+        self.threshold_source = "student"
+        conf = self.gates.confidence
+        if conf is not None and conf.name in done:
+            self.notice = (f"confidence gate: student {self.student.version}'s own thresholds "
+                           f"(warn {_fmt(conf.warn)}, trigger {_fmt(conf.trigger)})")
+        return True
+
+    @property
+    def student_has_thresholds(self) -> bool:
+        return bool((getattr(self.student, "gate_thresholds", None) or {}).get("confidence"))
+
     def calibrate(self, steps: int) -> dict[str, float] | None:
         """Run the student alone for ``steps`` env steps (not recorded; the safety monitor still applies)
         and set the confidence gate's thresholds by the quantile rule."""
@@ -337,7 +412,13 @@ class Session:
             self.safety.reset(np.flatnonzero(r.info.get("episode_start", np.zeros(self.n, bool))))
             obs = r.obs
         self.obs = None  # the run starts from a fresh reset
-        return self.gates.calibrate(np.concatenate(samples))
+        cal = self.gates.calibrate(np.concatenate(samples))
+        if cal is not None and cal.get("refused"):
+            self.notice = cal["refused"]
+            log.warning("%s", cal["refused"])
+        elif cal is not None:
+            self.threshold_source = "calibration"
+        return cal
 
     # ---- the run loop ----------------------------------------------------------------------
 
@@ -370,6 +451,7 @@ class Session:
         if self.safety.estopped:
             raise HgDaggerError(f"e-stop from {self.safety.estop_source or 'unknown'} is latched: clear it before running")
         self._target = self._started + episodes
+        self._queued.clear()
         self.summary.stopped_by = ""
         self.robot_hold = ""  # starting is the operator's action; the reset below lifts a robot hold
         obs, info = self.env.reset(seed=[self.seed + self._started + i for i in range(self.n)])
@@ -386,7 +468,11 @@ class Session:
         if self.robot_hold:
             self._held_tick()
             return
+        self._start_due()
         active = self.writer.active()
+        if not active.any():  # between episodes (the pause before the next, or starts held): nothing to step
+            self.poll_idle()
+            return
         out, t_policy = self._act()
         state_before = self.machine.state.copy()
         op = self._poll_operators(active, state_before, t_policy)
@@ -404,8 +490,12 @@ class Session:
         result = self._step_env(res.applied, t_policy)
         if result is None:  # the robot refused: the action never moved it, nothing to record
             return
-        if self.max_episode_steps is not None:  # this step is the cut row's last: truncated like a horizon
-            cut = active & (self.ep_step + 1 >= self.max_episode_steps)
+        acted = active.copy()
+        if self.count_acting:  # holding for the person is no step of the episode
+            acted &= ~((d.state == REQUESTED) & (d.source == SRC_HOLD))
+        self.acted += acted
+        if self.step_limit is not None:  # this step is the cut row's last: truncated like a horizon
+            cut = acted & (self.acted >= self.step_limit)
             if cut.any():
                 result = replace(result, truncated=np.asarray(result.truncated, bool) | cut)
         t_apply, flags = self._after_step(result, flags)
@@ -455,13 +545,26 @@ class Session:
         tol = self.machine.cfg.auto_return.agree_tol
         with np.errstate(invalid="ignore"):
             agree = np.all(np.abs(policy - op.action) <= tol, axis=1)
+        decline = np.full(self.n, self._decline, bool) if self._decline else None
+        self._decline = False
         d = self.machine.update(TickInputs(
             step=self.ep_step, t_ns=t_ns, gate_level=g.level, engaged=op.engaged, device_ok=op.device_ok,
             return_button=op.ret, agree=agree, confident=self.gates.confident(), estop=estop,
-            gate_trip=self.gates.trip, t_warn=self.gates.t_warn, t_gate=self.gates.t_gate))
-        self.gates.rearm(d.rearm)
+            gate_trip=self.gates.trip, t_warn=self.gates.t_warn, t_gate=self.gates.t_gate, decline=decline))
+        self.gates.rearm(d.rearm, grace="handback", step=self.ep_step)
         self._transition_events(d, t_ns)
+        self._request_events(d.requests_ended, t_ns)
         return d
+
+    def _request_events(self, ended: list[RequestEnd], t_ns: int) -> None:
+        """One REQUEST_END event per request that ended: how (answered, declined, expired) and how long it waited."""
+        for e in ended:
+            if self.eids[e.row] is None:
+                continue
+            values = e.values(self.mapping.dt, t_ns)
+            self._event(e.row, EventKind.REQUEST_END, t_ns, e.why, "handover", values)
+            field_name = f"requests_{e.outcome}"
+            setattr(self.summary, field_name, getattr(self.summary, field_name) + 1)
 
     def _choose_command(self, out, op: OperatorTick, d):
         """The command each row applies (policy, operator or hold), smoothed at switches."""
@@ -625,6 +728,7 @@ class Session:
             **self.gates.describe(),
             "policy_version": self.student.version,
             "person_available": bool(self.person_available),
+            "thresholds_from": self.threshold_source,
             "operator": {"kind": self.operator.kind, "name": self.operator.name},
             "handover": self.machine.cfg.model_dump(mode="json"),
             "safety": self.safety.config.model_dump(mode="json"),
@@ -638,8 +742,9 @@ class Session:
                           extra=dict(self.episode_extra))
         self._started += 1
         self.summary.episode_ids.append(self.eids[r])
+        self.acted[r] = 0
         self.machine.reset([r])
-        self.gates.rearm([r])
+        self.gates.rearm([r], grace="reset", step=0)
         self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})
         if self.mode == "teleop":  # a person drives from the first step: one window over the episode
             t = now_ns()
@@ -653,6 +758,7 @@ class Session:
         p, self._pending = self._pending, {}
         if "student" in p:
             self.student = p["student"]
+            self._adopt_student_thresholds()
         if "person" in p:
             if self._person is not None and self._person is not p["person"] and self._person is not self.operator:
                 self._person.close()
@@ -670,7 +776,7 @@ class Session:
             self.operator.close()
         self.operator, self.mode = op, mode
         self._gating = mode in ("human_gated", "expert")
-        cfg = self._base_handover
+        cfg = self._waiting(self._base_handover, op)
         if mode == "teleop":  # the person keeps control until the episode ends
             cfg = cfg.model_copy(update={"return_on_release": False,
                                          "auto_return": cfg.auto_return.model_copy(update={"enabled": False})})
@@ -679,12 +785,19 @@ class Session:
             self.machine = HandoverMachine(cfg, num_envs=self.n, action_dim=m.a, step_dt=m.step_dt,
                                            operator=op.role, operator_name=op.name)
 
+    def _waiting(self, cfg, operator):
+        """The handover config with ``wait: auto`` made concrete for this env and operator (resolve_wait)."""
+        return resolve_wait(cfg, world_clock=self._world_clock, num_envs=self.n, person=operator.kind == "device")
+
     def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None:
         """Each window as it closes becomes a WINDOW_CLOSED event: a run killed before the episode's commit still
         leaves its corrections' bounds and ids in the log (auditable, never trainable)."""
         for r, w in self.machine.take_closed():
             if self.eids[r] is None:
                 continue
+            if self.machine.operator == "human":
+                self.last_window_id = w.window_id
+                self.window_episode[w.window_id] = self.eids[r]
             values = w.values(num_steps)
             t_ns = w.t_return if w.t_return != NO_TIME else (int(t_apply[r]) if t_apply is not None else now_ns())
             self.writer.event(r, Event(kind=EventKind.WINDOW_CLOSED, step=values["handover_end"], t_ns=int(t_ns),
@@ -718,10 +831,15 @@ class Session:
             return
         self._restart([int(r) for r in np.flatnonzero(ended)], result.obs, info, new_episode)
 
-    def _restart(self, ended: list[int], obs, info, restarted: np.ndarray) -> None:
-        """Reset ended rows that start a new episode with a seed of their own (recorded for replay)."""
+    def _restart(self, ended: list[int], obs, info, restarted: np.ndarray, *, wait: bool = True) -> None:
+        """Reset ended rows that start a new episode with a seed of their own (recorded for replay). With a pause
+        between episodes (``episode_gap_s``) or starts held, the rows are queued instead (``_start_due``)."""
         n = self.n
-        begin = ended[: max(0, self._target - self._started)]
+        begin = ended[: max(0, self._target - self._started - len(self._queued))]
+        if begin and wait and (self.starts_held or self.episode_gap_s > 0):
+            due = now_ns() + int(self.episode_gap_s * 1e9)
+            self._queued.update(dict.fromkeys(begin, due))
+            begin = []
         obs_next, info_next = obs, info
         restarted = restarted.copy()
         if begin:
@@ -744,19 +862,35 @@ class Session:
             self._begin(r, seed=self.seed + self._started)
 
     def _end_now(self, row: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None:
-        """An operator-driven end between ticks: end the row's episode, then begin the next as the env would."""
+        """An operator-driven end between ticks: end the row's episode, then begin the next as the env would (a
+        reset begins the next at once; other ends keep the pause between episodes)."""
         if self.eids[row] is None:
             raise HgDaggerError(f"no open episode in env row {row}")
         self._end(row, reason, success, flags)
+        self._restart([row], self.obs, self._info_now(), np.zeros(self.n, bool), wait=reason != EndReason.ENV_RESET)
+
+    def _info_now(self) -> dict[str, Any]:
         info = {**self._env_info, "t_obs": self.t_obs, "signals": self.signals}
         if self.t_obs_align_ms is not None:
             info["alignment_error_ms"] = self.t_obs_align_ms
-        self._restart([row], self.obs, info, np.zeros(self.n, bool))
+        return info
+
+    def _start_due(self) -> None:
+        """Begin the queued episodes whose pause is over (unless starts are held, or the run stopped)."""
+        if not self._queued or self.starts_held or self.summary.stopped_by or self.safety.estopped:
+            return
+        t = now_ns()
+        rows = sorted(r for r, due in self._queued.items() if due <= t)
+        for r in rows:
+            del self._queued[r]
+        if rows:
+            self._restart(rows, self.obs, self._info_now(), np.zeros(self.n, bool), wait=False)
 
     def _stop_all(self, why: str = "estop") -> None:
         """E-stop (or a robot hold nobody can resume): end every open episode as a safety stop, open no new ones."""
         self.summary.stopped_by = why
         self.summary.estops += int(why == "estop")
+        self._queued.clear()
         for r in range(self.n):
             if self.eids[r] is not None:
                 self._end(r, EndReason.SAFETY_STOP, False)
@@ -805,6 +939,7 @@ class Session:
         num = int(self.ep_step[r])
         windows, outcome = self.machine.finish(r, episode_id=eid, num_steps=num, success=success, end_reason=reason)
         self._window_events(None, num_steps=num)
+        self._request_events(self.machine.take_requests(), now_ns())
         flags = list(flags or [])
         if self.safety.estopped:
             flags.append("estop")
@@ -813,6 +948,7 @@ class Session:
         self.summary.episodes += 1
         self.summary.successes += int(success)
         self.summary.windows += len(windows)
+        self.ended_ids[r] = eid
         self.operator.release(r)
 
     # ---- events ----------------------------------------------------------------------------
@@ -843,3 +979,7 @@ class Session:
                 src = self.safety.estop_source if why == "estop" else "handover"
                 self._event(r, ev, t_ns, why if why != "estop" else (self.safety.estop_reason or "estop"), src,
                             {"from_state": ControlState.from_code(frm).value})
+
+
+def _fmt(v: float | None) -> str:
+    return "none" if v is None else f"{v:.3g}"

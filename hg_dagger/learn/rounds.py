@@ -125,11 +125,40 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
     cfg = TrainConfig(steps=steps, seed=seed)
     result = train_from_store(store, task, out_dir, train_cfg=cfg, warm_start=resume, progress=False,
                               on_step=_stepper(report, "training"))
-    report("calibrating the confidence gate", 0.0)
-    unc = autonomous_uncertainty(store, result["checkpoint"], task)
+    report("calibrating the confidence gate", 1.0)  # train_from_store stored the thresholds with the student
     return {"checkpoint": result["checkpoint"], "version": result["version"], "labels": result["labels"],
-            "selection": result["selection"],
-            "loss_last": result["loss_last"], "seconds": result["seconds"], "calibration": unc}
+            "selection": result["selection"], "loss_last": result["loss_last"], "seconds": result["seconds"],
+            "gate_calibration": result["gate_calibration"], "calibration": []}
+
+
+def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | None = None) -> dict[str, Any]:
+    """Calibrate the confidence gate for a freshly trained student and store the thresholds in its checkpoint,
+    so every session with this student starts from them (policy.checkpoint). The samples are the student's
+    uncertainty on the store's autonomous states (``autonomous_uncertainty``); the rule and rate are the task's
+    gate config's (the run config's ``gates``, else configs/gates/<task>.yaml). Returns what was stored and a
+    one-line message; with too few samples, or samples that cannot set a gate, nothing is stored and a session
+    falls back to its own start-up calibration."""
+    from hg_dagger.control.gates import CalibrationRefused, quantile_thresholds
+    from hg_dagger.control.run_config import load_gate_config, load_run_config
+    from hg_dagger.policy.checkpoint import store_gate_thresholds
+
+    ref = gates if gates is not None else load_run_config(None, task).gates
+    conf = next((g for g in load_gate_config(ref, task).gates if g.type == "confidence" and g.enabled), None)
+    if conf is None or conf.calibration is None:
+        return {"thresholds": None, "message": f"task {task}: no calibrated confidence gate; nothing to store"}
+    unc = autonomous_uncertainty(store, checkpoint, task)
+    if len(unc) < conf.calibration.min_samples:
+        return {"thresholds": None, "message": f"confidence gate not calibrated: {len(unc)} samples, "
+                f"{conf.calibration.min_samples} needed"}
+    try:
+        thr = quantile_thresholds(unc, conf.calibration)
+    except CalibrationRefused as exc:
+        return {"thresholds": None, "message": f"confidence gate not calibrated: {exc}"}
+    thresholds = {"confidence": thr}
+    store_gate_thresholds(checkpoint, thresholds)
+    return {"thresholds": thresholds, "message": f"confidence gate calibrated for the student: warn {thr['warn']:.3g}, "
+            f"trigger {thr['trigger']:.3g} (uncertainty p50 {thr['uncertainty']['p50']:.3g}, "
+            f"p90 {thr['uncertainty']['p90']:.3g}, max {thr['uncertainty']['max']:.3g})"}
 
 
 def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps: int = 5000,

@@ -377,6 +377,9 @@ def train_from_store(
                          on_batch=on_batch)
     ckpt = trainer.save(out / "student.pt")
     result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected)
+    from hg_dagger.learn.rounds import calibrate_student  # the gate's thresholds belong to the student
+
+    result["gate_calibration"] = calibrate_student(str(store_url), str(ckpt), task)
     (out / "train.json").write_text(json.dumps(result, indent=2))
     return result
 

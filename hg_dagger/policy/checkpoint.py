@@ -6,7 +6,9 @@ Layout (a plain dict, loadable with ``torch.load(weights_only=True)``)::
     round, version, seed, lineage, mapping: {task_id, hash}, extra: {...}
 
 ``extra`` carries whatever a trainer needs to resume (optimizer state, iteration, beta, replay
-state); a policy-only reader ignores it. Files are written atomically (temp file + rename), so a
+state); a policy-only reader ignores it. ``extra["gate_thresholds"]`` holds the gate thresholds
+calibrated for this student when it was trained (``Student.gate_thresholds``): every session that
+loads the student starts from them, so a relaunch keeps the gate it had. Files are written atomically (temp file + rename), so a
 reader polling a snapshot path never sees a half-written file.
 """
 
@@ -27,6 +29,8 @@ KIND = "hg_dagger.student"
 
 
 def _payload(student, extra: dict[str, Any]) -> dict[str, Any]:
+    if getattr(student, "gate_thresholds", None) and "gate_thresholds" not in extra:
+        extra = {**extra, "gate_thresholds": student.gate_thresholds}
     return {
         "format": FORMAT,
         "kind": KIND,
@@ -49,6 +53,22 @@ def save_checkpoint(path: str | os.PathLike, student, **extra: Any) -> Path:
     try:
         with open(tmp, "wb") as fh:  # through a Python file, a full disk surfaces as OSError(ENOSPC), not torch's
             torch.save(_payload(student, extra), fh)  # RuntimeError
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+    return path
+
+
+def store_gate_thresholds(path: str | os.PathLike, thresholds: dict[str, Any]) -> Path:
+    """Write ``thresholds`` into the checkpoint at ``path`` (atomically; weights and version unchanged)."""
+    path = Path(path)
+    data = read_checkpoint(path)
+    data["extra"] = {**data.get("extra", {}), "gate_thresholds": thresholds}
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(data, fh)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -128,4 +148,6 @@ def load_student(source: str | os.PathLike | bytes, mapping):
     student.weights_changed()
     if student.version != data["version"]:
         raise ContractError(f"{where}: weights hash to {student.version}, the file says {data['version']} (corrupt?)")
+    stored = (data.get("extra") or {}).get("gate_thresholds")
+    student.gate_thresholds = dict(stored) if isinstance(stored, dict) else {}
     return student

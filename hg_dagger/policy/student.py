@@ -165,6 +165,9 @@ class Student:
         self.seed = int(seed)
         self.lineage: list[dict[str, Any]] = []
         self._version: str | None = None
+        # the gate thresholds calibrated for these weights (policy.checkpoint stores them with the student):
+        # {"confidence": {"trigger", "warn", "samples", "target_rate", "uncertainty": {min, p50, p90, max}}}
+        self.gate_thresholds: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ construction
 
@@ -220,8 +223,10 @@ class Student:
         return h.hexdigest()
 
     def weights_changed(self) -> None:
-        """Call after any in-place change of the weights; the version is recomputed on demand."""
+        """Call after any in-place change of the weights; the version is recomputed on demand, and thresholds
+        calibrated for the old weights no longer hold."""
         self._version = None
+        self.gate_thresholds = {}
 
     def finish_round(self, info: dict[str, Any]) -> str:
         """Close a training round: bump the round, record lineage, return the new version."""
