@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PyQt6.QtCore import QRect, Qt
+from PyQt6.QtCore import QEvent, QRect, Qt
+from PyQt6.QtGui import QKeyEvent
 from PyQt6.QtTest import QTest
 from PyQt6.QtWidgets import QApplication, QDialogButtonBox
 
@@ -168,6 +169,10 @@ def test_discard_names_its_episode_holds_starts_and_the_keyboard_still_takes_ove
     assert sent(q) == [KeyEvent("space", True), KeyEvent("w", True)]
     assert dlg.reason.text() == "bumped the table"  # the keys went to the robot, not into the reason
     show(qtbot, win, slot, running(control_state="human"))
+    show(qtbot, win, slot, running(phase="idle", episode_id=None))  # the episode ends while W is still held
+    QApplication.sendEvent(dlg.reason, QKeyEvent(QEvent.Type.KeyPress, Qt.Key.Key_W, Qt.KeyboardModifier.NoModifier,
+                                                 "w", True))  # its auto-repeat stays the robot's, never text
+    assert dlg.reason.text() == "bumped the table"
     QTest.keyRelease(dlg.reason, Qt.Key.Key_W)
     QTest.keyRelease(dlg.reason, Qt.Key.Key_Space)
     assert sent(q) == [KeyEvent("w", False), KeyEvent("space", False)]

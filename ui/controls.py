@@ -285,6 +285,7 @@ class EpisodeControls(QGroupBox):
         self.window_id: str | None = None  # the operator's latest correction window
         self.discarded: tuple[str, ...] = ()
         self._holding = False
+        self.dialog_anchor: QWidget | None = None  # the widget whose top-left corner the dialogs open at
 
         self.start.clicked.connect(lambda: self.commands.put(StartEpisodes(self.count.value())))
         self.pause.clicked.connect(lambda: self.commands.put(Pause(not self.paused)))
@@ -357,7 +358,7 @@ class EpisodeControls(QGroupBox):
         if snap.starts_held and not loading:
             text += " · new episodes wait while a dialog is open"
         elif snap.next_start_in_s is not None and not loading:
-            text += f" · next episode in {snap.next_start_in_s:.0f} s"
+            text += f" · next episode in {snap.next_start_in_s:.1f} s"
         if self.phase_label.text() != text:
             self.phase_label.setText(text)
         for d in self.dialogs:
@@ -365,8 +366,9 @@ class EpisodeControls(QGroupBox):
 
     # ---- per-episode dialogs -----------------------------------------------------------------
     def _open(self, dlg: EpisodeDialog, *, holds: bool) -> EpisodeDialog:
-        """Show ``dlg`` beside the controls (the banner and the view stay in sight); per-episode ones hold
-        new episodes back until the last of them closes."""
+        """Show ``dlg`` where ``dialog_anchor`` says (the window puts it over the plots: the banner, the view,
+        the e-stop and these buttons stay in sight and in reach); per-episode ones hold new episodes back until
+        the last of them closes."""
         group = self.dialogs if holds else self.other_dialogs
         group.append(dlg)
         dlg.finished.connect(lambda _r: self._closed(dlg))
@@ -374,8 +376,9 @@ class EpisodeControls(QGroupBox):
             self._holding = True
             self.commands.put(HoldStarts(True))
         dlg.show()
-        top = self.mapToGlobal(self.rect().topLeft())
-        dlg.move(top.x(), max(0, top.y() - dlg.height() // 2))
+        anchor = self.dialog_anchor if self.dialog_anchor is not None else self
+        top = anchor.mapToGlobal(anchor.rect().topLeft())
+        dlg.move(top.x() + 8, top.y() + 8)
         return dlg
 
     def _closed(self, dlg: EpisodeDialog) -> None:

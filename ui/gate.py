@@ -237,8 +237,11 @@ class HandoverBanner(QFrame):
             loading = snap is not None and (snap.loading or snap.phase == "loading")
             how = takeover_hint(self.device_kind)
             keys = f"{how} to steer   ·   {self.keys_text}" if how and self.keys_text else ""
-            self._text("Loading..." if loading else "A request for you appears here",
-                       keys or "the student drives; when a gate asks for you, this strip says how to take over")
+            if loading:
+                self._text("Loading...", "building the simulator and the student: Start waits until they are ready")
+            else:
+                self._text("A request for you appears here",
+                           keys or "the student drives; when a gate asks for you, this strip says how to take over")
         elif look == "human" and look != self.look:
             back = handback_hint(self.device_kind)
             steer = f"steer: {self.keys_text}" if self.keys_text else "steer the robot"

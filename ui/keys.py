@@ -92,8 +92,10 @@ class KeyboardBridge(QObject):
             if obj.window() is self.window:
                 return self._key(obj, ev, down)
             if ev.key() != K.Key_Escape and self._owned(obj):  # Esc in a dialog is the dialog's: it closes it
-                if self.robot_keys or (self.held and not down):
-                    return self._key(obj, ev, down, forced=True)  # a request or a correction: the robot's keys
+                if self.robot_keys or key_name(ev.key()) in self.held:
+                    # a request or a correction: the robot's keys; a key still held from one stays the robot's
+                    # (its auto-repeat and its release) after the episode has ended
+                    return self._key(obj, ev, down, forced=True)
                 if self.request_pending and ev.key() == K.Key_N:
                     return self._key(obj, ev, down, forced=True)
             return False
@@ -123,7 +125,8 @@ class KeyboardBridge(QObject):
             if down and not ev.isAutoRepeat():
                 self.commands.put(EStop(source="keyboard", reason="Esc key"))
             return True
-        if not forced and not self.robot_keys and (is_text_input(obj) or is_text_input(QApplication.focusWidget())):
+        held = key_name(key) in self.held
+        if not (forced or held or self.robot_keys) and (is_text_input(obj) or is_text_input(QApplication.focusWidget())):
             return False
         if key not in _MODIFIER_KEYS and ev.modifiers() & _SHORTCUT_MODIFIERS:
             return False  # Ctrl+Q and friends are shortcuts, not motion

@@ -136,6 +136,7 @@ class MainWindow(QMainWindow):
         self.view = LiveView()
         self.plots = PlotsPanel()
         self.controls = EpisodeControls(commands)
+        self.controls.dialog_anchor = self.plots
         self.device = DevicePanel(commands, scan=scan)
         self.health = LoopHealthPanel()
         self.rounds = RoundsPanel()
@@ -172,8 +173,8 @@ class MainWindow(QMainWindow):
         self.pages.addTab(self.split_main, "Console")
         self.review: ReviewWorkspace | None = None
         if review_store:
-            # the reviewer is asked at the first decision, offering the operator's pseudonym
-            self.review = ReviewWorkspace([review_store], None, default_reviewer=operator, load=False)
+            # the reviewer is asked at the first decision: a pseudonym of their own, never the operator's
+            self.review = ReviewWorkspace([review_store], None, operator=operator, load=False)
             self.pages.addTab(self.review, "Review")
         self.pages.tabBar().setVisible(self.review is not None)
         central = QWidget()
@@ -303,6 +304,7 @@ class MainWindow(QMainWindow):
                 split.restoreState(state)
                 self._split_restored = True
         self._user_split = self._split_restored  # the person's own layout is never changed for them
+        self.plots.user_sized = s.value(f"window/{self.plots.objectName()}") is not None
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
@@ -312,15 +314,14 @@ class MainWindow(QMainWindow):
 
     def default_split(self) -> None:
         """The first layout: the controls their natural height, the view and the plots the rest, side by side
-        in equal parts, the action plots more than the gate and progress plots together."""
+        in equal parts, the plots' height shared by plot rows (PlotsPanel.fit)."""
         self.centralWidget().layout().activate()
         total = sum(self.split_main.sizes())
         bottom = self.split_main.widget(1).minimumSizeHint().height() + 12
         self.split_main.setSizes([max(1, total - bottom), bottom])
         width = sum(self.split_view.sizes())
         self.split_view.setSizes([width // 2, width - width // 2])
-        height = sum(self.plots.sizes())
-        self.plots.setSizes([height * 2 // 9, height * 2 // 9, height - 2 * (height * 2 // 9)])
+        self.plots.fit()
 
     def save_layout(self) -> None:
         s = self.settings

@@ -289,10 +289,10 @@ class GatePlot(QWidget):
         self.uncertainty = _curve(item, style.POLICY, "uncertainty", width=2)
         self.confidence = _curve(item, style.POLICY, "confidence", dashed=True)
         self.lines: dict[str, pg.InfiniteLine] = {}
-        # the two labels sit apart along x, warn under its line and trigger over its own, so they never
-        # overprint even when the band between the lines is thin
-        for key, colour, pos, anchors in (("warn", style.WARNING, 0.12, [(0, 0), (0, 0)]),
-                                          ("trigger", style.SAFETY, 0.55, [(0, 1), (0, 1)])):
+        # the two labels sit at places apart along x, so they never overprint even when the band between
+        # the lines is thin, each on the side of its line toward the middle of the plot, so never clipped
+        for key, colour, pos in (("warn", style.WARNING, 0.12), ("trigger", style.SAFETY, 0.55)):
+            anchors = [(0, 0), (0, 1)]  # under the line in the upper half of the plot, over it in the lower
             line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
                                    label=key, labelOpts={"position": pos, "color": colour, "anchors": anchors})
             line.setVisible(False)
@@ -424,6 +424,8 @@ class ActionPlots(QWidget):
             p = self.layout_widget.addPlot(row=i // cols, col=i % cols, title=name, axisItems=_axes())
             p.setTitle(name, size="8pt")
             _setup_plot(p)
+            if i < len(names) - cols:  # the same time axis as the row below: its numbers only once, at the bottom
+                p.getAxis("bottom").setStyle(showValues=False)
             self.plots.append(p)
             self.curves.append({
                 "policy": _curve(p, style.POLICY, "policy"),
@@ -485,7 +487,34 @@ class PlotsPanel(QSplitter):
             self.addWidget(w)
             self.setStretchFactor(i, stretch)  # the per-dimension action plots get half the height
 
+        self.user_sized = False  # the person moved a handle (or their saved layout was restored): keep theirs
+        self._rows = 0
+        self.splitterMoved.connect(self._moved)
+
+    def _moved(self, *_):
+        self.user_sized = True
+
+    @property
+    def action_rows(self) -> int:
+        n = len(self.actions.plots)
+        return -(-n // 2) if n > 1 else n
+
+    def fit(self) -> None:
+        """Share the height by plot rows: the gate and the progress plot one each, the actions theirs."""
+        rows = max(1, self.action_rows)
+        total = sum(self.sizes())
+        if total <= 0:
+            return
+        unit = total / (2 + rows)
+        self.blockSignals(True)  # not the person's move
+        self.setSizes([round(unit), round(unit), total - 2 * round(unit)])
+        self.blockSignals(False)
+
     def show_snapshot(self, snap: Snapshot) -> None:
         self.gate.show_snapshot(snap)
         self.progress.show_snapshot(snap)
         self.actions.show_snapshot(snap)
+        if self.action_rows != self._rows:
+            self._rows = self.action_rows
+            if not self.user_sized:
+                self.fit()
