@@ -47,8 +47,7 @@ def _read_shard(shard):
 
 
 def test_shard_holds_trainable_runs_with_rlinf_frame_keys(store, tmp_path):
-    shard = tmp_path / "data" / "rank_0" / "id_0"
-    shard.parent.mkdir(parents=True)
+    shard = tmp_path / "data" / "rank_0" / "id_0"  # a fresh folder: the parents are made
     summary = export_rlinf(select(store), shard)
     info, tasks, eps = _read_shard(shard)
     assert info["codebase_version"] == "v2.1" and info["fps"] == 50 and tasks == {0: "toy_reach"}
@@ -74,6 +73,38 @@ def test_shard_holds_trainable_runs_with_rlinf_frame_keys(store, tmp_path):
             np.testing.assert_array_equal(img, step(seed, s, image=True)["obs/rgb"])
     index = [row["index"] for _, rows in eps for row in rows]
     assert index == list(range(20))
+    # what a LeRobot v2.1 reader needs besides: per-episode statistics and typed columns in every parquet
+    stats = [json.loads(x) for x in (shard / "meta" / "episodes_stats.jsonl").read_text().splitlines()]
+    assert [x["episode_index"] for x in stats] == [0, 1]
+    for x, (e, rows) in zip(stats, eps, strict=True):
+        st = np.array([r["state"] for r in rows])
+        np.testing.assert_allclose(x["stats"]["state"]["mean"], st.mean(0), rtol=1e-6)
+        assert x["stats"]["state"]["count"] == [e["length"]]
+        assert np.array(x["stats"]["image"]["mean"]).shape == (3, 1, 1)
+        assert set(x["stats"]) == set(info["features"])
+    path = shard / info["data_path"].format(episode_chunk=0, episode_index=0)
+    hf = json.loads(pq.read_schema(path).metadata[b"huggingface"])["info"]["features"]
+    assert hf["image"] == {"_type": "Image"}
+    assert hf["state"] == {"feature": {"dtype": "float32", "_type": "Value"}, "length": 31, "_type": "Sequence"}
+    assert hf["index"] == {"dtype": "int64", "_type": "Value"}
+
+
+def test_the_documented_command_works_on_a_fresh_folder_and_a_failure_leaves_nothing(store, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "DATA" / "rank_0" / "id_0"
+    r = subprocess.run([sys.executable, "-m", "hg_dagger", "export", str(store.url), "--format", "rlinf", "--out",
+                        str(out), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (out / "meta" / "info.json").is_file() and (out / "meta" / "episodes_stats.jsonl").is_file()
+    # nothing trainable: one line, and the folders made for it are gone again
+    eid = store.episodes()[1].episode_id
+    r = subprocess.run([sys.executable, "-m", "hg_dagger", "export", str(store.url), "--format", "rlinf", "--out",
+                        str(tmp_path / "NEW" / "rank_0" / "id_0"), "--episodes", eid, "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "has a trainable step" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DATA"]
 
 
 def test_a_gap_in_the_mask_splits_the_run_and_nothing_trainable_is_an_error(store, tmp_path):

@@ -4,7 +4,8 @@ RLinf's DAgger actor with ``algorithm.dagger.online_lerobot`` (RLinf commit a381
 the shards it finds under ``<data_path>/rank_<r>/id_<n>/`` before new episodes arrive. Its reader there
 (``RollingLeRobotDataset.archived_shard_info`` / ``_load_archived_shard_episodes``) takes the LeRobot v2.1 layout,
 not v3.0: ``meta/info.json`` (its ``data_path`` formatted with ``episode_chunk`` and ``episode_index``),
-``meta/episodes.jsonl``, ``meta/tasks.jsonl`` and one parquet per episode; its MLP student reads the frame keys
+``meta/episodes.jsonl``, ``meta/tasks.jsonl`` and one parquet per episode (plus ``meta/episodes_stats.jsonl`` and
+the ``datasets`` feature types in each parquet, which a LeRobot v2.1 reader also needs); its MLP student reads the frame keys
 ``state`` and ``actions`` (``prepare_lerobot_sft_batch``), and ``intervene_flag`` selects chunks when
 ``only_save_expert`` is set. RLinf's loss has no per-frame mask, so only trainable steps are exported: each maximal
 run of consecutive trainable steps of a store episode becomes one shard episode (nothing is interpolated across a
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.contract import SCHEMA_VERSION, LabelTarget
-from hg_dagger.datasets.export_lerobot import ExportSummary, _encode_pngs, _pa
+from hg_dagger.datasets.export_lerobot import ExportSummary, _encode_pngs, _pa, _Stats
 from hg_dagger.datasets.source import (
     EpisodeData,
     ExportError,
@@ -68,6 +69,7 @@ def _runs(trainable: np.ndarray) -> list[tuple[int, int]]:
 def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSummary:
     tasks: dict[str, int] = {}
     episodes: list[dict] = []
+    episode_stats: list[dict] = []
     features = schema = None
     state_keys: list[str] = []
     cams: dict[str, str] = {}
@@ -108,6 +110,12 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
                 path = root / DATA_PATH.format(episode_chunk=e // CHUNKS_SIZE, episode_index=e)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="snappy")
+                stats = _Stats()
+                for col, v in cols.items():
+                    stats.add(col, v)
+                for name, col in cams.items():
+                    stats.add_images(col, ep.arrays[name][lo:hi])
+                episode_stats.append({"episode_index": e, "stats": stats.to_json(set(cams.values()))})
                 episodes.append({"episode_index": e, "tasks": [task_text(ep.info)], "length": int(hi - lo),
                                  "hg_dagger_store": str(ep.item.store.url), "hg_dagger_episode_id": ep.info.episode_id,
                                  "hg_dagger_first_step": int(lo), "hg_dagger_label_version": ep.label_version,
@@ -125,6 +133,8 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
     meta.mkdir(parents=True, exist_ok=True)
     with open(meta / "episodes.jsonl", "w") as f:
         f.writelines(json.dumps(e) + "\n" for e in episodes)
+    with open(meta / "episodes_stats.jsonl", "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in episode_stats)
     with open(meta / "tasks.jsonl", "w") as f:
         f.writelines(json.dumps({"task_index": i, "task": t}) + "\n" for t, i in tasks.items())
     info = {
@@ -162,15 +172,20 @@ def _features(ep: EpisodeData, specs, state_keys: list[str], cams: dict[str, str
 
 
 def _schema(pa, features: dict):
-    fields = []
+    """The parquet schema, with the Hugging Face ``datasets`` feature types in its metadata (what LeRobot v2.1
+    writes): ``datasets`` then reads the camera columns as images, not as untyped structs."""
+    fields, hf = [], {}
     for col, ft in features.items():
         if ft["dtype"] == "image":
             typ = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+            hf[col] = {"_type": "Image"}
         else:
             base = pa.from_numpy_dtype(np.dtype(ft["dtype"]))
             typ = base if ft["shape"] == [1] else pa.list_(base, ft["shape"][0])
+            value = {"dtype": ft["dtype"], "_type": "Value"}
+            hf[col] = value if ft["shape"] == [1] else {"feature": value, "length": ft["shape"][0], "_type": "Sequence"}
         fields.append(pa.field(col, typ))
-    return pa.schema(fields)
+    return pa.schema(fields, metadata={b"huggingface": json.dumps({"info": {"features": hf}}).encode()})
 
 
 def _columns(ep: EpisodeData, lo: int, hi: int, seg: int, state_keys, episode: int, index0: int, task_index: int,

@@ -2,6 +2,11 @@
 what the store holds (read with the store API, not the exporter) for the LeRobot-side comparison.
 
     python tests/interop/make_export.py WORKDIR      -> WORKDIR/store, WORKDIR/lerobot, WORKDIR/expected.npz
+
+For `lerobot-train` (test_lerobot_train.py) it also writes WORKDIR/lerobot_state, the full export of a toy_reach
+store recorded by `hg-dagger run` (state, goal as environment state), and WORKDIR/lerobot_camera, a
+`--labels trainable` export of the camera store once its windows are certified, with WORKDIR/train.json listing
+what the store says each holds.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import store_helpers as h  # noqa: E402
 
 from hg_dagger.contract import LabelMask  # noqa: E402
+from hg_dagger.contract.labels import planner_certifications  # noqa: E402
+from hg_dagger.learn.aggregate import selection  # noqa: E402
 from hg_dagger.store import EpisodeStore  # noqa: E402
 
 # (seed, steps, human window): episodes of different lengths, with and without a correction window
@@ -45,6 +52,31 @@ def main(work: Path) -> None:
     (work / "expected.json").write_text(json.dumps({
         "episode_ids": eids, "lengths": [n for _, n, _ in EPISODES], "fps": 50,
         "task": store.info(eids[0]).start.task.task_id}))
+    _train_exports(work, eids)
+
+
+def _export(*args) -> None:
+    subprocess.run([sys.executable, "-m", "hg_dagger", "export", *map(str, args), "--quiet"], check=True)
+
+
+def _train_exports(work: Path, camera_eids: list[str]) -> None:
+    """The exports lerobot-train runs on: a toy_reach store as recorded (every step), and the camera store's
+    training-allowed labels only (its human windows certified, as an automatic planner's would be)."""
+    subprocess.run([sys.executable, "-m", "hg_dagger", "run", "--task", "toy_reach", "--operator", "expert",
+                    "--episodes", "3", "--max-episode-steps", "60", "--seed", "0", "--store", str(work / "toy_store"),
+                    "--quiet"], check=True)
+    _export(work / "toy_store", "--format", "lerobot", "--out", work / "lerobot_state")
+    store = EpisodeStore.open(work / "store", mode="a")
+    allowed = {}
+    for eid in camera_eids:
+        store.write_labels(eid, author="interop", certifications=planner_certifications(eid, store.labels(eid).windows,
+                                                                                        "interop"))
+        allowed[eid] = [int(x) for x in np.flatnonzero(selection(store, store.info(eid)).allowed)]
+    _export(work / "store", "--format", "lerobot", "--labels", "trainable", "--out", work / "lerobot_camera")
+    toy = EpisodeStore.open(work / "toy_store")
+    (work / "train.json").write_text(json.dumps({
+        "state_frames": sum(i.num_steps for i in toy.episodes(complete=True)),
+        "camera_allowed": allowed}))
 
 
 if __name__ == "__main__":
