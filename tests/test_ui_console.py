@@ -103,6 +103,9 @@ def test_nothing_moves_when_a_gate_asks_or_the_person_drives_or_the_estop_latche
     assert win.banner.look == "human" and geometry(win) == before
     show(qtbot, win, slot, running(control_state="warning", gate_reason="a much longer gate reason " * 8))
     assert geometry(win) == before  # a long reason is cut to its line, in full as tooltip
+    r = win.gate.reason
+    assert r.fontMetrics().horizontalAdvance(r.text()) <= r.width() and r.text().endswith("…")
+    assert r.toolTip().startswith("a much longer gate reason")
     show(qtbot, win, slot, running(phase="estopped", control_state="safe_stop", estop=("keyboard", "Esc key")))
     assert win.estop.reset.isVisible() and geometry(win) == before
 

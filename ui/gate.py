@@ -87,7 +87,19 @@ class GateLight(QFrame):
                                f"#gate_light QLabel {{ color: {style.TEXT_ON_COLOUR}; background: transparent; }}")
         if reason != self._reason_text:
             self._reason_text = reason
-            self.reason.setText(reason or " ")
+            self.reason.setToolTip(reason)
+            self._elide()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        """One line of reason, cut to the width (the whole of it is the tooltip)."""
+        full = self._reason_text or " "
+        text = self.reason.fontMetrics().elidedText(full, Qt.TextElideMode.ElideRight, max(40, self.reason.width() - 8))
+        if self.reason.text() != text:
+            self.reason.setText(text)
 
 
 class HandoverBanner(QFrame):
