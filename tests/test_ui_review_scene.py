@@ -63,6 +63,17 @@ def _select(qtbot, ws, row):
                     and ws.worker.pending == 0, timeout=WAIT)
 
 
+def _settled(qtbot, ws) -> None:
+    """Wait until the layout has placed the picture and the pixmap fills it (a square scene: its shorter side)."""
+    frame = ws.episode.frame
+
+    def fits():
+        size = frame.picture.size()
+        return not frame.pixmap().isNull() and frame.pixmap().width() == max(min(size.width(), size.height()), 64)
+
+    qtbot.waitUntil(fits, timeout=WAIT)
+
+
 def _picture(ws) -> np.ndarray:
     """The frame view's pixmap as an RGB array (what is on screen)."""
     img = ws.episode.frame.pixmap().toImage().convertToFormat(QImage.Format.Format_RGB888)
@@ -101,6 +112,7 @@ def test_a_state_only_episode_shows_its_scene_rendered_in_the_background(qtbot, 
     # scrubbing swaps the picture: two steps differ on screen, and each is the scene of its own step
     a, b = 0, n - 1
     ws.episode.set_step(a)
+    _settled(qtbot, ws)
     first = _picture(ws)
     np.testing.assert_array_equal(ws.episode.frame.shown, frames[a])
     ws.episode.set_step(b)
@@ -259,7 +271,50 @@ def test_a_fetch_episode_renders_through_mujoco(qtbot, tmp_path):
     assert len(frames) == EpisodeStore.open(path).info(row.window.episode_id).num_steps
     assert ws.episode.frame.scene.diverged_at is None
     ws.episode.set_step(0)
+    _settled(qtbot, ws)
     first = _picture(ws)
     ws.episode.set_step(len(frames) - 1)
     assert np.abs(first.astype(int) - _picture(ws).astype(int)).sum() > 1000  # the arm moved on screen
     ws.close()
+
+
+def test_keys_on_the_apps_review_tab_scrub_the_review_and_never_reach_the_robot(qtbot, store, tmp_path):
+    from PyQt6.QtCore import QSettings
+
+    from hg_dagger.control.live import CommandQueue, KeyEvent, LatestSlot
+    from hg_dagger.devices.discovery import KEYBOARD
+    from hg_dagger.ui.main_window import MainWindow
+
+    slot, q = LatestSlot(), CommandQueue()
+    settings = QSettings(str(tmp_path / "ui.ini"), QSettings.Format.IniFormat)
+    win = MainWindow(slot, q, settings=settings, scan=lambda: [KEYBOARD], review_store=store, operator="op-1")
+    qtbot.addWidget(win)
+    win.show()
+    # on the console Space is the keyboard device's take-over key
+    qtbot.keyPress(win, Qt.Key.Key_Space)
+    qtbot.keyRelease(win, Qt.Key.Key_Space)
+    assert [c for c in q.drain() if isinstance(c, KeyEvent)] == [KeyEvent("space", True), KeyEvent("space", False)]
+    win.show_review()
+    ws = win.review
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    _select(qtbot, ws, ws.browser.visible_rows()[0])
+    start = ws.episode.step
+    q.drain()
+    table = ws.browser.table
+    table.setFocus()
+    qtbot.keyClick(table, Qt.Key.Key_Right)
+    assert ws.episode.step == start + 1
+    qtbot.keyPress(table, Qt.Key.Key_Space)
+    qtbot.keyRelease(table, Qt.Key.Key_Space)
+    assert ws.episode.playing
+    qtbot.keyClick(table, Qt.Key.Key_Space)
+    assert not ws.episode.playing
+    assert not [c for c in q.drain() if isinstance(c, KeyEvent)]  # the robot's keyboard saw none of them
+    # back on the console the review is hidden and Space is the robot's again
+    win.show_console()
+    step = ws.episode.step
+    qtbot.keyPress(win, Qt.Key.Key_Space)
+    qtbot.keyRelease(win, Qt.Key.Key_Space)
+    assert [c for c in q.drain() if isinstance(c, KeyEvent)] == [KeyEvent("space", True), KeyEvent("space", False)]
+    assert ws.episode.step == step and not ws.episode.playing
+    win.close()

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PyQt6.QtCore import QEvent, QObject, QPointF, Qt, QTimer, pyqtSignal
+from PyQt6.QtCore import QEvent, QObject, QPointF, QSize, Qt, QTimer, pyqtSignal
 from PyQt6.QtGui import QColor, QImage, QPixmap
 from PyQt6.QtWidgets import (
     QApplication,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSlider,
     QSplitter,
@@ -225,18 +227,28 @@ class FrameView(QWidget):
         self.picture = QLabel()
         self.picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.picture.setMinimumSize(160, 120)
-        self.picture.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        # the layout sizes the picture, never the pixmap it holds (that would grow or shrink it step by step)
+        self.picture.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
+        self.picture.installEventFilter(self)
         self.caption = QLabel("")
         self.caption.setWordWrap(True)
         self.values = QLabel("")
         self.values.setWordWrap(True)
         self.values.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.values.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.values.setStyleSheet("font-family: monospace; font-size: 9pt;")
+        scroll = QScrollArea()  # a long state vector scrolls instead of squeezing the picture
+        scroll.setWidget(self.values)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setFixedHeight(96)
+        self.values_area = scroll
+        scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.picture, 1)
         lay.addWidget(self.caption)
-        lay.addWidget(self.values)
+        lay.addWidget(scroll)
         self.data: EpisodeData | None = None
         self.scene: Scene | None = None
         self.state = "none"  # recorded | rendering | rendered | no scene | none
@@ -248,6 +260,9 @@ class FrameView(QWidget):
         if self.data is not None and self.data.images is not None:
             return self.data.images
         return self.scene.frames if self.scene is not None else None
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(420, 360)  # room for the picture beside the action plots
 
     def text(self) -> str:
         """The step's state observations as shown under the picture."""
@@ -261,6 +276,7 @@ class FrameView(QWidget):
         self.data, self.scene, self.shown = data, None, None
         self.picture.clear()
         self.values.clear()
+        self.values_area.setVisible(data is not None and data.images is None)
         if data is None:
             self.state = "none"
             self.caption.clear()
@@ -315,9 +331,10 @@ class FrameView(QWidget):
             max(size.width(), 64), max(size.height(), 64), Qt.AspectRatioMode.KeepAspectRatio,
             Qt.TransformationMode.SmoothTransformation))
 
-    def resizeEvent(self, event):  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        self._draw()
+    def eventFilter(self, obj, ev):  # noqa: N802 - Qt override
+        if obj is self.picture and ev.type() == QEvent.Type.Resize:
+            self._draw()  # the caption's height changed, or the splitter moved: fit the picture again
+        return False
 
 
 class ScrubKeys(QObject):
