@@ -465,6 +465,7 @@ class _VideoWriter:
 
         import av
 
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration at info level
         chunk, file = divmod(episode, CHUNKS_SIZE)
         path = self.root / VIDEO_PATH.format(video_key=col, chunk_index=chunk, file_index=file)
         path.parent.mkdir(parents=True, exist_ok=True)
