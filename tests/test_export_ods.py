@@ -108,3 +108,61 @@ def test_caller_mask_and_refusals(export, tmp_path):
                        timeout=300)
     assert r.returncode == 0 and "ods export: 1 episodes, 17 frames" in r.stdout, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cli", "one"]
+
+
+def test_the_dagger_schema_per_step_and_a_ragged_layout(tmp_path):
+    """Every field of the ODS DAgger schema per step; `ragged` packs episodes into rows without padding each to
+    the longest, and TensorDataSource still never samples a context across two episodes (continuity_id)."""
+    from store_helpers import end, fields, start, step
+
+    s = EpisodeStore.create(tmp_path / "s")
+    lengths = [40, 6, 9, 12, 30]
+    with s.recorder(on_full="block") as rec:
+        for k, n in enumerate(lengths):
+            eid = rec.begin_episode(start(policy_version=f"student-{k % 2}", iteration=k, beta=None if k == 1 else k / 10),
+                                    fields())
+            for t in range(n):
+                x = step(k, t) | {"expert_action": np.full(4, 50 + t, np.float32), "expert_valid": True,
+                                  "expert_used": t % 3 == 0, "policy_confidence": np.float32(t / 100)}
+                if k == 4 and t == 10:
+                    x["step_flags"] = np.uint16(1 << 4)  # DROPPED_FRAME_BEFORE: the recording is not continuous here
+                rec.put(eid, x)
+            rec.end_episode(eid, end(n))
+    s = EpisodeStore.open(tmp_path / "s")
+    infos = s.episodes()
+    export_ods(select(s), tmp_path / "padded")
+    summary = export_ods(select(s), tmp_path / "ragged", layout="ragged")
+    assert summary.episodes == 5 and summary.frames == sum(lengths)
+    pad, pad_meta = load_ods(tmp_path / "padded")
+    td, meta = load_ods(tmp_path / "ragged")
+    assert tuple(pad.batch_size) == (5, 40) and meta["layout"] == "ragged"
+    assert tuple(td.batch_size) == (3, 40)  # [40], [6, 9, 12], [30]: 120 cells, not 200
+    assert [(e["row"], e["offset"]) for e in meta["episodes"]] == [(0, 0), (1, 0), (1, 6), (1, 15), (2, 0)]
+    src = _source(td, meta)
+    _source(pad, pad_meta)
+    for k, (e, info) in enumerate(zip(meta["episodes"], infos, strict=True)):
+        n, row, off = lengths[k], e["row"], e["offset"]
+        a = s.read_steps(info.episode_id, ["applied_action", "expert_action", "expert_used", "policy_confidence",
+                                           "terminated", "truncated", "success"])
+        d = src.data[row, off:off + n]
+        np.testing.assert_array_equal(d["executed_action"].numpy(), a["applied_action"])
+        np.testing.assert_array_equal(d["actions"].numpy(), a["applied_action"])
+        np.testing.assert_array_equal(d["expert_action"].numpy(), a["expert_action"])
+        np.testing.assert_array_equal(d["expert_used"].numpy(), a["expert_used"])
+        np.testing.assert_array_equal(d["confidence"].numpy(), a["policy_confidence"])
+        for key in ("terminated", "truncated", "success"):
+            np.testing.assert_array_equal(d[key].numpy(), a[key])
+        assert d["valid"].all()
+        assert (d["episode_id"] == k).all() and meta["episodes"][k]["episode_id"] == info.episode_id
+        assert (d["iteration"] == k).all()
+        assert [meta["policy_versions"][int(v)] for v in d["policy_version"]] == [f"student-{k % 2}"] * n
+        beta = d["beta"].numpy()
+        assert np.isnan(beta).all() if k == 1 else np.allclose(beta, k / 10)
+    cont = [src.data["continuity_id"][e["row"], e["offset"]:e["offset"] + n].tolist()
+            for e, n in zip(meta["episodes"], lengths, strict=True)]
+    assert cont[:4] == [[0] * 40, [1] * 6, [2] * 9, [3] * 12]
+    assert cont[4] == [4] * 10 + [5] * 20  # a new stretch after the dropped frame
+    g = torch.Generator().manual_seed(0)
+    batch = src.sample_context(256, SequenceSpecCfg(history_length=4, prediction_horizon=8), generator=g)
+    for i in range(len(batch["episode_id"])):  # a context never joins two episodes packed into one row
+        assert len(torch.unique(batch["episode_id"][i][batch["valid"][i]])) == 1
