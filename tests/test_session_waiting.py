@@ -90,6 +90,10 @@ def test_the_simulator_pauses_while_a_request_waits_and_a_decline_lets_the_stude
     assert end.values["wait_ticks"] == 60 and end.values["wait_s"] == pytest.approx(60 * s.mapping.dt)
     assert end.values["requested_step"] == step and end.values["gate_reason"] == "operator"
     assert info.num_steps == s.summary.steps and not store.labels(info.episode_id).windows
+    from hg_dagger.review.report import build_report
+
+    counts = build_report(store, progress=False)["requests"]
+    assert (counts["answered"], counts["declined"], counts["expired"]) == (0, 1, 0)
 
 
 def test_a_take_over_after_a_long_look_away_still_gets_the_request(tmp_path, student):
@@ -119,6 +123,10 @@ def test_a_take_over_after_a_long_look_away_still_gets_the_request(tmp_path, stu
     assert end.values["outcome"] == "answered" and end.values["wait_ticks"] == 200
     (w,) = store.labels(info.episode_id).windows
     assert w.handover_start == step, "the correction starts at the state the gate asked about"
+    from hg_dagger.review.report import build_report
+
+    counts = build_report(store, progress=False)["requests"]
+    assert counts["answered"] == 1 and counts["wait_to_take_over_p50_s"] == pytest.approx(200 * s.mapping.dt)
     d = store.load(info.episode_id, fields=["action_source", "control_state"])
     assert not (np.asarray(d["control_state"]) == REQUESTED).any(), "no row was recorded while it waited"
     assert (np.asarray(d["action_source"])[w.handover_start:w.handover_end] == ActionSource.HUMAN.code).any()

@@ -60,6 +60,8 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
     recoveries: Counter = Counter()
     first_failure: list[float] = []
     estops = 0
+    requests: Counter = Counter()  # how handover requests ended (request_end events): answered, declined, expired
+    waits: list[float] = []
     rounds: dict[str, Counter] = defaultdict(Counter)
     buckets: dict[str, dict[str, Counter]] = {"operator": defaultdict(Counter), "scene": defaultdict(Counter)}
     for info in tqdm(infos, desc="report", unit="ep", disable=not progress):
@@ -77,6 +79,11 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         human_allowed = int((sel.allowed & (src == _HUMAN)).sum())
         labels["human_allowed"] += human_allowed
         estops += sum(e.kind == EventKind.ESTOP for e in info.end.events)
+        for e in info.end.events:
+            if e.kind == EventKind.REQUEST_END:
+                requests[e.values.get("outcome", "unknown")] += 1
+                if e.values.get("outcome") == "answered" and e.values.get("wait_s") is not None:
+                    waits.append(float(e.values["wait_s"]))
         if layer.windows and n:
             first_failure.append(min(w.parent_step_id for w in layer.windows) / n)
         qc_by_window = {q.window_id: q.passed for q in layer.qc}
@@ -121,6 +128,8 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         "incomplete_episodes": incomplete,
         "steps": dict(steps),
         "labels": dict(labels),
+        "requests": {**{k: requests.get(k, 0) for k in ("answered", "declined", "expired")},
+                     "wait_to_take_over_p50_s": round(float(np.median(waits)), 3) if waits else None},
         "figures": {
             "trainable_human_label_ratio": _ratio(labels["human_allowed"], steps["total"]),
             "context_only_ratio": _ratio(steps["context"], steps["total"]),
