@@ -209,6 +209,38 @@ def test_held_steps_read_waiting_for_operator_and_the_axes_say_their_units(qtbot
     ws.close()
 
 
+@pytest.mark.parametrize("operator", ["answers", "never answers"])
+def test_a_paused_wait_is_one_marker_that_says_how_long(qtbot, tmp_path, operator):
+    """In simulation the world pauses while a request waits: no rows, one request_end event with the wait."""
+    kw = ({"operator.reaction_delay_steps": 10} if operator == "answers" else
+          {"operator.availability": 0.0, "handover.wait_timeout_s": 0.4, "handover.on_wait_timeout": "policy",
+           "max_episode_steps": 8})
+    path = _record(tmp_path / "paused", "toy_reach", 1, **{"handover.wait": "pause", **kw})
+    ws = _workspace(qtbot, path)
+    row = ws.browser.visible_rows()[0] if ws.browser.visible_rows() else None
+    info = EpisodeStore.open(path).episodes(complete=True)[0]
+    if row is None:  # nobody took over: no correction window, so show the episode itself
+        from hg_dagger.ui.review.model import load_episode
+
+        ws.episode.show_episode(load_episode(path, info.episode_id))
+    else:
+        _select(qtbot, ws, row)
+    ends = [e for e in info.end.events if e.kind.value == "request_end"]
+    assert ends and {e.values["outcome"] for e in ends} == ({"answered"} if operator == "answers" else {"expired"})
+    assert "waiting" not in ws.episode.data.kinds  # the world waited: nothing held, nothing recorded
+    tl = ws.episode.timeline
+    got = [(step, text) for (step, kind), text in zip(tl.markers, tl.marker_texts, strict=True)
+           if kind == "request_end"]
+    suffix = "" if operator == "answers" else ", expired"
+    assert got == [(e.step, f"waited {e.values['wait_s']:.1f} s for operator{suffix}") for e in ends]
+    if operator == "answers":
+        assert all(e.values["wait_s"] >= 0.4 for e in ends)  # the operator's reaction delay
+    # the scene re-renders all the same: the pause stepped nothing
+    qtbot.waitUntil(lambda: ws.episode.frame.state == "rendered", timeout=WAIT)
+    assert len(ws.episode.frame.scene.frames) == info.num_steps and ws.episode.frame.scene.diverged_at is None
+    ws.close()
+
+
 def test_left_right_and_space_scrub_from_the_table_but_not_from_the_reason_box(qtbot, store):
     ws = _workspace(qtbot, store)
     row = ws.browser.visible_rows()[0]

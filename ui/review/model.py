@@ -204,12 +204,13 @@ this marker is all the timeline shows of it; where the robot held, the held step
 
 def wait_text(values: dict[str, Any]) -> str | None:
     """The timeline label of an event that ended a handover request (``waited 4.2 s for operator``, with
-    ``declined`` or ``expired`` when the person did not take over), or None for any other event. The wall time
-    waited is shown where it was measured, else the control time."""
+    ``declined`` or ``expired`` when the person did not take over), or None for any other event. The time is
+    control time (ticks waited x the step period: a live loop's clock, and the same in a run faster than real
+    time); the wall time where an older record has only that."""
     outcome = values.get("outcome")
-    seconds = values.get("wait_wall_s")
+    seconds = values.get("wait_s")
     if seconds is None:
-        seconds = values.get("wait_s")
+        seconds = values.get("wait_wall_s")
     if not isinstance(outcome, str) or isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return None
     text = f"waited {float(seconds):.1f} s for operator"
