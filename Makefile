@@ -16,26 +16,29 @@ run: install
 test: install-dev
 	QT_QPA_PLATFORM=offscreen SDL_VIDEODRIVER=dummy SDL_AUDIODRIVER=dummy $(PY) -m pytest
 
-# LeRobot's own loader reads `hg-dagger export --format lerobot` (tests/interop). lerobot 0.4.4 (the newest for
+# LeRobot's own loader and `lerobot-train` (ACT, diffusion) read `hg-dagger export --format lerobot`, LeRobot's
+# v2.1 reader opens the RLinf shard and EmbodiChain's LeRobotDataSource reads the export (tests/interop). lerobot 0.4.4 (the newest for
 # Python 3.11) needs torchvision, whose wheels here pair with torch 2.14.1, not the project's CPU torch 2.13, so it
 # lives in an environment of its own, built once (about 6 GB; torch 2.14.1 and torchvision 0.29.1 come from the local
 # wheel mirror). --no-deps: lerobot's declared torch < 2.11 would pull a different torch; the packages below are what
-# its dataset module imports, at the versions this round trip was run with.
+# its dataset module, `lerobot.policies` (diffusers) and training import, at the versions these tests were run with;
+# embodichain --no-deps as in the dev environment (its data pipeline needs tensordict and scipy).
 INTEROP_VENV ?= .venv-interop
 INTEROP_PY := $(INTEROP_VENV)/bin/python
 INTEROP_PACKAGES := datasets==5.2.0 huggingface-hub==2.4.0 accelerate==1.15.0 av==15.1.0 \
 	opencv-python-headless==5.0.0.93 jsonlines==4.0.0 packaging==26.4 draccus==0.10.0 gymnasium==1.4.0 \
 	deepdiff==9.1.0 imageio==2.38.1 termcolor==3.3.0 einops==0.8.2 pyserial==3.5 pandas==3.1.1 pyarrow==26.0.1 \
-	diffusers==0.35.2 pytest==9.2.0 pytest-timeout==2.4.0
+	diffusers==0.35.2 tensordict==0.15.3 scipy==1.17.1 pytest==9.2.0 pytest-timeout==2.4.0
 
 test-interop: install-dev $(INTEROP_VENV)/.installed
-	QT_QPA_PLATFORM=offscreen HG_DAGGER_PYTHON=$(abspath $(PY)) $(INTEROP_PY) -m pytest -q -p no:cacheprovider tests/interop
+	QT_QPA_PLATFORM=offscreen HG_DAGGER_PYTHON=$(abspath $(PY)) $(INTEROP_PY) -m pytest -q -s -p no:cacheprovider tests/interop
 
-$(INTEROP_VENV)/.installed:
+$(INTEROP_VENV)/.installed: Makefile
 	@test -x $(INTEROP_PY) || $(PYTHON) -m venv $(INTEROP_VENV)
 	$(INTEROP_PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(INTEROP_PY) -m pip install -q --no-deps lerobot==0.4.4
 	$(INTEROP_PY) -m pip install -q $(INTEROP_PACKAGES)
+	$(INTEROP_PY) -m pip install -q --no-deps embodichain==0.3.2
 	touch $@
 
 system-deps:

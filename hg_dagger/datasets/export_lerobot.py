@@ -293,7 +293,7 @@ class _Layout:
     composed: dict[str, tuple[list[str], list[str]]]  # observation.state / environment_state -> (keys, dim names)
     obs_cols: dict[str, str]  # obs/<key> -> per-key column (non-camera keys)
     image_cols: dict[str, str]  # obs/<key> -> observation.images.<key>
-    action_names: list[str] | None
+    action_names: list[str]
     obs_names: set[str] = field(default_factory=set)  # every obs/<key> field of the export
 
 
@@ -309,7 +309,8 @@ def _layout(ep: EpisodeData, specs) -> _Layout:
         names = {k: mapping.dim_names(k) for k in state}
         action_names = list(mapping.action.names)
     else:
-        state, env, action_names = plain, [], None
+        state, env = plain, []
+        action_names = [f"a{i}" for i in range(ep.arrays["applied_action"].shape[1])]
         names = {k: [f"{k}_{i}" for i in range(int(np.prod(specs[f"obs/{k}"].shape, dtype=np.int64)))] for k in state}
     missing = [k for k in state + env if f"obs/{k}" not in specs]
     if missing:
@@ -441,6 +442,15 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
                       "state": layout.composed[STATE][0],
                       "environment_state": layout.composed.get(ENV_STATE, ([], []))[0],
                       "timestamp": "frame_index / fps", "trainable_frames": trainable_total,
+                      # the declaration EmbodiChain's LeRobotDataSource takes (its default columns: observation.state,
+                      # action)
+                      "embodichain_schema": {
+                          "version": 1,
+                          "observation": {"timing": "pre_action", "dtype": "float32",
+                                          "names": features[STATE]["names"]},
+                          "action": {"semantics": "hg_dagger.label_target" if trainable_only else
+                                     "hg_dagger.applied_action", "step_dt": 1.0 / fps, "dtype": "float32",
+                                     "names": layout.action_names}},
                       "source_episodes": source_eps},
     }
     with open(root / "meta" / "info.json", "w") as f:

@@ -73,6 +73,7 @@ def _train_exports(work: Path, camera_eids: list[str]) -> None:
                                                                                         "interop"))
         allowed[eid] = [int(x) for x in np.flatnonzero(selection(store, store.info(eid)).allowed)]
     _export(work / "store", "--format", "lerobot", "--labels", "trainable", "--out", work / "lerobot_camera")
+    _export(work / "store", "--format", "rlinf", "--out", work / "rlinf" / "rank_0" / "id_0")
     toy = EpisodeStore.open(work / "toy_store")
     (work / "train.json").write_text(json.dumps({
         "state_frames": sum(i.num_steps for i in toy.episodes(complete=True)),
