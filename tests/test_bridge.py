@@ -518,6 +518,34 @@ def test_a_retried_step_is_applied_once(robot):
     assert "replayed" not in other and raw.request({"type": Msg.STATUS})["steps"] == 2
 
 
+def test_a_step_applied_before_a_heartbeat_loss_is_refused_while_the_robot_holds(tmp_path):
+    robot = Robot(tmp_path, heartbeat=0.3)
+    try:
+        raw = authed(robot.port)
+        raw.request({"type": Msg.RESET, "seed": 0})
+        step = {"type": Msg.STEP, "action": np.full((1, 2), 0.5, np.float32), "cid": "abc:1"}
+        first = raw.request(dict(step))
+        assert first["type"] == Msg.OBS and first["state"] == RobotState.RUNNING
+        assert raw.closed_by_peer()  # its reply was "lost" and the app went silent: heartbeat loss
+        assert robot.wait_log("heartbeat lost from 127.0.0.1")
+        raw = authed(robot.port)
+        again = raw.request(dict(step))  # the app re-sends the command it never saw answered
+        assert again["type"] == Msg.ERROR and again["code"] == ErrorCode.STATE and again["state"] == RobotState.HOLD
+        assert "heartbeat lost" in again["message"] and "'abc:1' was applied before it" in again["message"]
+        assert "replayed" not in again
+        status = raw.request({"type": Msg.STATUS})
+        assert status["steps"] == 1 and status["state"] == RobotState.HOLD
+        raw.request({"type": Msg.RESUME, "by": "alice"})  # once a person resumes, the retry is answered once
+        replayed = raw.request(dict(step))
+        assert replayed.get("replayed") is True and replayed["state"] == RobotState.RUNNING
+        assert_same_obs(replayed["obs"], first["obs"])
+        assert raw.request({"type": Msg.STATUS})["steps"] == 1
+        raw.send({"type": Msg.BYE})
+        raw.close()
+    finally:
+        robot.stop()
+
+
 def test_client_reconnects_after_the_robot_server_restarts(tmp_path):
     robot = Robot(tmp_path)
     port = robot.port

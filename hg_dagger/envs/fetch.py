@@ -28,6 +28,9 @@ NEAR_TABLE = 0.018  # the grip site stops ~15 mm above the table when the finger
 class FetchVecEnv(MujocoRowsEnv):
     # the table from the front-left, far enough back to show the whole workspace and goals in the air
     view_camera = {"lookat": [1.3, 0.75, 0.62], "distance": 1.6, "azimuth": 150.0, "elevation": -22.0}
+    # Fetch puts its mocap on the gripper plus the step's displacement at every step, so a target left
+    # where the arm was moving is gone at the next step; a held row's pin is put back after it
+    mocap_writer = "_set_action"
 
     def _make_row(self) -> Any:
         import contextlib
@@ -84,6 +87,9 @@ class FetchVecEnv(MujocoRowsEnv):
 
     def _raw_shapes(self, raw: Any) -> dict[str, tuple[int, ...]]:
         return {k: v.shape for k, v in raw.items()}
+
+    def _current_raw(self, i: int) -> Any:
+        return self.envs[i]._get_obs()  # reads the simulator's state; changes nothing
 
     def _write_obs(self, raw: Any, out, i: int) -> None:
         out["observation"][i] = raw["observation"]

@@ -27,6 +27,12 @@ LIFTED = 0.02
 class MetaWorldVecEnv(MujocoRowsEnv):
     # a free camera in front of the table, facing the robot: hand, object and goal in one upright frame
     view_camera = {"lookat": [0.0, 0.65, 0.18], "distance": 1.15, "azimuth": -60.0, "elevation": -25.0}
+    # Meta-World adds the step's displacement to its mocap and resets the mocap's orientation at every
+    # step; a held row's pin (orientation included) is put back after it
+    mocap_writer = "set_xyz_action"
+    # the Sawyer arm has 7 joints for its 6-D weld: with the hand pinned its elbow still swings under
+    # gravity and drags the hand ~2 mm over 10 steps; braked joints (damping 10 -> 1e4) keep it still
+    hold_brake_damping = 1e4
 
     def _make_row(self) -> Any:
         with warnings.catch_warnings():
@@ -73,6 +79,15 @@ class MetaWorldVecEnv(MujocoRowsEnv):
     def _write_obs(self, raw: Any, out, i: int) -> None:
         out["observation"][i] = raw[:36]
         out["desired_goal"][i] = raw[36:39]
+
+    def _current_raw(self, i: int) -> Any:
+        """Meta-World's 39-d vector of the state now. Its own _get_obs would shift the frame stack; here
+        the stacked previous frame stays the one the last observation carried."""
+        env = self.envs[i]
+        prev = self._last_obs["observation"][i, 18:36]
+        raw = np.hstack((env._get_curr_obs_combined_no_goal(), prev, env._get_pos_goal()))
+        space = env.sawyer_observation_space
+        return np.clip(raw, space.low, space.high)  # as Meta-World's step clips it
 
     def _signal_names(self) -> tuple[str, ...]:
         return ("progress", "contact_force", "object_dropped")

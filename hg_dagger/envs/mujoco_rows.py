@@ -5,16 +5,22 @@ auto-reset): horizon, auto-reset and final_obs follow the VecEnv contract here, 
 step returns freshly allocated arrays, so the previous call's obs stays valid as the pre-action
 observation. A camera key ("rgb" by default) is rendered offscreen with lean settings by one
 renderer shared by all rows (the rows' models are identical).
+
+``hold()`` pins each row's arm where it is (``pin_arm``): the mocap target welded to the hand goes to
+the pose that keeps the hand still, the arm's joint velocities go to zero, and zero-motion steps keep
+the target there until a step commands motion again or the row resets.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import logging
 import os
 import threading
 import weakref
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,6 +69,95 @@ def contact_force(model, data, geoms: np.ndarray, exclude: np.ndarray | None = N
         csum = np.concatenate(([0.0], np.cumsum(force)))
         return float(np.abs(csum[adr + width] - csum[adr]).sum())
     return float(np.abs(force[adr]).sum())
+
+
+# joints damped this hard (Fetch's base slides and torso lift) are locked in place by the model: their
+# velocity is not motion anyone commanded, and zeroing it only jolts them against their limits
+LOCKED_DAMPING = 1e5
+MAX_SAG_CORRECTION = 0.005  # m (free-space corrections are 0-4 mm); a hand blocked by contact is not pressed harder
+
+
+def mocap_welds(model) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(mocap id, welded body, rel_pos, rel_quat) per weld between a mocap body and a body: the weld is
+    satisfied when the mocap pose = body pose * (rel_pos, rel_quat)."""
+    import mujoco
+
+    out = []
+    for i in range(model.neq):
+        if model.eq_type[i] != mujoco.mjtEq.mjEQ_WELD:
+            continue
+        b1, b2 = int(model.eq_obj1id[i]), int(model.eq_obj2id[i])
+        rel_pos, rel_quat = model.eq_data[i, 3:6].copy(), model.eq_data[i, 6:10].copy()
+        if model.body_mocapid[b1] >= 0:  # body2 = mocap * rel, so mocap = body2 * rel^-1
+            mocap, body = int(model.body_mocapid[b1]), b2
+            mujoco.mju_negPose(rel_pos, rel_quat, model.eq_data[i, 3:6].copy(), model.eq_data[i, 6:10].copy())
+        elif model.body_mocapid[b2] >= 0:  # mocap = body1 * rel
+            mocap, body = int(model.body_mocapid[b2]), b1
+        else:
+            continue
+        out.append((mocap, body, rel_pos, rel_quat))
+    return out
+
+
+@dataclass
+class Pin:
+    """A held arm: the mocap pose to keep applying, and the joint damping to restore when it is released."""
+
+    mocap_pos: np.ndarray
+    mocap_quat: np.ndarray
+    damping: np.ndarray | None = None  # the model's dof_damping before the brake, when braked
+
+    def release(self, model) -> None:
+        if self.damping is not None:
+            model.dof_damping[:] = self.damping
+            self.damping = None
+
+
+def pin_arm(model, data, settle_steps: int, brake: float | None = None) -> Pin | None:
+    """Hold every mocap-driven arm where it is, without advancing time. Returns the Pin to keep
+    applying (and release), or None when the model has no mocap weld.
+
+    1. Each mocap target goes to the pose at which its weld is satisfied now (the hand's measured pose).
+    2. The robot's joint velocities go to zero (joints locked by LOCKED_DAMPING excepted), so no
+       commanded but unfinished motion carries on. With ``brake``, those joints' damping is raised to
+       it until the pin is released: an arm with more joints than its weld fixes (a 7-joint arm) can
+       otherwise swing its elbow under gravity with the hand held, and drag the hand along.
+    3. A weld is a soft spring: under the arm's weight the hand settles a few mm off its target. A
+       scratch copy of the simulation settles for ``settle_steps`` substeps and the target moves by
+       the opposite of where the hand went (twice: the correction moves the arm too), so the hand
+       stays where it was measured, as a position controller with integral action keeps it. The
+       real simulation does not advance; objects keep their state."""
+    import mujoco
+
+    welds = mocap_welds(model)
+    if not welds:
+        return None
+    mujoco.mj_forward(model, data)  # poses of the state now (a step can leave them a substep behind)
+    for mocap, body, rel_pos, rel_quat in welds:
+        pos, quat = np.zeros(3), np.zeros(4)
+        mujoco.mju_mulPose(pos, quat, data.xpos[body], data.xquat[body], rel_pos, rel_quat)
+        data.mocap_pos[mocap], data.mocap_quat[mocap] = pos, quat
+    robots = list({int(model.body_rootid[body]) for _, body, _, _ in welds})
+    dofs = np.isin(model.body_rootid[model.dof_bodyid], robots) & (model.dof_damping < LOCKED_DAMPING)
+    data.qvel[dofs] = 0.0
+    saved = None
+    if brake is not None:
+        saved = model.dof_damping.copy()
+        model.dof_damping[dofs] = np.maximum(saved[dofs], brake)
+    mujoco.mj_forward(model, data)
+    held = {body: data.xpos[body].copy() for _, body, _, _ in welds}
+    measured = data.mocap_pos.copy()
+    for _ in range(2 if settle_steps > 0 else 0):
+        scratch = copy.copy(data)
+        mujoco.mj_step(model, scratch, nstep=settle_steps)
+        for mocap, body, _, _ in welds:
+            shift = data.mocap_pos[mocap] - (scratch.xpos[body] - held[body]) - measured[mocap]
+            norm = float(np.linalg.norm(shift))
+            if norm > MAX_SAG_CORRECTION:
+                shift *= MAX_SAG_CORRECTION / norm
+            data.mocap_pos[mocap] = measured[mocap] + shift
+    mujoco.mj_forward(model, data)
+    return Pin(data.mocap_pos.copy(), data.mocap_quat.copy(), saved)
 
 
 _OPEN_CAMERAS: weakref.WeakSet = weakref.WeakSet()
@@ -131,6 +226,13 @@ class MujocoRowsEnv(VecEnv):
     # named camera, and its flip; subclasses set one that shows the gripper, object and goal
     view_camera: str | dict[str, Any] = {"lookat": [0.0, 0.0, 0.0], "distance": 2.0, "azimuth": 135.0, "elevation": -30.0}
     view_flip = "none"
+    # the raw action's motion dims come first (the gripper dims follow): a step with all of them 0 keeps a
+    # held arm pinned
+    motion_dims = 3
+    # the simulator's method that writes the mocap target on every step; a held row's pin goes back after it
+    mocap_writer: str | None = None
+    hold_settle_s = 0.5  # simulated time a scratch copy settles to find how far the hand sags (pin_arm)
+    hold_brake_damping: float | None = None  # joint damping while held (pin_arm's brake); None: no brake
 
     def __init__(self, mapping: TaskMapping, num_envs: int = 1, seed: int | None = None):
         self.task_id = mapping.task_id
@@ -155,6 +257,10 @@ class MujocoRowsEnv(VecEnv):
             self.close()
             raise
         self._t = np.zeros(self.num_envs, dtype=np.int64)
+        self._pins: list[Pin | None] = [None] * self.num_envs  # held rows
+        if self.mocap_writer is not None:
+            for i, env in enumerate(self.envs):
+                self._repin_after(i, env, self.mocap_writer)
         self._init_rows(seed)
 
     # ------------------------------------------------------------------ backend hooks
@@ -178,8 +284,33 @@ class MujocoRowsEnv(VecEnv):
     def _raw_shapes(self, raw: Any) -> dict[str, tuple[int, ...]]:
         """Shape per observation key of what _write_obs would copy from this raw observation."""
 
+    def _current_raw(self, i: int) -> Any | None:
+        """Row i's raw observation of the simulator's state now, changing nothing (for ``observe``);
+        None: the last step's observation stands for it."""
+        return None
+
     def _init_rows(self, seed: int | None) -> None:  # noqa: B027 - optional hook
         """Seed row random streams at construction."""
+
+    def _repin_after(self, i: int, env, method: str) -> None:
+        """Wrap ``env.<method>`` (the simulator's own per-step mocap write) so that a held row's mocap
+        target goes back on its pin right after it, before the physics substeps run."""
+        stock = getattr(env, method)
+
+        def write_then_repin(*args, **kwargs):
+            out = stock(*args, **kwargs)
+            pin = self._pins[i]
+            if pin is not None:
+                env.data.mocap_pos[:], env.data.mocap_quat[:] = pin.mocap_pos, pin.mocap_quat
+            return out
+
+        setattr(env, method, write_then_repin)
+
+    def _release(self, i: int) -> None:
+        """Row i is no longer held (a step commands motion, or the row resets)."""
+        pin, self._pins[i] = self._pins[i], None
+        if pin is not None:
+            pin.release(self.envs[i].model)
 
     def _signals(self, i: int, raw: Any, info: dict, out: dict[str, np.ndarray]) -> None:  # noqa: B027
         """Fill row i of the per-step simulator signals (info["signals"])."""
@@ -237,10 +368,21 @@ class MujocoRowsEnv(VecEnv):
         return {name: np.empty(shape, dtype) for name, shape, dtype in self._keys}
 
     def observe(self) -> tuple[Obs, dict] | None:
+        """Every row read from the simulator's state now (after ``hold()``: the held arm at rest). A state
+        nothing changed since the last step reads as that step's observation."""
         if not hasattr(self, "_last_obs"):
             return None
-        return ({k: v.copy() for k, v in self._last_obs.items()},
-                {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)})
+        obs = self._alloc()
+        t_obs = np.empty(self.num_envs, np.int64)
+        for i in range(self.num_envs):
+            raw = self._current_raw(i)
+            if raw is None:
+                for k, v in self._last_obs.items():
+                    obs[k][i] = v[i]
+            else:
+                self._fill(i, raw, obs)
+            t_obs[i] = now_ns()
+        return obs, {"t_obs": t_obs}
 
     def reset(self, seed=None, env_ids=None) -> tuple[Obs, dict]:
         rows = rows_of(env_ids, self.num_envs, where=self.task_id)
@@ -250,6 +392,7 @@ class MujocoRowsEnv(VecEnv):
             for k, v in self._last_obs.items():
                 obs[k][...] = v
         for i, s in zip(rows, seeds, strict=True):
+            self._release(int(i))
             raw = self._reset_row(int(i), s)
             self._check_raw(raw)
             self._fill(int(i), raw, obs)
@@ -295,6 +438,8 @@ class MujocoRowsEnv(VecEnv):
         t_apply = np.empty(n, np.int64)
         t_obs = np.empty(n, np.int64)
         for i in range(n):
+            if self._pins[i] is not None and np.any(a[i, : self.motion_dims] != 0):
+                self._release(i)  # commanded motion ends the hold
             t_apply[i] = now_ns()
             raw, r, ok, info = self._step_row(i, a[i])
             self._fill(i, raw, obs)
@@ -311,6 +456,7 @@ class MujocoRowsEnv(VecEnv):
             obs = {k: v.copy() for k, v in obs.items()}
             rows = np.flatnonzero(done)
             for i in rows:
+                self._release(int(i))
                 self._fill(int(i), self._reset_row(int(i), None), obs)
                 t_obs[i] = now_ns()
             self._t[rows] = 0
@@ -327,34 +473,14 @@ class MujocoRowsEnv(VecEnv):
         return StepResult(obs, reward, terminated, truncated, info)
 
     def hold(self) -> None:
-        """Hold position in every row: each mocap target welded to the arm moves to where the arm is now
-        (so no commanded but unfinished motion carries on when stepping resumes) and the robot's joint
-        velocities go to zero. Objects keep their state; nothing advances in time."""
-        import mujoco
-
-        for env in self.envs:
-            model, data = env.model, env.data
-            robots = set()
-            for i in range(model.neq):
-                if model.eq_type[i] != mujoco.mjtEq.mjEQ_WELD:
-                    continue
-                b1, b2 = int(model.eq_obj1id[i]), int(model.eq_obj2id[i])
-                rel_pos, rel_quat = model.eq_data[i, 3:6].copy(), model.eq_data[i, 6:10].copy()
-                if model.body_mocapid[b1] >= 0:  # body2 = mocap * rel, so mocap = body2 * rel^-1
-                    mocap, body = int(model.body_mocapid[b1]), b2
-                    mujoco.mju_negPose(rel_pos, rel_quat, model.eq_data[i, 3:6].copy(), model.eq_data[i, 6:10].copy())
-                elif model.body_mocapid[b2] >= 0:  # mocap = body1 * rel
-                    mocap, body = int(model.body_mocapid[b2]), b1
-                else:
-                    continue
-                pos, quat = np.zeros(3), np.zeros(4)
-                mujoco.mju_mulPose(pos, quat, data.xpos[body], data.xquat[body], rel_pos, rel_quat)
-                data.mocap_pos[mocap], data.mocap_quat[mocap] = pos, quat
-                robots.add(int(model.body_rootid[body]))
-            if robots:
-                dofs = np.isin(model.body_rootid[model.dof_bodyid], list(robots))
-                data.qvel[dofs] = 0.0
-                mujoco.mj_forward(model, data)
+        """Hold position in every row (``pin_arm``): the hand's mocap target goes where the hand is (corrected
+        for the weld's sag), the arm's joint velocities go to zero, and steps whose motion dims are all 0
+        keep the target pinned there (gripper dims still apply) until a step commands motion or the row
+        resets. Objects keep their state; nothing advances in time."""
+        for i, env in enumerate(self.envs):
+            self._release(i)  # a second hold pins the arm where it is now, with the model's own damping
+            steps = int(round(self.hold_settle_s / env.model.opt.timestep))
+            self._pins[i] = pin_arm(env.model, env.data, steps, self.hold_brake_damping)
 
     def close(self) -> None:
         with self._views_lock:

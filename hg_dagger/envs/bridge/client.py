@@ -1,7 +1,9 @@
 """The app side of the bridge: ``BridgeEnv``, a VecEnv that drives a remote robot over TCP.
 
 It maps robot timestamps onto our monotonic clock (ping/pong, ClockMapping), refuses bad actions
-before they leave the process, keeps the session alive with a heartbeat thread, and reconnects with
+before they leave the process, keeps the session alive with a heartbeat thread that runs from the
+moment a session opens (before the clock sync, the mapping check and whatever the caller loads next),
+and reconnects with
 bounded, backed-off retries when the connection drops. A step that was in flight when the link
 dropped is re-sent with the same command id, and the robot answers it without stepping twice.
 
@@ -113,9 +115,17 @@ class BridgeEnv(VecEnv):
         self._restarted_from: str | None = None  # set when we reconnect to a new robot process, until reset()
         self._closed = False
         self._resumed_note = ""  # an automatic resume, reported once in the next reply's info
+        self._heartbeat = bool(heartbeat)
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None  # started when the first session opens
 
-        with self._request_lock:
-            self._connect_with_retries()
+        try:
+            with self._request_lock:
+                self._connect_with_retries()
+        except BaseException:
+            self._heartbeat_stop.set()  # a session may have opened (and its heartbeat started) before the failure
+            self._disconnect()
+            raise
         w = self._welcome
         if task_id is not None and w["task_id"] != task_id:
             self.close()
@@ -136,11 +146,6 @@ class BridgeEnv(VecEnv):
             )
         self._view_key = next(iter(image_keys(self._mapping)), None)  # the robot camera the task already sends
         self._last_obs: Obs | None = None
-        self._heartbeat_stop = threading.Event()
-        self._heartbeat_thread = None
-        if heartbeat:
-            self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="bridge-heartbeat", daemon=True)
-            self._heartbeat_thread.start()
 
     # ------------------------------------------------------------------ VecEnv
     @property
@@ -406,6 +411,7 @@ class BridgeEnv(VecEnv):
             self._sock = sock
         previous = self._instance
         self._welcome, self._instance = welcome, welcome["instance"]
+        self._start_heartbeat()  # the robot's watchdog counts from the welcome
         if reconnect:
             self.reconnects += 1
             if not same_robot and self._restarted_from is None:
@@ -430,6 +436,12 @@ class BridgeEnv(VecEnv):
         except _Dropped:
             self._disconnect()
             raise
+
+    def _start_heartbeat(self) -> None:
+        """Start the heartbeat thread once, at the first session's welcome; it serves every reconnect after."""
+        if self._heartbeat and self._heartbeat_thread is None:
+            self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="bridge-heartbeat", daemon=True)
+            self._heartbeat_thread.start()
 
     def _heartbeat_loop(self) -> None:
         frame = encode({"type": Msg.HEARTBEAT})

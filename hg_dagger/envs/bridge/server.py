@@ -8,7 +8,10 @@ The robot only moves on ``reset`` and ``step``. In ``hold`` (safe stop) and ``es
 ``step``. Entering either from ``running`` commands the backend to hold (``VecEnv.hold``): a robot
 driver stops and holds position (``hold_action``: motion dims 0, gripper dims keep their last
 command), the MuJoCo backends stop the arm where it is; the robot stops because it was told to, not
-because commands happen to stop. Every obs reply carries per-row fault flags: "estop" (the robot is
+because commands happen to stop. ``observe`` reads the backend now (``VecEnv.observe``), so a monitor
+sees a held robot as it is. The heartbeat watchdog guards motion: a session silent past the timeout
+while the robot runs is dropped and the robot holds; while it holds there is nothing to stop, so a
+silent session (an app still starting up) keeps its session. Every obs reply carries per-row fault flags: "estop" (the robot is
 e-stopped; a backend that reports "estop" in its step/reset info latches it) and "sensor_loss" (the
 backend said so, or a step returned an observation whose timestamp did not advance).
 
@@ -106,6 +109,7 @@ class _Conn:
     last_rx: int
     authed: bool = False
     closed: bool = False
+    quiet_logged: bool = False  # its silence while the robot holds was logged
 
 
 @dataclass
@@ -340,7 +344,19 @@ class BridgeServer:
                 self._refuse(conn, ErrorCode.HANDSHAKE_TIMEOUT,
                              f"no hello within {self.config.handshake_timeout_s:g} s")
         active = self._active
-        if active is not None and t - active.last_rx > self.config.heartbeat_timeout_s * 1e9:
+        silent = active is not None and t - active.last_rx > self.config.heartbeat_timeout_s * 1e9
+        if silent and self.state != RobotState.RUNNING:
+            # a held (or e-stopped) robot has no motion to stop, so the session stays: an app still loading
+            # (importing torch holds Python's GIL, heartbeat thread included, for over 0.5 s on a busy
+            # machine) keeps it. Only its own reset or resume runs the robot again, and that ends the silence.
+            if not active.quiet_logged:
+                active.quiet_logged = True
+                log.info("session from %s silent for over %.0f ms while the robot is in %s; kept (nothing moves)",
+                         active.peer, self.config.heartbeat_timeout_s * 1e3, self.state)
+            return
+        if active is not None and not silent:
+            active.quiet_logged = False
+        if silent:
             silent_ms = (t - active.last_rx) / 1e6
             self.counters.heartbeat_losses += 1
             log.warning("heartbeat lost from %s: silent for %.0f ms (timeout %.0f ms)", active.peer, silent_ms,
@@ -428,9 +444,12 @@ class BridgeServer:
                 "session": self._active.peer if self._active else None,
                 "hold_action": hold_action(self._names, self._last_action, self.env.num_envs)}
 
-    def _obs_reply(self, t_recv: int, **fields) -> dict:
-        return {"type": Msg.OBS, "state": self.state, "obs": self._obs, "t_obs": self._t_obs, "t_recv": t_recv,
-                "estop": self._estop_rows(), "sensor_loss": self._sensor_loss, **fields, "t_send": now_ns()}
+    def _obs_reply(self, t_recv: int, *, obs=None, t_obs=None, sensor_loss=None, **fields) -> dict:
+        """An obs reply: the last reset/step's observation unless a fresh one (observe) is given."""
+        return {"type": Msg.OBS, "state": self.state, "obs": self._obs if obs is None else obs,
+                "t_obs": self._t_obs if t_obs is None else t_obs, "t_recv": t_recv, "estop": self._estop_rows(),
+                "sensor_loss": self._sensor_loss if sensor_loss is None else sensor_loss, **fields,
+                "t_send": now_ns()}
 
     def _estop_rows(self) -> np.ndarray:
         """bool [N]: an e-stopped robot refuses motion in every row."""
@@ -491,10 +510,12 @@ class BridgeServer:
         if cid is not None and not (isinstance(cid, str) and 0 < len(cid) <= MAX_CID):
             raise ProtocolError(f"step.cid must be a string of 1..{MAX_CID} characters, got {type(cid).__name__}",
                                 ErrorCode.MALFORMED)
-        if cid is not None and self._last_step is not None and self._last_step[0] == cid:
-            return dict(self._last_step[1], t_recv=t_recv, t_send=now_ns(), replayed=True)  # a retried command
-        if self.state != RobotState.RUNNING:
-            raise BridgeError(f"robot is in {self.state} ({self.reason}); step refused", ErrorCode.STATE)
+        applied = cid is not None and self._last_step is not None and self._last_step[0] == cid
+        if self.state != RobotState.RUNNING:  # a held robot answers no step, a re-sent one included
+            again = f"; the step with cid {cid!r} was applied before it" if applied else ""
+            raise BridgeError(f"robot is in {self.state} ({self.reason}){again}; step refused", ErrorCode.STATE)
+        if applied:  # a retried command: answered from the stored reply, not stepped twice
+            return dict(self._last_step[1], t_recv=t_recv, t_send=now_ns(), replayed=True)
         action = msg.get("action")
         if not isinstance(action, np.ndarray):
             raise BridgeError(f"step.action must be an ndarray, got {type(action).__name__}", ErrorCode.BAD_ACTION)
@@ -529,7 +550,17 @@ class BridgeServer:
         return reply
 
     def _observe(self, _msg: dict) -> dict:
-        return self._obs_reply(now_ns(), t_action_apply=np.int64(NO_TIME))
+        """The backend's observation now (it does not move); a backend that cannot observe without stepping
+        answers with the last reset/step's. Sensor loss: the backend's flag for this sample, or the last
+        reset/step's."""
+        t_recv = now_ns()
+        got = self.env.observe()
+        if got is None:
+            return self._obs_reply(t_recv, t_action_apply=np.int64(NO_TIME))
+        obs, info = got
+        loss = self._sensor_loss | fault_flags(info, "sensor_loss", self.env.num_envs)
+        return self._obs_reply(t_recv, obs=obs, t_obs=self._times(info, "t_obs", now_ns()), sensor_loss=loss,
+                               t_action_apply=np.int64(NO_TIME))
 
     def _ping(self, _msg: dict) -> dict:
         return {"type": Msg.PONG, "t_robot": now_ns()}
