@@ -261,6 +261,8 @@ def test_the_task_key_map_is_on_screen_and_keys_show_as_not_engaged(qtbot, conso
     show(qtbot, win, slot, running())
     assert [b.name for b in win.device.bars] == ["dx", "dy", "dz", "gripper"]
     assert win.device.bars[3].control == "G (toggle)"
+    win.help_action.trigger()
+    assert win.help_dialog.task_keys.text().startswith("<b>fetch_pick_place</b>: W / S: dx")
 
 
 def test_estop_latched_text_fits_its_button(qtbot, console):
@@ -271,6 +273,8 @@ def test_estop_latched_text_fits_its_button(qtbot, console):
     assert e.button.fontMetrics().horizontalAdvance(e.button.text()) < e.button.width()
     assert e.detail.fontMetrics().horizontalAdvance(e.detail.text()) <= e.detail.width()
     assert e.detail.text().startswith("keyboard: Esc key") and e.detail.toolTip().endswith("in a hurry")
+    assert e.detail.geometry().top() > e.button.geometry().bottom()  # beneath the button, not over it
+    assert e.reset.geometry().top() > e.detail.geometry().bottom()
 
 
 def test_rounds_show_requests_what_reached_training_and_several_rows(qtbot, console, tmp_path):
@@ -325,3 +329,15 @@ def test_a_task_from_the_command_line_wins_over_the_remembered_one(qtbot, settin
     given = StartDialog(settings=settings, task="toy_reach")
     qtbot.addWidget(given)
     assert given.task.currentText() == "toy_reach"
+
+
+def test_the_window_with_its_review_page_fits_a_1000_pixel_screen(qtbot, settings, tmp_path):
+    win = MainWindow(LatestSlot(), CommandQueue(), settings=settings, scan=lambda: [KEYBOARD],
+                     review_store=str(tmp_path / "store.zarr"))
+    qtbot.addWidget(win)
+    assert win.minimumSizeHint().height() <= 900, win.minimumSizeHint()  # the review page scrolls instead
+    win.show_review()
+    assert win.reviewing
+    win.show_console()
+    assert not win.reviewing
+    win.close()

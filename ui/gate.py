@@ -160,6 +160,7 @@ class HandoverBanner(QFrame):
         self.device_kind = "keyboard"
         self._keymap: tuple[str, str] = ("", "")
         self.keys_text = ""  # the task's key map in one line ("W / S shoulder_vel · A / D elbow_vel")
+        self.keymap_task = ""
         self._set_look("calm")
 
     def _fonts(self) -> None:
@@ -202,6 +203,7 @@ class HandoverBanner(QFrame):
         except Exception:  # an unknown task config: the banner still asks, without the key map
             rows = []
         self.keys_text = "   ·   ".join(f"{r.control}: {r.action}" for r in rows if r.control != "-")
+        self.keymap_task = task
         self.look = ""  # repaint the text with the new key map
 
     def elapsed_s(self) -> float:

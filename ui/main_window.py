@@ -20,9 +20,12 @@ from PyQt6.QtWidgets import (
     QApplication,
     QDialog,
     QDialogButtonBox,
+    QFrame,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QScrollArea,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -84,6 +87,9 @@ class HelpDialog(QDialog):
         lay = QVBoxLayout(self)
         lay.addWidget(QLabel("Motion keys act only while Space (the deadman) is held. Keys typed into a text "
                              "field stay text."))
+        self.task_keys = QLabel()  # which key moves which action of the current task
+        self.task_keys.setWordWrap(True)
+        lay.addWidget(self.task_keys)
         lay.addWidget(self.table)
         lay.addWidget(box)
         self.resize(560, 520)
@@ -132,7 +138,6 @@ class MainWindow(QMainWindow):
         self.banner.declined.connect(lambda: self.commands.put(DeclineRequest()))
         self.gate = GateLight()
         self.estop = EStopPanel(commands)
-        self.estop.setFixedHeight(self.gate.height())  # the top row keeps one height, latched or not
         self.view = LiveView()
         self.plots = PlotsPanel()
         self.controls = EpisodeControls(commands)
@@ -142,9 +147,14 @@ class MainWindow(QMainWindow):
         self.rounds = RoundsPanel()
         self.rounds.train_requested.connect(self.train_requested)
 
-        top = QHBoxLayout()
-        top.addWidget(self.gate, 3)
-        top.addWidget(self.estop, 1)
+        top = QGridLayout()  # banner over gate light, the e-stop beside both: a big target, latched text fits
+        top.addWidget(self.banner, 0, 0)
+        top.addWidget(self.gate, 1, 0)
+        top.addWidget(self.estop, 0, 1, 2, 1)
+        top.setColumnStretch(0, 3)
+        top.setColumnStretch(1, 1)
+        top.setVerticalSpacing(6)
+        self.estop.setFixedHeight(self.banner.height() + 6 + self.gate.height())
         self.split_view = QSplitter(Qt.Orientation.Horizontal)
         self.split_view.setObjectName("split_view")
         self.split_view.addWidget(self.view)
@@ -175,11 +185,17 @@ class MainWindow(QMainWindow):
         if review_store:
             # the reviewer is asked at the first decision: a pseudonym of their own, never the operator's
             self.review = ReviewWorkspace([review_store], None, operator=operator, load=False)
-            self.pages.addTab(self.review, "Review")
+            # in a scroll area: however tall the review page wants to be, the window (and the console in it)
+            # still fits the screen
+            scroll = QScrollArea()
+            scroll.setObjectName("review_scroll")
+            scroll.setWidgetResizable(True)
+            scroll.setFrameShape(QFrame.Shape.NoFrame)
+            scroll.setWidget(self.review)
+            self.pages.addTab(scroll, "Review")
         self.pages.tabBar().setVisible(self.review is not None)
         central = QWidget()
         lay = QVBoxLayout(central)
-        lay.addWidget(self.banner)
         lay.addLayout(top)
         lay.addWidget(self.pages, 1)
         self.setCentralWidget(central)
@@ -229,17 +245,19 @@ class MainWindow(QMainWindow):
     def show_help(self) -> None:
         if self.help_dialog is None:
             self.help_dialog = HelpDialog(self)
+        task, keys = self.banner.keymap_task, self.banner.keys_text
+        self.help_dialog.task_keys.setText(f"<b>{task}</b>: {keys}" if task and keys else "")
         self.help_dialog.show()
         self.help_dialog.raise_()
 
     # ---- pages -------------------------------------------------------------------------------
     @property
     def reviewing(self) -> bool:
-        return self.review is not None and self.pages.currentWidget() is self.review
+        return self.review is not None and self.pages.currentIndex() == 1
 
     def show_review(self) -> None:
         if self.review is not None:
-            self.pages.setCurrentWidget(self.review)
+            self.pages.setCurrentIndex(1)
 
     def show_console(self) -> None:
         self.pages.setCurrentIndex(0)
