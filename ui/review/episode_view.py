@@ -119,12 +119,18 @@ class Timeline(pg.PlotWidget):
                     self._add(region)
                     self.regions.append((a, b, kind))
         self.markers, self.marker_texts = [], []
+        waits = 0
         for m in data.markers:
             colour, label = MARKER_STYLE.get(m.kind, (style.NEUTRAL, m.kind))
-            label = m.text or label
+            position, fill = 0.95, None
+            if m.kind == WAIT_MARKER:
+                # a wait that left no rows (the world paused) says it all; beside held steps a short label will do
+                held = 0 < m.step <= n and data.kinds[m.step - 1] == "waiting"
+                label = m.short if held else m.text
+                position, fill = (0.3, 0.6)[waits % 2], _rgba("#ffffff", 210)  # neighbours alternate heights
+                waits += 1
             line = pg.InfiniteLine(pos=m.step + 0.5, angle=90, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine),
-                                   label=label or None, labelOpts={"position": 0.5 if m.text else 0.95, "color": colour,
-                                                                   "fill": _rgba("#ffffff", 200) if m.text else None})
+                                   label=label or None, labelOpts={"position": position, "color": colour, "fill": fill})
             line.setToolTip(f"{m.text or m.kind} at step {m.step}" + (f": {m.reason}" if m.reason else ""))
             self._add(line)
             self.markers.append((m.step, m.kind))
@@ -418,6 +424,8 @@ class EpisodeView(QWidget):
         split.addWidget(self.frame)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
+        self.split = split
+        self._split_placed = False
         legend = QLabel("  ".join(f'<span style="color:{STEP_KINDS[k][0]}">&#9632;</span> {STEP_KINDS[k][1]}'
                                   for k in LEGEND_KINDS))
         lay = QVBoxLayout(self)
@@ -466,6 +474,13 @@ class EpisodeView(QWidget):
         self.step_label.setText(f"step {step} / {d.num_steps - 1}, {step / max(d.control_hz, 1e-6):.2f} s  "
                                 f"({d.step_text(step)})")
         self.step_changed.emit(step)
+
+    def showEvent(self, event):  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if not self._split_placed and self.split.width() > 0:
+            self._split_placed = True  # plots 3 : picture 2 at first; the reviewer's splitter moves are kept
+            w = self.split.width()
+            self.split.setSizes([w * 3 // 5, w - w * 3 // 5])
 
     def scrub_keys_in(self, area: QWidget) -> None:
         """Let Left/Right/Space scrub wherever focus is in ``area`` (the workspace), not only on this view."""

@@ -193,7 +193,8 @@ class Marker:
     step: int
     kind: str
     reason: str = ""
-    text: str = ""  # the label drawn on the timeline; empty: the kind's own
+    text: str = ""  # what it says (a wait: "waited 4.2 s for operator"); empty: the kind's own label
+    short: str = ""  # the same, short ("4.2 s"), drawn where the held steps beside it already show the wait
 
 
 WAIT_MARKER = "request_end"
@@ -202,19 +203,19 @@ how long the request waited for the person. Where the simulator paused meanwhile
 this marker is all the timeline shows of it; where the robot held, the held steps read "waiting for operator"."""
 
 
-def wait_text(values: dict[str, Any]) -> str | None:
-    """The timeline label of an event that ended a handover request (``waited 4.2 s for operator``, with
-    ``declined`` or ``expired`` when the person did not take over), or None for any other event. The time is
-    control time (ticks waited x the step period: a live loop's clock, and the same in a run faster than real
-    time); the wall time where an older record has only that."""
+def wait_text(values: dict[str, Any]) -> tuple[str, str] | None:
+    """The timeline labels of an event that ended a handover request, long and short (``waited 4.2 s for
+    operator`` and ``4.2 s``, with ``declined`` or ``expired`` when the person did not take over), or None for
+    any other event. The time is control time (ticks waited x the step period: a live loop's clock, and the
+    same in a run faster than real time); the wall time where an older record has only that."""
     outcome = values.get("outcome")
     seconds = values.get("wait_s")
     if seconds is None:
         seconds = values.get("wait_wall_s")
     if not isinstance(outcome, str) or isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return None
-    text = f"waited {float(seconds):.1f} s for operator"
-    return text if outcome == "answered" else f"{text}, {outcome}"
+    suffix = "" if outcome == "answered" else f", {outcome}"
+    return f"waited {float(seconds):.1f} s for operator{suffix}", f"{float(seconds):.1f} s{suffix}"
 
 
 def step_kinds(action_source: np.ndarray, control_state: np.ndarray | None) -> list[str]:
@@ -310,7 +311,7 @@ def load_episode(store: EpisodeStore | str | os.PathLike, episode_id: str) -> Ep
             continue
         waited = wait_text(e.values) if e.kind.value == WAIT_MARKER else None
         if waited is not None:
-            markers.append(Marker(int(e.step), WAIT_MARKER, e.reason or "", waited))
+            markers.append(Marker(int(e.step), WAIT_MARKER, e.reason or "", *waited))
         elif e.kind.value in MARKER_KINDS:
             markers.append(Marker(int(e.step), e.kind.value, e.reason or ""))
     action = mapping.get("action") or {}
