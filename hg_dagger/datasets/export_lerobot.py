@@ -504,6 +504,9 @@ def _features(ep: EpisodeData, specs, layout: _Layout, codec, fps: float) -> dic
     for name, col in layout.image_cols.items():
         shape = list(specs[name].shape)
         feats[col] = {"dtype": "video" if codec else "image", "shape": shape, "names": ["height", "width", "channels"]}
+        if codec and (shape[0] % 2 or shape[1] % 2):
+            raise ExportError(f"{name}: camera frames are {shape[0]}x{shape[1]}; --video (yuv420p) needs an even "
+                              "height and width; export without --video (PNG frames)")
         if codec:
             feats[col]["info"] = {"video.height": shape[0], "video.width": shape[1], "video.codec": codec[1],
                                   "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": fps,
