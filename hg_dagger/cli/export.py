@@ -9,9 +9,10 @@ import json
 def register(sub) -> None:
     p = sub.add_parser(
         "export",
-        help="write episodes of a store as a LeRobot v3.0 dataset or an ODS-compatible TensorDict (every step, "
-        "with the per-frame label mask and intervention flags), or their trainable labels as an RLinf "
-        "online-DAgger shard; the output folder must be new or empty",
+        help="write episodes of a store as a LeRobot v3.0 dataset (every step with the per-frame label mask, or "
+        "with --labels trainable only the labels training may use, ready for lerobot-train) or an ODS-compatible "
+        "TensorDict with the DAgger schema, or their trainable labels as an RLinf online-DAgger shard; the output "
+        "folder must be new or empty",
     )
     p.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     p.add_argument("--format", required=True, choices=("lerobot", "ods", "rlinf"),
