@@ -331,6 +331,8 @@ def test_keys_on_the_apps_review_tab_scrub_the_review_and_never_reach_the_robot(
     ws = win.review
     qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
     _select(qtbot, ws, ws.browser.visible_rows()[0])
+    qtbot.waitUntil(lambda: ws.episode.frame.state == "rendered", timeout=WAIT)  # the tab shows the scene too
+    assert len(ws.episode.frame.scene.frames) == ws.episode.data.num_steps
     start = ws.episode.step
     q.drain()
     table = ws.browser.table
