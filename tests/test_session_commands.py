@@ -81,6 +81,8 @@ def test_discard_undo_and_flag_hit_exactly_the_episode_they_name(loop):
     lp.commands.put(live.FlagCorrection(window, "I overshot"))
     flagged = _settled(lp, lambda s: "flagged" in s.message)
     assert window[:12] in flagged.message
+    lp.commands.put(live.DiscardEpisode("blurry", episode_id=y))
+    _settled(lp, lambda s: s.discarded_this_sitting == (z, y))
     lp.stop()
 
     st = EpisodeStore.open(store)
@@ -94,8 +96,14 @@ def test_discard_undo_and_flag_hit_exactly_the_episode_they_name(loop):
     assert infos[z].end.end_reason == EndReason.OPERATOR_ABORT and any(e.values.get("discarded")
                                                                        for e in infos[z].end.events)
     assert st.labels(z).author.startswith("operator:") and _trainable(st, z) == 0
-    others = [e for e in infos if e not in (x, z)]
-    assert all(_trainable(st, e) == _trainable(st, e, 1) for e in others) and _trainable(st, y) > 0, \
+    from hg_dagger.review.replay import replay_store
+
+    assert _trainable(st, y, 1) > 0 and _trainable(st, y) == 0
+    replay_store(EpisodeStore.open(store, mode="a"), episodes=[y], author="replay-check", progress=False)
+    st.refresh()
+    assert st.labels(y).author == "replay-check" and _trainable(st, y) == 0, "a replay result keeps the discard"
+    others = [e for e in infos if e not in (x, y, z)]
+    assert all(_trainable(st, e) == _trainable(st, e, 1) for e in others) and any(_trainable(st, e) for e in others), \
         "every other episode stays as trainable as it was recorded"
     owner = next(e for e in infos if any(w.window_id == window for w in st.labels(e).windows))
     layer = st.labels(owner)

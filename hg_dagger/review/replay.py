@@ -119,7 +119,9 @@ def replay_store(
                                                    skipped="incomplete (never committed): nothing recorded"))
                 continue
             check = remote[info.episode_id] if remote else replay_episode(store, info.episode_id)
-            version = store.write_labels(info.episode_id, author=author, replay=check) if write else None
+            # the latest mask stays: a stricter one (a reviewer's, an operator's discard) is never undone by a replay
+            version = store.write_labels(info.episode_id, author=author, replay=check,
+                                         mask=store.labels(info.episode_id).mask) if write else None
             report.results.append(ReplayResult(info.episode_id, info.task_id, check, version))
             bar.set_postfix(mismatch=len(report.mismatches), refresh=False)
     finally:
