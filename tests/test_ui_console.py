@@ -286,6 +286,8 @@ def test_rounds_show_requests_what_reached_training_and_several_rows(qtbot, cons
     assert t.rowCount() == 4
     visible = t.viewport().height() // t.rowHeight(0)
     assert visible >= 3, f"the rounds table shows {visible} rows"
+    assert t.horizontalHeader().length() <= t.viewport().width()  # every column in view, none cut
+    assert all(t.columnWidth(c) >= t.sizeHintForColumn(c) for c in range(t.columnCount()))
     selection = {"labels": 1020, "allowed": 956, "rejected": 20, "qc_failed": 15, "not_reviewed": 29}
     text = training_summary(selection)
     assert text == "956 of 1,020 labels reached training; 29 not reviewed, 20 rejected, 15 failed QC"

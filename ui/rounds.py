@@ -26,8 +26,11 @@ from PyQt6.QtWidgets import (
 from hg_dagger.control.live import Snapshot
 from hg_dagger.ui import style
 
-COLUMNS = (("round", "Round"), ("policy_version", "Policy"), ("episodes", "Episodes"),
-           ("success_rate", "Success"), ("intervention_rate", "Intervention"), ("human_labels", "Human labels"))
+# (key in snap.rounds, header, header tooltip): headers short enough that six columns fit the Rounds tab
+COLUMNS = (("round", "Round", "round (now: the student driving)"), ("policy_version", "Policy", "student version"),
+           ("episodes", "Eps", "episodes run"), ("success_rate", "Success", "success rate"),
+           ("intervention_rate", "Interv.", "intervention rate: share of steps you drove"),
+           ("human_labels", "Labels", "your labelled steps"))
 
 
 # TrainingBlock names (contract.labels) in the words the Rounds panel uses
@@ -85,11 +88,15 @@ class RoundsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels([t for _, t in COLUMNS])
+        self.table.setHorizontalHeaderLabels([t for _, t, _ in COLUMNS])
+        for c, (_, _, tip) in enumerate(COLUMNS):
+            self.table.horizontalHeaderItem(c).setToolTip(tip)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setStretchLastSection(True)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)  # the policy version gives way first
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.setWordWrap(False)
         self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         rows = self.table.fontMetrics().height() + 8
@@ -109,8 +116,9 @@ class RoundsPanel(QWidget):
             p.setMouseEnabled(x=False, y=False)
             p.setMenuEnabled(False)
             p.showGrid(x=False, y=True, alpha=0.25)
-        self.rates.setTitle(f"<span style='color:{style.AUTONOMOUS}'>&#9679; success</span> &nbsp; "
-                            f"<span style='color:{style.HUMAN}'>&#9679; intervention</span>", size="9pt")
+        self.rates.setTitle(f"<span style='color:{style.AUTONOMOUS}'>&#9679; success</span> "
+                            f"<span style='color:{style.HUMAN}'>&#9679; interv.</span>", size="8pt")
+        self.rates.getAxis("bottom").setTickSpacing(1, 1)
         sym = dict(symbol="o", symbolSize=7)
         self.success = self.rates.plot(pen=pg.mkPen(style.AUTONOMOUS, width=2), symbolBrush=style.AUTONOMOUS,
                                        name="success", **sym)
@@ -161,7 +169,7 @@ class RoundsPanel(QWidget):
         self._rounds = tuple(rounds)
         self.table.setRowCount(len(self._rounds))
         for r, rd in enumerate(self._rounds):
-            for c, (key, _) in enumerate(COLUMNS):
+            for c, (key, _, _) in enumerate(COLUMNS):
                 text = _cell(key, rd.get(key))
                 if key == "round" and rd.get("current"):
                     text += " (now)"
@@ -171,6 +179,7 @@ class RoundsPanel(QWidget):
         def col(key: str) -> np.ndarray:
             return np.array([float(rd.get(key, np.nan) or 0.0) for rd in self._rounds], dtype=float)
 
+        self.rates.setXRange(-0.5, max(1, len(self._rounds)) - 0.5, padding=0)  # one tick per round
         self.success.setData(x, col("success_rate"))
         self.intervention.setData(x, col("intervention_rate"))
 
