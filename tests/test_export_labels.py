@@ -214,3 +214,27 @@ def test_video_decodes_to_the_store_frames_within_the_stated_psnr(store, tmp_pat
             worst = min(worst, 10 * np.log10(255.0 ** 2 / max(mse, 1e-12)))
         assert eps["videos/observation.images.rgb/to_timestamp"][e] == pytest.approx(len(want) / FPS)
     assert worst >= VIDEO_PSNR_DB, f"{codec}: worst frame {worst:.1f} dB"
+
+
+def test_export_naming_is_checked_and_stays_out_of_the_mapping_hash(tmp_path):
+    import yaml
+
+    from hg_dagger.envs.mapping import TASKS_DIR
+    from hg_dagger.errors import ConfigError
+
+    data = yaml.safe_load((TASKS_DIR / "toy_reach.yaml").read_text())
+    shipped = load_mapping("toy_reach")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({k: v for k, v in data.items() if k != "export"}))
+    assert load_mapping(plain).hash == shipped.hash  # naming changes no recorded value
+    assert load_mapping(plain).dim_names("qpos") == ["qpos_0", "qpos_1"]
+    for export, message in [
+        ({"names": {"qpos": ["a"]}}, "export.names.qpos has 1 names; the key has 2 values"),
+        ({"names": {"nope": ["a"]}}, "export.names names 'nope', not an observation key"),
+        ({"environment_state": ["goal"]}, "export.environment_state names 'goal', not a flattened observation key"),
+        ({"names": {"qpos": ["x", "y"], "ee_pos": ["x", "z"]}}, "'x' names two dimensions of the state"),
+    ]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(yaml.safe_dump(data | {"export": export}))
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_mapping(bad)

@@ -248,6 +248,11 @@ class TaskMapping(_Strict):
                 raise ValueError(f"export.names names {name!r}, not an observation key ({names})")
             if len(dims) != by_name[name].size:
                 raise ValueError(f"export.names.{name} has {len(dims)} names; the key has {by_name[name].size} values")
+        state_names = [x for k in self.observation if k.flattened
+                       for x in self.export.names.get(k.name) or [f"{k.name}_{i}" for i in range(k.size)]]
+        if len(set(state_names)) != len(state_names):
+            dup = next(x for x in state_names if state_names.count(x) > 1)
+            raise ValueError(f"export.names: {dup!r} names two dimensions of the state (names must be unique)")
         if self.joints is not None and self.joints.obs_key is not None:
             key = next((k for k in self.observation if k.name == self.joints.obs_key), None)
             if key is None:
