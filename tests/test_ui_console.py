@@ -214,9 +214,15 @@ def test_verdicts_flag_and_undo_name_what_they_act_on(qtbot, console):
     sent(q)
     dlg = c.ask_outcome(True)
     assert "68a3f1c2" in dlg.text.text() and "success" in dlg.text.text()
-    show(qtbot, win, slot, running(episode_id=EP2))
+    show(qtbot, win, slot, running(episode_step=40))  # still running: the verdict goes to it
     ok(dlg)
     assert sent(q) == [HoldStarts(True), MarkOutcome(True, episode_id=EP1), HoldStarts(False)]
+    late = c.ask_outcome(False)
+    show(qtbot, win, slot, running(episode_id=EP2))  # it ended meanwhile: a verdict now would be refused
+    assert "68a3f1c2 has ended; its record stays" in late.note.text()
+    assert not late.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()
+    late.reject()
+    assert sent(q) == [HoldStarts(True), HoldStarts(False)]
 
     show(qtbot, win, slot, running(last_window_id="w" * 32, discarded_this_sitting=(EP2, "9" * 32)))
     assert c.flag.isEnabled() and c.undo.isEnabled()

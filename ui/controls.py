@@ -168,12 +168,13 @@ class EpisodeDialog(QDialog):
     answered = pyqtSignal(object)
 
     def __init__(self, parent: QWidget, *, title: str, question: str, target: str, ok: str,
-                 ask_reason: bool = False, reason: str = "", choices: tuple[str, ...] = ()):
+                 ask_reason: bool = False, reason: str = "", choices: tuple[str, ...] = (), after_end: bool = True):
         super().__init__(parent)
         self.setObjectName("episode_dialog")
         self.setWindowTitle(title)
         self.setWindowModality(Qt.WindowModality.NonModal)
         self.target = target  # the episode (or window) id this dialog is about
+        self.after_end = after_end  # the answer still applies once the episode has ended (a discard does)
         self.question = question
         self.text = QLabel()
         self.text.setWordWrap(True)
@@ -211,10 +212,17 @@ class EpisodeDialog(QDialog):
         self.text.setText(self.question.format(id=short_id(self.target)) + (f"\n\n{hint}" if hint else ""))
 
     def set_running(self, running: bool) -> None:
-        """Say so when the named episode has ended meanwhile (the answer still goes to it)."""
-        note = "" if running else f"Episode {short_id(self.target)} has ended; the answer still goes to it."
+        """Say so when the named episode has ended meanwhile: the answer still goes to it, or (a verdict) it
+        would be refused, so OK is off."""
+        if running:
+            note = ""
+        elif self.after_end:
+            note = f"Episode {short_id(self.target)} has ended; the answer still goes to it."
+        else:
+            note = f"Episode {short_id(self.target)} has ended; its record stays as it ended."
         if self.note.text() != note:
             self.note.setText(note)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(running or self.after_end)
 
     @property
     def reason_text(self) -> str:
@@ -393,9 +401,8 @@ class EpisodeControls(QGroupBox):
         if self.episode_id is None:
             return None
         word = "success" if success else "failure"
-        dlg = EpisodeDialog(self, title=f"Mark {word}", question=f"Record episode {{id}} as a {word}?\n"
-                            "A running episode ends now; an ended one gets the verdict as its outcome.",
-                            target=self.episode_id, ok=f"Mark {word}")
+        dlg = EpisodeDialog(self, title=f"Mark {word}", question=f"End episode {{id}} now as a {word}?",
+                            target=self.episode_id, ok=f"Mark {word}", after_end=False)
         dlg.answered.connect(lambda d: self.commands.put(MarkOutcome(success, episode_id=d.target)))
         return self._open(dlg, holds=True)
 
