@@ -415,8 +415,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
     n_eps = len(episodes_meta.get("episode_index", ()))
     if n_eps == 0:
         raise ExportError(f"nothing to export: none of the {source_eps} episode(s) has a label training may use "
-                          "(--labels trainable needs reviewed and authorized, or certified, labels; see "
-                          "`hg-dagger dataset show` for what stops them)")
+                          "(reviewed and authorized, or certified; `hg-dagger report STORE` lists what stopped them)")
     _write_episodes(pa, pq, root, episodes_meta)
     _write_tasks(pa, pq, root, tasks)
     with open(root / "meta" / "stats.json", "w") as f:
