@@ -231,7 +231,7 @@ class MujocoRowsEnv(VecEnv):
     motion_dims = 3
     # the simulator's method that writes the mocap target on every step; a held row's pin goes back after it
     mocap_writer: str | None = None
-    hold_settle_s = 0.5  # simulated time a scratch copy settles to find how far the hand sags (pin_arm)
+    hold_settle_s = 0.25  # simulated time a scratch copy settles to find how far the hand sags (pin_arm)
     hold_brake_damping: float | None = None  # joint damping while held (pin_arm's brake); None: no brake
 
     def __init__(self, mapping: TaskMapping, num_envs: int = 1, seed: int | None = None):
