@@ -188,6 +188,22 @@ def test_discard_names_its_episode_holds_starts_and_the_keyboard_still_takes_ove
     assert sent(q) == [DiscardEpisode("bumped the table", episode_id=EP1), HoldStarts(False)]
 
 
+def test_between_episodes_discard_is_for_the_one_that_just_ended(qtbot, console):
+    win, slot, q = console
+    c = win.controls
+    show(qtbot, win, slot, running(phase="idle", episode_id=None, ended_episode_id=EP1))
+    assert c.title() == "Episode 68a3f1c2 (ended)" and c.discard.isEnabled() and not c.success.isEnabled()
+    sent(q)
+    dlg = c.ask_discard()
+    dlg.reason.setText("the block fell off the table")
+    ok(dlg)
+    assert sent(q) == [HoldStarts(True), DiscardEpisode("the block fell off the table", episode_id=EP1),
+                       HoldStarts(False)]
+    show(qtbot, win, slot, running(phase="idle", episode_id=None, ended_episode_id=EP1,
+                                   discarded_this_sitting=(EP1,)))
+    assert not c.discard.isEnabled() and c.undo.isEnabled()  # discarded already: undo it instead
+
+
 def test_esc_in_a_dialog_or_the_help_closes_it_and_stops_nothing(qtbot, console):
     win, slot, q = console
     show(qtbot, win, slot, running())

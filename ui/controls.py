@@ -290,6 +290,7 @@ class EpisodeControls(QGroupBox):
         self.other_dialogs: list[EpisodeDialog] = []  # flag / undo: about a window or an old episode
         self.paused = False
         self.episode_id: str | None = None  # the episode on show (what a button press names)
+        self.discard_target: str | None = None  # that one, or between episodes the one that just ended
         self.window_id: str | None = None  # the operator's latest correction window
         self.discarded: tuple[str, ...] = ()
         self._holding = False
@@ -336,9 +337,13 @@ class EpisodeControls(QGroupBox):
         in_episode = snap.episode_id is not None and phase in ("running", "paused", "estopped") and not loading
         self.paused = paused
         self.episode_id = snap.episode_id if in_episode else None
+        # between episodes Discard... is for the one that just ended (its dialog says so)
+        ended = snap.ended_episode_id if not in_episode and phase in ("idle", "paused") and not loading else None
+        self.discard_target = self.episode_id or ended
         self.window_id = snap.last_window_id
         self.discarded = tuple(snap.discarded_this_sitting)
-        title = f"Episode {short_id(snap.episode_id)}" if in_episode else "Episodes"
+        title = (f"Episode {short_id(snap.episode_id)}" if in_episode else
+                 f"Episode {short_id(ended)} (ended)" if ended else "Episodes")
         if self.title() != title:
             self.setTitle(title)
         self.start.setEnabled(phase == "idle" and not loading)
@@ -347,8 +352,9 @@ class EpisodeControls(QGroupBox):
         self.pause.setEnabled(running or paused)
         self.pause.setText("Resume" if paused else "Pause")
         self.reset.setEnabled(in_episode and phase != "estopped")
-        for b in (self.abort, self.discard, self.success, self.failure):
+        for b in (self.abort, self.success, self.failure):
             b.setEnabled(in_episode)
+        self.discard.setEnabled(self.discard_target is not None and self.discard_target not in self.discarded)
         self.flag.setEnabled(bool(self.window_id) and not loading)
         self.undo.setEnabled(bool(self.discarded) and not loading)
         can_take = running and snap.mode in ("human_gated", "teleop") and snap.control_state in (
@@ -408,11 +414,11 @@ class EpisodeControls(QGroupBox):
 
     def ask_discard(self) -> EpisodeDialog | None:
         """Ask why; an empty reason is refused (the dialog stays open with a hint)."""
-        if self.episode_id is None:
+        if self.discard_target is None:
             return None
         dlg = EpisodeDialog(self, title="Discard episode", question="Why discard episode {id}?\n"
                             "It is kept on disk and never trained on; you can undo it in this sitting.",
-                            target=self.episode_id, ok="Discard", ask_reason=True)
+                            target=self.discard_target, ok="Discard", ask_reason=True)
         dlg.answered.connect(lambda d: self.commands.put(DiscardEpisode(d.reason_text, episode_id=d.target)))
         return self._open(dlg, holds=True)
 
