@@ -258,6 +258,7 @@ class MujocoRowsEnv(VecEnv):
             raise
         self._t = np.zeros(self.num_envs, dtype=np.int64)
         self._pins: list[Pin | None] = [None] * self.num_envs  # held rows
+        self._held_since_step = np.zeros(self.num_envs, bool)  # hold() changed the state after the last step
         if self.mocap_writer is not None:
             for i, env in enumerate(self.envs):
                 self._repin_after(i, env, self.mocap_writer)
@@ -368,14 +369,15 @@ class MujocoRowsEnv(VecEnv):
         return {name: np.empty(shape, dtype) for name, shape, dtype in self._keys}
 
     def observe(self) -> tuple[Obs, dict] | None:
-        """Every row read from the simulator's state now (after ``hold()``: the held arm at rest). A state
-        nothing changed since the last step reads as that step's observation."""
+        """Every row's observation of the simulator's state now. The state changes only in step, reset and
+        hold: a row that ``hold()`` changed since its last step is read from the simulator again (the
+        held arm at rest, its camera re-rendered); any other row's last observation is its state now."""
         if not hasattr(self, "_last_obs"):
             return None
         obs = self._alloc()
         t_obs = np.empty(self.num_envs, np.int64)
         for i in range(self.num_envs):
-            raw = self._current_raw(i)
+            raw = self._current_raw(i) if self._held_since_step[i] else None
             if raw is None:
                 for k, v in self._last_obs.items():
                     obs[k][i] = v[i]
@@ -397,6 +399,7 @@ class MujocoRowsEnv(VecEnv):
             self._check_raw(raw)
             self._fill(int(i), raw, obs)
         self._t[rows] = 0
+        self._held_since_step[rows] = False
         self._reset_signals(rows)
         self._last_obs = obs
         return obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
@@ -448,6 +451,7 @@ class MujocoRowsEnv(VecEnv):
             success[i] = ok
             self._signals(i, raw, info, signals)
         self._t += 1
+        self._held_since_step[:] = False
         terminated = success & self.terminate_on_success
         truncated = (self._t >= self._horizon) & ~terminated
         done = terminated | truncated
@@ -481,6 +485,7 @@ class MujocoRowsEnv(VecEnv):
             self._release(i)  # a second hold pins the arm where it is now, with the model's own damping
             steps = int(round(self.hold_settle_s / env.model.opt.timestep))
             self._pins[i] = pin_arm(env.model, env.data, steps, self.hold_brake_damping)
+            self._held_since_step[i] = self._pins[i] is not None
 
     def close(self) -> None:
         with self._views_lock:
