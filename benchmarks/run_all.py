@@ -31,6 +31,7 @@ BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "env": ("bench_env.py", ["--quick", "--reps", "1", "--sizes", "1", "8"], []),
     "bridge": ("bench_bridge.py", ["--steps", "300"], []),
+    "hold": ("bench_hold.py", ["--quick"], []),
     "recorder": ("bench_recorder.py", ["--quick"], []),
     "devices": ("bench_devices.py", ["--n", "1000"], []),
     "experts": ("bench_experts.py", ["--episodes", "8", "--mw-episodes", "2", "--latency-reps", "50"], []),
