@@ -79,6 +79,7 @@ def test_out_of_bounds_action_is_clipped_like_every_source():
 def test_mapping_mismatch_fails_at_construction(tmp_path):
     data = yaml.safe_load((TASKS_DIR / "toy_reach.yaml").read_text())
     data["observation"][1]["shape"] = [3]
+    data["export"]["names"]["ee_pos"] = ["ee_x", "ee_y", "ee_z"]  # a consistent mapping that the backend does not fit
     path = tmp_path / "toy_wrong.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(EnvError, match="ee_pos"):
