@@ -35,8 +35,12 @@ def _build(store: str):
 
 
 def _settled(loop: ControlLoop, snap_pred) -> live.Snapshot:
-    """The first snapshot after every store action was written that satisfies ``snap_pred``."""
-    snap = loop.slot.wait_for(lambda s: loop.settled() and snap_pred(s), WAIT)
+    """Once a snapshot satisfies ``snap_pred`` (the command was handled), the first one published after every
+    store action was written (their messages reach the next snapshot) that satisfies it."""
+    assert loop.slot.wait_for(snap_pred, WAIT) is not None, loop.slot.read().message
+    assert loop.slot.wait_for(lambda s: loop.settled(), WAIT) is not None
+    seq = loop.slot.read().seq
+    snap = loop.slot.wait_for(lambda s: s.seq > seq + 1 and snap_pred(s), WAIT)
     assert snap is not None, loop.slot.read().message
     return snap
 
@@ -58,10 +62,10 @@ def test_discard_undo_and_flag_hit_exactly_the_episode_they_name(loop):
     lp.commands.put(live.StartEpisodes(8))  # headroom: the pause below lands mid-run
     x = lp.slot.wait_for(lambda s: s.episode_id is not None, WAIT).episode_id
     y = lp.slot.wait_for(lambda s: s.episode_id not in (None, x), WAIT).episode_id  # x was replaced by y
-    lp.commands.put(live.DiscardEpisode("wrong scene", episode_id=x))  # the dialog opened on x answers late
     lp.commands.put(live.MarkOutcome(True, episode_id=x))
     refused = lp.slot.wait_for(lambda s: "already ended" in s.message, WAIT)
     assert refused is not None and x[:12] in refused.message, "a verdict on an ended episode is refused, said"
+    lp.commands.put(live.DiscardEpisode("wrong scene", episode_id=x))  # the dialog opened on x answers late
     lp.slot.wait_for(lambda s: s.episode_id not in (None, x, y), WAIT)
     lp.commands.put(live.Pause(True))  # nothing steps now: the running episode can end only by a command
     paused = lp.slot.wait_for(lambda s: s.phase == "paused", WAIT)

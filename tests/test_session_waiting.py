@@ -230,7 +230,7 @@ def _toy_build(store: str, ready: threading.Event | None = None, **over):
 def test_the_live_loop_says_loading_pauses_between_episodes_and_holds_starts(tmp_path):
     store = str(tmp_path / "s.zarr")
     ready = threading.Event()
-    loop = ControlLoop(_toy_build(store, ready, episode_gap_s=0.5), rate_hz=100, view_hz=0, store=store).start()
+    loop = ControlLoop(_toy_build(store, ready, episode_gap_s=1.5), rate_hz=100, view_hz=0, store=store).start()
     try:
         first = loop.slot.read()
         assert first.loading and first.phase == "loading", "the window shows loading while the session builds"
@@ -238,14 +238,14 @@ def test_the_live_loop_says_loading_pauses_between_episodes_and_holds_starts(tmp
         assert loop.slot.wait_for(lambda s: s.phase == "idle" and not s.loading, WAIT) is not None
         loop.commands.put(live.StartEpisodes(3))
         gap = loop.slot.wait_for(lambda s: s.counters.episodes == 1 and s.episode_id is None, WAIT)
-        assert gap is not None and gap.next_start_in_s is not None and 0 < gap.next_start_in_s <= 0.5
+        assert gap is not None and gap.next_start_in_s is not None and 0 < gap.next_start_in_s <= 1.5
         assert gap.ended_episode_id is not None
         second = loop.slot.wait_for(lambda s: s.episode_id is not None and s.counters.episodes == 1, WAIT)
         assert second.episode_id != gap.ended_episode_id
         loop.commands.put(live.HoldStarts(True))  # a dialog opened: the running episode goes on, none begins
         held = loop.slot.wait_for(lambda s: s.counters.episodes == 2 and s.starts_held, WAIT)
         assert held is not None and held.next_start_in_s is None
-        later = loop.slot.wait_for(lambda s: s.seq >= held.seq + 150, WAIT)  # 1.5 s, three times the pause
+        later = loop.slot.wait_for(lambda s: s.seq >= held.seq + 250, WAIT)  # 2.5 s, longer than the pause
         assert later.episode_id is None and later.counters.episodes == 2, "no episode begins while starts are held"
         loop.commands.put(live.HoldStarts(False))
         done = loop.slot.wait_for(lambda s: s.counters.episodes == 3 and s.phase == "idle", WAIT)

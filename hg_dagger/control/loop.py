@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -79,7 +80,7 @@ class ControlLoop:
         self.view_size = view_size
         self.view_hz = view_hz
         self.store = store
-        self.slot = slot if slot is not None else live.LatestSlot()
+        self.slot = slot if slot is not None else live.LatestSlot(_loading(store))
         self.commands = commands if commands is not None else live.CommandQueue()
         self.session = None
         self.health: _Health | None = None  # from the first tick on
@@ -124,8 +125,7 @@ class ControlLoop:
     def run(self) -> None:
         """The loop itself, in the calling thread (``start`` runs it in a thread of its own)."""
         self._seq += 1
-        self.slot.publish(live.Snapshot(seq=self._seq, phase="loading", loading=True, store=self.store,
-                                        message="loading the task and the student"))
+        self.slot.publish(replace(_loading(self.store), seq=self._seq))
         try:
             self.session = self._build()
         except Exception as exc:  # noqa: BLE001 - shown to the operator, the thread ends
@@ -371,7 +371,9 @@ class ControlLoop:
     def _counts(self) -> dict[str, int]:
         sm = self.session.summary
         return {"episodes": sm.episodes, "successes": sm.successes, "steps": sm.steps,
-                "human_labels": sm.human_steps, "context_switches": sm.context_switches}
+                "human_labels": sm.human_steps, "context_switches": sm.context_switches,
+                "requests_answered": sm.requests_answered, "requests_declined": sm.requests_declined,
+                "requests_expired": sm.requests_expired}
 
     def _attribute(self, version: str, before: dict[str, int]) -> None:
         """What this tick did (commands included) goes to the student that acted in it."""
@@ -393,6 +395,8 @@ class ControlLoop:
                         "success_rate": acc["successes"] / eps if eps else 0.0,
                         "intervention_rate": acc["human_labels"] / steps if steps else 0.0,
                         "human_labels": acc["human_labels"], "context_switches": acc["context_switches"],
+                        "requests_answered": acc["requests_answered"], "requests_declined": acc["requests_declined"],
+                        "requests_expired": acc["requests_expired"],
                         "current": version == self.session.student.version})
         return out
 
@@ -444,6 +448,11 @@ class ControlLoop:
             discarded_this_sitting=tuple(self._discards), starts_held=s.starts_held,
             next_start_in_s=s.next_start_in_s(), **kw)
         self.slot.publish(snap)
+
+
+def _loading(store: str) -> live.Snapshot:
+    """What a view reads until the session is built: loading, so Start waits."""
+    return live.Snapshot(phase="loading", loading=True, store=store, message="loading the task and the student")
 
 
 def _store_url(rec) -> str:
@@ -514,7 +523,7 @@ class ControlProcess:
         ctx = mp.get_context("spawn")
         self._cmd_q = ctx.Queue()
         self._recv, send = ctx.Pipe(duplex=False)
-        self.slot = live.LatestSlot()
+        self.slot = live.LatestSlot(_loading(loop_kwargs.get("store", "")))  # until the child's first snapshot
         self.commands = live.CommandQueue(self._cmd_q)
         self.store = loop_kwargs.get("store", "")
         self.error = ""
