@@ -81,17 +81,17 @@ def test_review_tab_shows_the_session_and_records_decisions(qtbot, tmp_path, set
     qtbot.keyClick(ws.episode, Qt.Key.Key_Right)
     assert ws.episode.step == start + 2 and win.keys.held == set()
 
-    # the first decision asks for the reviewer pseudonym, offering the operator's
+    # the first decision asks for a reviewer pseudonym of their own: nothing offered, never the operator's
     offered: list[str] = []
-    answer_reviewer_dialog(offered)
+    answer_reviewer_dialog(offered, "rev-1")
     ws.panel.authorize.setChecked(True)
     qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: len(ws.panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT_MS)
-    assert offered == ["op-rev"] and ws.reviewer == "op-rev"
+    assert offered == [""] and ws.reviewer == "rev-1"
     # another pseudonym for the next decisions
     answer_reviewer_dialog(offered, "rev-2")
     qtbot.mouseClick(ws.panel.change_button, Qt.MouseButton.LeftButton)
-    assert ws.reviewer == "rev-2" and offered == ["op-rev", "op-rev"]
+    assert ws.reviewer == "rev-2" and offered == ["", "rev-1"]
     other = rows[1]
     ws.browser.select(other.window_id)
     qtbot.waitUntil(lambda: ws.panel.row is not None and ws.panel.row.window_id == other.window_id
@@ -100,7 +100,7 @@ def test_review_tab_shows_the_session_and_records_decisions(qtbot, tmp_path, set
     qtbot.mouseClick(ws.panel.reject_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: len(ws.panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT_MS)
     assert [(e.decision.reviewer, e.decision.status, e.decision.replay_training_authorized)
-            for e in audit_trail(store, row.window_id)] == [("op-rev", ReviewStatus.APPROVED, True)]
+            for e in audit_trail(store, row.window_id)] == [("rev-1", ReviewStatus.APPROVED, True)]
     assert [(e.decision.reviewer, e.decision.status, e.decision.notes)
             for e in audit_trail(store, other.window_id)] == [("rev-2", ReviewStatus.REJECTED, "hand-back too early")]
     status = {r.window_id: r.window.status for r in ws.browser.model.rows}

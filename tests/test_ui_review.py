@@ -336,52 +336,84 @@ def test_human_command_plotted_on_the_dims_it_drives(qtbot, workspace, store):
     assert data.privacy in ws.episode.privacy.text()
 
 
-def test_reviewer_asked_at_the_first_decision(qtbot, store):
-    """Without a reviewer the first decision asks for one (the default offered), later ones reuse it."""
+def _answer_dialogs(texts: list[str | None], offered: list[str]) -> None:
+    """Answer the next reviewer dialogs in turn: type each text and accept, or cancel for None; records what each
+    dialog offered."""
     from PyQt6.QtCore import QTimer
     from PyQt6.QtWidgets import QApplication, QInputDialog
 
-    ws = ReviewWorkspace([store], None, default_reviewer="op-9")
+    todo = list(texts)
+
+    def poll():
+        # an answered dialog is hidden at once; one shown when this runs again is the next prompt (asked again)
+        dialog = QApplication.activeModalWidget()
+        if not isinstance(dialog, QInputDialog) or not dialog.isVisible():
+            QTimer.singleShot(20, poll)
+            return
+        offered.append(dialog.textValue())
+        text = todo.pop(0)
+        if text is None:
+            dialog.reject()
+        else:
+            dialog.setTextValue(text)
+            dialog.accept()
+        if todo:
+            QTimer.singleShot(20, poll)
+
+    QTimer.singleShot(0, poll)
+
+
+def test_reviewer_asked_at_the_first_decision(qtbot, store):
+    """Without a reviewer the first decision asks for one - an empty field, never the operator's pseudonym, which
+    is refused there in any spelling - and later ones reuse it."""
+    ws = ReviewWorkspace([store], None, operator="op-9")
     qtbot.addWidget(ws)
     ws.show()
     qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
     assert "asked at your first decision" in ws.panel.reviewer_label.text()
-    offered = []
-
-    def answer(text, accept=True):
-        def poll():
-            dialog = QApplication.activeModalWidget()
-            if not isinstance(dialog, QInputDialog):
-                QTimer.singleShot(20, poll)
-                return
-            offered.append(dialog.textValue())
-            if accept:
-                dialog.setTextValue(text)
-                dialog.accept()
-            else:
-                dialog.reject()
-        QTimer.singleShot(0, poll)
+    offered: list[str] = []
 
     first = _select(qtbot, ws, 0)
     # cancelled: nothing is written
-    answer("", accept=False)
+    _answer_dialogs([None], offered)
     qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
-    assert offered == ["op-9"] and "reviewer pseudonym is needed" in ws.panel.message.text()
+    assert offered == [""] and "reviewer pseudonym is needed" in ws.panel.message.text()
     assert audit_trail(store, first.window_id) == []
-    answer("rev-3")
+    # the operator's own pseudonym is refused in the dialog, which asks again
+    _answer_dialogs([" OP-9 ", "rev-3"], offered)
     ws.panel.authorize.setChecked(True)
     qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: len(ws.panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
-    assert offered == ["op-9", "op-9"] and ws.reviewer == "rev-3" and "rev-3" in ws.windowTitle()
+    assert offered == ["", "", ""] and ws.reviewer == "rev-3" and "rev-3" in ws.windowTitle()
     second = _select(qtbot, ws, 1)
     ws.panel.reason.setPlainText("drifted")
     qtbot.mouseClick(ws.panel.reject_button, Qt.MouseButton.LeftButton)  # no dialog this time
     qtbot.waitUntil(lambda: len(ws.panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
-    assert len(offered) == 2
+    assert len(offered) == 3
     assert [(e.decision.reviewer, e.decision.status, e.decision.replay_training_authorized)
             for e in audit_trail(store, first.window_id)] == [("rev-3", ReviewStatus.APPROVED, True)]
     assert [(e.decision.reviewer, e.decision.status) for e in audit_trail(store, second.window_id)] == [
         ("rev-3", ReviewStatus.REJECTED)]
+    ws.close()
+
+
+def test_a_decision_by_the_windows_operator_is_refused_in_one_line(qtbot, store):
+    """A workspace opened under the recorded windows' operator pseudonym (`review open --reviewer` with it,
+    respelled) records nothing: the panel shows decide's one-line refusal."""
+    operator = list_windows(store)[0].operator
+    assert operator
+    ws = ReviewWorkspace([store], f" {operator.upper()} ")
+    qtbot.addWidget(ws)
+    ws.show()
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    row = _select(qtbot, ws, 0)
+    ws.panel.authorize.setChecked(True)
+    qtbot.mouseClick(ws.panel.approve_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: ws.worker.pending == 0 and not ws.panel.busy, timeout=WAIT)
+    text = ws.panel.message.text()
+    assert "is the window's operator" in text and "\n" not in text
+    assert audit_trail(store, row.window_id) == []
+    assert ws.panel.approve_button.isEnabled()
     ws.close()
 
 

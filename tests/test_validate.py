@@ -128,6 +128,25 @@ def test_corrupt_log_keeps_the_store_open_and_fails_validation(tmp_path, capsys)
     assert "log unreadable" in capsys.readouterr().out
 
 
+def test_store_ls_names_a_segment_with_garbage_metadata_and_fails_like_validate(tmp_path, capsys):
+    path = tmp_path / "s"
+    store = EpisodeStore.create(path)
+    with store.recorder() as rec:
+        kept = record(rec, 0, 5)
+    with EpisodeStore.open(path, mode="a").recorder() as rec:
+        record(rec, 1, 5)
+    broken = sorted(p for p in (path / "segments").iterdir() if p.is_dir())[-1]
+    (broken / "zarr.json").write_bytes(b"\x00not json{")
+    assert main(["store", "ls", str(path)]) == 1
+    captured = capsys.readouterr()
+    out = captured.out
+    assert kept in out and "1 episode(s); 1 damaged" in out
+    assert any(ln.startswith(f"damaged: segment {broken.name}: unreadable segment metadata") for ln in out.splitlines())
+    assert "Traceback" not in out + captured.err
+    assert main(["validate", str(path)]) == 1
+    assert f"segment {broken.name}" in capsys.readouterr().out
+
+
 def test_wrong_schema_version_is_one_clear_line(tmp_path, capsys):
     path = tmp_path / "s"
     EpisodeStore.create(path)
@@ -394,6 +413,14 @@ def _cut_off_segment(path, how: str) -> None:
     elif how == "arrays, no attributes":  # killed before the attributes (the current creation order)
         group = zarr.open_group(path, mode="r+").create_group(f"segments/{CUT_OFF}")
         layout.create_arrays(group, [layout.index_array_kwargs("rows/episode"), layout.log_array_kwargs()])
+    elif how == "arrays, attributes, nothing committed":  # killed before its first flush
+        first = next(p for p in (path / "segments").iterdir() if p.is_dir())
+        meta = json.loads((first / "zarr.json").read_text())["attributes"][layout.SEGMENT_ATTR]
+        meta.update(segment_id=CUT_OFF, committed_rows=0, committed_log=0, closed=False)
+        group = zarr.open_group(path, mode="r+").create_group(f"segments/{CUT_OFF}")
+        layout.create_arrays(group, [layout.index_array_kwargs("rows/episode"), layout.index_array_kwargs("rows/step"),
+                                     layout.log_array_kwargs()])
+        group.attrs.put({layout.SEGMENT_ATTR: meta})
     elif how == "attributes, no arrays":  # what writers before the creation order fix left
         first = next(p for p in (path / "segments").iterdir() if p.is_dir())
         meta = json.loads((first / "zarr.json").read_text())["attributes"][layout.SEGMENT_ATTR]
@@ -415,7 +442,8 @@ def _documented_reader(path) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("how", ["empty folder", "arrays, no attributes", "attributes, no arrays"])
+@pytest.mark.parametrize("how", ["empty folder", "arrays, no attributes", "attributes, no arrays",
+                                 "arrays, attributes, nothing committed"])
 def test_a_segment_cut_off_while_being_created_is_skipped_and_warned_never_invalid(tmp_path, capsys, how):
     path = tmp_path / "s"
     store = EpisodeStore.create(path)
@@ -424,7 +452,7 @@ def test_a_segment_cut_off_while_being_created_is_skipped_and_warned_never_inval
     _cut_off_segment(path, how)
     store = EpisodeStore.open(path)
     assert [i.episode_id for i in store.episodes()] == kept and store.damaged == []
-    assert CUT_OFF not in store.segments
+    assert (CUT_OFF in store.segments) == (how == "arrays, attributes, nothing committed")  # it has attributes
     assert len(store.warnings) == 1 and f"segment {CUT_OFF}: uncommitted" in store.warnings[0]
     assert validate_store(store) == []
     assert main(["validate", str(path)]) == 0

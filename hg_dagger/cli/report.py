@@ -3,6 +3,8 @@ effort and outcome figures, as JSON and a self-contained HTML page (hg_dagger.re
 
 from __future__ import annotations
 
+MAX_LISTED = 20  # windows whose approval authorizes nothing, named one per line
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="training-data report of a store: labels allowed, what stopped the rest, "
@@ -37,6 +39,11 @@ def _report(args) -> int:
     paths = write_report(report, args.out)
     f = report["figures"]
     print(f"{report['episodes']} episodes, {len(report['windows'])} windows; labels: {describe_selection(report['labels'])}")
+    void = [w for w in report["windows"] if w["review_problem"]]
+    for w in void[:MAX_LISTED]:
+        print(f"window {w['window_id']} (episode {w['episode_id']}): approval authorizes nothing: {w['review_problem']}")
+    if len(void) > MAX_LISTED:
+        print(f"... and {len(void) - MAX_LISTED} more window(s) whose approval authorizes nothing (report.json)")
     print(f"intervention rate {_pct(f['intervention_rate'])}, recovery success {_pct(f['recovery_success_rate'])}, "
           f"e-stops {f['estops']}")
     print(f"wrote {paths['json']} and {paths['html']}")

@@ -1,4 +1,5 @@
-"""hg-dagger validate STORE | hg-dagger store ls STORE | hg-dagger store info STORE EPISODE"""
+"""hg-dagger validate STORE | hg-dagger store ls STORE | hg-dagger store info STORE EPISODE |
+hg-dagger store reviewers STORE [--set A,B | --clear]"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("store", help="inspect an episode store")
     ssub = p.add_subparsers(dest="store_command", metavar="ACTION", required=True)
-    ls = ssub.add_parser("ls", help="list episodes (one line each)")
+    ls = ssub.add_parser("ls", help="list episodes (one line each); exit 1 when a segment or episode is damaged")
     ls.add_argument("store", metavar="STORE")
     ls.add_argument("--task", help="only this task id")
     ls.add_argument("--mode", help="only this collection mode")
@@ -27,6 +28,12 @@ def register(sub) -> None:
     info.add_argument("store", metavar="STORE")
     info.add_argument("episode", metavar="EPISODE", help="episode id (a unique prefix is enough)")
     info.set_defaults(func=_info)
+    rev = ssub.add_parser("reviewers", help="show or set the reviewer roster: who may authorize training")
+    rev.add_argument("store", metavar="STORE")
+    how = rev.add_mutually_exclusive_group()
+    how.add_argument("--set", metavar="A,B,...", help="only these reviewer pseudonyms may authorize training")
+    how.add_argument("--clear", action="store_true", help="remove the roster (anyone but the operator may authorize)")
+    rev.set_defaults(func=_reviewers)
     val = ssub.add_parser("validate", help="same as `hg-dagger validate`")
     val.add_argument("store", metavar="STORE")
     val.add_argument("--quick", action="store_true")
@@ -63,8 +70,12 @@ def _ls(args) -> int:
     for i in infos:
         print(f"{i.episode_id:32}  {i.task_id:18} {i.start.mode.value:13} {i.start.split.value:10} "
               f"{i.num_steps:6d}  {i.end.end_reason.value}{'' if i.complete else ' (INCOMPLETE)'}")
-    print(f"{len(infos)} episode(s)")
-    return 0
+    damaged = store.damaged  # a segment or episode that cannot be read: named, and the exit status says so
+    for _eid, msg in damaged:
+        print(f"damaged: {msg}")
+    print(f"{len(infos)} episode(s)" + (f"; {len(damaged)} damaged (run `hg-dagger validate {args.store}`)"
+                                        if damaged else ""))
+    return 1 if damaged else 0
 
 
 def _info(args) -> int:
@@ -88,4 +99,20 @@ def _info(args) -> int:
         counts = {m.value: int((layer.mask == m.code).sum()) for m in LabelMask}
         print(f"label layer v{v} by {layer.author or '-'}: {counts}, {len(layer.windows)} window(s), "
               f"{len(layer.reviews)} review(s), {len(layer.qc)} QC result(s)")
+    return 0
+
+
+def _reviewers(args) -> int:
+    from hg_dagger.store import EpisodeStore
+
+    store = EpisodeStore.open(args.store, mode="a" if args.set is not None or args.clear else "r")
+    if args.clear:
+        store.set_reviewers(None)
+    elif args.set is not None:
+        store.set_reviewers(args.set.split(","))
+    roster = store.reviewers
+    if roster is None:
+        print(f"{args.store}: no reviewer roster: anyone but a window's operator may authorize it for training")
+    else:
+        print(f"{args.store}: reviewer roster ({len(roster)}): {', '.join(roster)}; only they may authorize training")
     return 0

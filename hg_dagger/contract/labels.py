@@ -21,6 +21,12 @@ training batch. A window's labels need a reviewer's approval with training autho
 windows an automatic planner produced - a counting certification covering the whole window; a human
 window also needs a passing QC result; a failed QC result or a replay mismatch stops every label it
 touches. Every reader that trains (train, auto, the app's rounds, offline evaluation) uses it.
+
+A reviewer is never the operator (``review_problem``): a decision whose reviewer is the window's operator
+(pseudonyms compared without regard to case or whitespace, ``pseudonym_key``) authorizes nothing, and when
+the store declares a reviewer roster, an authorization by anyone not on it authorizes nothing. The one
+decision an operator may make on their own window is a rejection (flagging their correction as bad): it
+stands, and keeps the window out of training whatever is decided later.
 """
 
 from __future__ import annotations
@@ -63,12 +69,17 @@ CERTIFICATION_METHODS: dict[str, str] = {
 }
 
 
+def pseudonym_key(name: str) -> str:
+    """A pseudonym as compared by the independence rules: case and whitespace do not tell two people apart."""
+    return "".join(str(name).split()).casefold()
+
+
 def certification_problem(c: ExpertCertification, *, operator: str = "", policy_version: str = "") -> str | None:
     """Why a certification grants nothing (not independent, unknown method, executability unchecked); None if it counts."""
-    who = c.certifier.strip().lower()
-    if operator and who == operator.strip().lower():
+    who = pseudonym_key(c.certifier)
+    if operator and who == pseudonym_key(operator):
         return f"certifier {c.certifier!r} is the episode's own operator (a certification must be independent)"
-    if who == ActionSource.POLICY.value or (policy_version and who == policy_version.strip().lower()):
+    if who == ActionSource.POLICY.value or (policy_version and who == pseudonym_key(policy_version)):
         return f"certifier {c.certifier!r} is the policy that acted (a certification must be independent)"
     if c.method not in CERTIFICATION_METHODS:
         return f"method {c.method!r} is not one of {', '.join(CERTIFICATION_METHODS)}"
@@ -199,6 +210,8 @@ class TrainingBlock(enum.IntFlag):
     QC_NOT_RUN = 16  # a human window without a QC result for it and its episode
     QC_FAILED = 32  # a failed QC result for its window or its episode
     REPLAY_MISMATCH = 64  # its episode did not replay as recorded
+    SELF_REVIEW = 128  # approved by the window's own operator: authorizes nothing
+    REVIEWER_NOT_LISTED = 256  # authorized by a reviewer not on the store's reviewer roster
 
     @classmethod
     def names(cls, bits: int) -> list[str]:
@@ -229,6 +242,41 @@ def current_review(reviews: Iterable[ReviewDecision], window_id: str) -> ReviewD
     return found
 
 
+def window_operator(window: CorrectionWindow, operator: str) -> str:
+    """Whose correction a window is: its own operator, else the episode's (``operator``)."""
+    return window.operator or operator
+
+
+def is_operator(reviewer: str, operator: str) -> bool:
+    """Whether a reviewer pseudonym names the operator (never true for an episode without an operator)."""
+    return bool(pseudonym_key(operator)) and pseudonym_key(reviewer) == pseudonym_key(operator)
+
+
+def review_problem(decision: ReviewDecision, *, operator: str, reviewers: Iterable[str] | None = None) -> str | None:
+    """Why a decision authorizes nothing although it may look as if it did; None when it counts.
+
+    ``operator``: the window's operator (``window_operator``); ``reviewers``: the store's reviewer roster (None
+    when it declares none). A decision by the operator is no review (their own rejection still stops the
+    window: see ``operator_rejected``); an authorization by someone off a declared roster authorizes nothing."""
+    if is_operator(decision.reviewer, operator):
+        return (f"reviewer {decision.reviewer!r} is the window's operator ({operator!r}); a reviewer is never the "
+                "operator")
+    if reviewers is not None and decision.status == ReviewStatus.APPROVED and decision.replay_training_authorized:
+        roster = list(reviewers)
+        if pseudonym_key(decision.reviewer) not in {pseudonym_key(r) for r in roster}:
+            listed = ", ".join(roster) if roster else "nobody"
+            return f"reviewer {decision.reviewer!r} is not on the store's reviewer roster ({listed})"
+    return None
+
+
+def operator_rejected(reviews: Iterable[ReviewDecision], window_id: str, operator: str) -> ReviewDecision | None:
+    """The window operator's own rejection of the window (flagging their correction as bad), if any: it is final."""
+    for r in reviews:
+        if r.window_id == window_id and r.status == ReviewStatus.REJECTED and is_operator(r.reviewer, operator):
+            return r
+    return None
+
+
 @dataclass(frozen=True)
 class TrainingSelection:
     """Which steps of one episode reach training, and what stopped the others."""
@@ -256,14 +304,17 @@ def training_selection(
     operator: str,
     policy_version: str,
     rule: TrainingRule | None = None,
+    reviewers: Iterable[str] | None = None,
 ) -> TrainingSelection:
     """The training boundary for one episode's stored label layer (``mask``) and its review state.
 
     A label inside a window is allowed when the window is covered whole by a counting certification
-    (an automatic planner certified it) or its latest review approves it with training authorization;
-    a human window not so certified also needs a passing QC result for itself and for its episode.
-    A failed QC result (window or episode) and a replay mismatch stop every label they touch. Labels
-    outside windows exist only through a counting certification and obey the last two rules."""
+    (an automatic planner certified it) or its latest review approves it with training authorization
+    and that approval counts (``review_problem``: not the window's operator, on the roster ``reviewers``
+    when the store declares one); a human window not so certified also needs a passing QC result for
+    itself and for its episode. The window operator's own rejection stops it for good. A failed QC
+    result (window or episode) and a replay mismatch stop every label they touch. Labels outside
+    windows exist only through a counting certification and obey the last two rules."""
     rule = rule or TrainingRule()
     labels = np.asarray(mask) == _TRAINABLE
     n = len(labels)
@@ -278,16 +329,20 @@ def training_selection(
     if rule.require_qc and any(not q.passed for q in episode_qc):
         everywhere |= TrainingBlock.QC_FAILED
     windows = list(windows)
+    roster = None if reviewers is None else list(reviewers)
     covered = certified_windows(windows, certifications, operator=operator, policy_version=policy_version)
     for w in windows:
         s, e = w.handover_start, min(w.handover_end, n)
         bits = 0
         wq = window_qc.get(w.window_id)
+        who = window_operator(w, operator)
         if rule.require_qc and wq is not None and not wq.passed:
             bits |= TrainingBlock.QC_FAILED
+        if rule.require_review and operator_rejected(reviews, w.window_id, who) is not None:
+            bits |= TrainingBlock.REJECTED  # the operator flagged their own correction as bad: final
         if w.window_id not in covered:
             if rule.require_review:
-                bits |= _review_block(current_review(reviews, w.window_id))
+                bits |= _review_block(current_review(reviews, w.window_id), who, roster)
             if rule.require_qc and w.source == ActionSource.HUMAN and (wq is None or not episode_qc):
                 bits |= TrainingBlock.QC_NOT_RUN
         blocks[s:e] |= np.uint16(bits)
@@ -305,14 +360,18 @@ def certified_windows(windows: Iterable[CorrectionWindow], certifications: Itera
             if any(c.step_start <= w.handover_start and w.handover_end <= c.step_end for c in counting)}
 
 
-def _review_block(decision: ReviewDecision | None) -> int:
+def _review_block(decision: ReviewDecision | None, operator: str, roster: list[str] | None) -> int:
     if decision is None or decision.status == ReviewStatus.PENDING:
         return TrainingBlock.NOT_REVIEWED
     if decision.status == ReviewStatus.REJECTED:
         return TrainingBlock.REJECTED
     if decision.status == ReviewStatus.NEEDS_FIX:
         return TrainingBlock.NEEDS_FIX
-    return 0 if decision.replay_training_authorized else TrainingBlock.NOT_AUTHORIZED
+    if is_operator(decision.reviewer, operator):
+        return TrainingBlock.SELF_REVIEW
+    if not decision.replay_training_authorized:
+        return TrainingBlock.NOT_AUTHORIZED
+    return 0 if review_problem(decision, operator=operator, reviewers=roster) is None else TrainingBlock.REVIEWER_NOT_LISTED
 
 
 def planner_certifications(episode_id: str, windows: Iterable[CorrectionWindow], planner: str) -> list[ExpertCertification]:

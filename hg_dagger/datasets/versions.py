@@ -459,8 +459,9 @@ def _classify(kind: str, split: str, split_reason: str, entry: EpisodeEntry, dis
 
 
 def _episode_samples(store_id: str, info, layer, entry: EpisodeEntry, rule: TrainingRule, version: int,
-                     cols: dict[str, np.ndarray] | None) -> list[Sample]:
-    """Samples of one episode from its label layer ``layer`` under the contract's training rule."""
+                     cols: dict[str, np.ndarray] | None, reviewers: list[str] | None = None) -> list[Sample]:
+    """Samples of one episode from its label layer ``layer`` under the contract's training rule and the store's
+    reviewer roster ``reviewers``."""
     eid = info.episode_id
     n = entry.num_steps
     split, why_split = entry.split, entry.split_reason
@@ -474,7 +475,8 @@ def _episode_samples(store_id: str, info, layer, entry: EpisodeEntry, rule: Trai
         return out
     sel = training_selection(mask=layer.mask, windows=layer.windows, certifications=layer.certifications,
                              reviews=layer.reviews, qc=layer.qc, replay_status=ReplayStatus(entry.replay_status),
-                             operator=info.start.operator, policy_version=info.start.policy_version, rule=rule)
+                             operator=info.start.operator, policy_version=info.start.policy_version, rule=rule,
+                             reviewers=reviewers)
     src = cols["action_source"] if cols else np.zeros(n, np.uint8)
     bounds = sorted({b for w in layer.windows for b in (w.handover_start, w.handover_end)})
     counting = [c for c in layer.certifications
@@ -634,7 +636,8 @@ def _assemble(name: str, version: int, urls: list[str], cfg: DatasetConfig, pare
         cols = _read_columns(st, need, ["action_source", "applied_action"])
         for info, layer in tqdm(mine, desc=f"samples {ref.id}", disable=not progress, leave=False):
             e = entries[f"{ref.id}/{info.episode_id}"]
-            fresh += _episode_samples(ref.id, info, layer, e, sel_cfg.rule, version, cols.get(info.episode_id))
+            fresh += _episode_samples(ref.id, info, layer, e, sel_cfg.rule, version, cols.get(info.episode_id),
+                                      st.reviewers)
 
     samples = _carry_and_select(fresh, old_samples, entries, sel_cfg, version)
     placed = [Placed(s.id, entries[s.key].split_item(), s.split, s.usage == "trainable") for s in samples]
@@ -835,13 +838,15 @@ def check(manifest: Manifest, *, stores: bool = True) -> list[str]:
 
 
 def _allowed(store, s: Sample, rule: TrainingRule) -> np.ndarray:
-    """The training rule's allowed steps of a sample's episode on the label layer the sample names."""
+    """The training rule's allowed steps of a sample's episode on the label layer the sample names, under the
+    store's reviewer roster as it is now."""
     layer = store.labels(s.episode_id, s.label_version)
     info = store.info(s.episode_id)
     replay = layer.replay.status if layer.replay is not None else info.end.replay_status
     return training_selection(mask=layer.mask, windows=layer.windows, certifications=layer.certifications,
                               reviews=layer.reviews, qc=layer.qc, replay_status=replay, operator=info.start.operator,
-                              policy_version=info.start.policy_version, rule=rule).allowed
+                              policy_version=info.start.policy_version, rule=rule,
+                              reviewers=store.reviewers).allowed
 
 
 def trainable_steps(manifest: Manifest) -> dict[tuple[str, str], list[tuple[Sample, list[tuple[int, int]]]]]:

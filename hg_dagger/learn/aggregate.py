@@ -123,12 +123,13 @@ def extract_labels(
 
 
 def selection(store, info, rule: TrainingRule | None = None) -> TrainingSelection:
-    """The contract's training boundary (contract.training_selection) for a stored episode's latest label layer."""
+    """The contract's training boundary (contract.training_selection) for a stored episode's latest label layer,
+    under the store's reviewer roster."""
     layer = store.labels(info.episode_id)
     return training_selection(
         mask=layer.mask, windows=layer.windows, certifications=layer.certifications, reviews=layer.reviews,
         qc=layer.qc, replay_status=store.replay_status(info.episode_id), operator=info.start.operator,
-        policy_version=info.start.policy_version, rule=rule)
+        policy_version=info.start.policy_version, rule=rule, reviewers=store.reviewers)
 
 
 def load_labels(store, info, obs_keys: Iterable[str], rule: TrainingRule | None = None) -> EpisodeLabels:

@@ -278,9 +278,10 @@ def training_episodes(store, mapping, *, holdout_fraction: float = 0.0, held: bo
 
 def selection_summary(store, episodes, rule) -> dict[str, Any]:
     """Labels of ``episodes`` that pass the training boundary and what stopped the rest, with the rule used."""
+    from hg_dagger.contract import TrainingBlock
     from hg_dagger.learn.aggregate import selection
 
-    total: dict[str, Any] = {}
+    total: dict[str, Any] = {"labels": 0, "allowed": 0, **{b.name.lower(): 0 for b in TrainingBlock}}
     for info in episodes:
         for k, v in selection(store, info, rule).counts().items():
             total[k] = total.get(k, 0) + v
@@ -364,6 +365,8 @@ def train_from_store(
     episodes = training_episodes(store, mapping, holdout_fraction=trainer.replay.config.holdout_fraction)
     keys = list(mapping.obs_spec())
     rule = trainer.replay.config.authorization
+    if not episodes:
+        raise ContractError(f"{store_url}: no episode of task {mapping.task_id} to train on ({_episodes_note(store)})")
     selected = selection_summary(store, episodes, rule)
     if selected["allowed"] == 0:
         raise ContractError(f"{store_url}: no label of task {mapping.task_id} may be trained on yet "
@@ -382,6 +385,19 @@ def train_from_store(
     result["gate_calibration"] = calibrate_student(str(store_url), str(ckpt), task)
     (out / "train.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def _episodes_note(store) -> str:
+    """What the store holds instead: "the store holds no episode", or counts of complete episodes per task."""
+    from collections import Counter
+
+    infos = store.episodes()
+    if not infos:
+        return "the store holds no episode"
+    tasks = Counter(i.task_id for i in infos if i.complete)
+    incomplete = sum(not i.complete for i in infos)
+    parts = [f"{n} of {t}" for t, n in sorted(tasks.items())] + ([f"{incomplete} incomplete"] if incomplete else [])
+    return "complete episodes held out or of other tasks; the store holds " + ", ".join(parts)
 
 
 def _new_trainer(mapping, student_cfg, train_cfg, replay_cfg, resume, warm_start, loader) -> Trainer:

@@ -5,6 +5,11 @@ A decision is never an edit: it becomes a new label layer on the window's episod
 windows, certifications, QC results and the mask carried over. The history of a window is thus the
 union of the decisions in all of its episode's layers.
 
+A reviewer is never the operator: ``decide`` refuses a decision whose reviewer is the window's operator
+(``contract.labels.review_problem``), and an authorization by a reviewer off the store's roster when it
+declares one. The one verdict an operator may record on their own window is a rejection, through
+``flag_by_operator`` (the console's "my correction was bad"): it is final.
+
 Two reviewers may decide at once. ``EpisodeStore.write_labels`` never overwrites a layer, but each
 writer builds its layer from the latest one it read, so the later layer can miss a decision made in
 between. ``decide`` therefore re-reads after writing and, if a layer it did not see appeared, writes
@@ -22,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract.enums import ReviewStatus
-from hg_dagger.contract.labels import certified_windows, current_review
+from hg_dagger.contract.labels import (
+    certified_windows,
+    current_review,
+    is_operator,
+    operator_rejected,
+    review_problem,
+)
 from hg_dagger.contract.schema import CorrectionWindow, ReviewDecision
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import EpisodeStore
@@ -65,6 +76,7 @@ class WindowRow:
     reviewer: str
     label_version: int
     certified: bool = False  # covered by a counting certification (a planner's): trainable without authorization
+    problem: str = ""  # why its current decision authorizes nothing although it says so (review_problem)
 
     @property
     def short_id(self) -> str:
@@ -72,15 +84,17 @@ class WindowRow:
 
     @property
     def auth(self) -> str:
-        """May it train: "yes" (a reviewer authorized it), "certified" (its planner did) or "no"."""
-        return "yes" if self.authorized else "certified" if self.certified else "no"
+        """May it train: "yes" (a reviewer authorized it), "certified" (its planner did), "void" (an authorization
+        that counts for nothing: by the operator, or off the roster) or "no"."""
+        return "yes" if self.authorized else "certified" if self.certified else "void" if self.problem else "no"
 
     def to_json(self) -> dict[str, Any]:
         return {"window_id": self.window_id, "short_id": self.short_id, "episode_id": self.episode_id,
                 "task": self.task, "operator": self.operator, "gate_reason": self.gate_reason,
                 "handover_start": self.handover_start, "handover_end": self.handover_end, "source": self.source,
                 "outcome": self.outcome, "status": self.status.value, "authorized": self.authorized,
-                "reviewer": self.reviewer, "label_version": self.label_version, "certified": self.certified}
+                "reviewer": self.reviewer, "label_version": self.label_version, "certified": self.certified,
+                "problem": self.problem}
 
 
 @dataclass(frozen=True)
@@ -115,18 +129,26 @@ def _current(layer: LabelLayer, window_id: str) -> ReviewDecision | None:
     return current_review(layer.reviews, window_id)
 
 
-def _row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str] | None = None) -> WindowRow:
+def _row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str] | None = None,
+         reviewers: list[str] | None = None) -> WindowRow:
+    operator = w.operator or info.start.operator
     d = _current(layer, w.window_id)
     if certified is None:
         certified = certified_windows(layer.windows, layer.certifications, operator=info.start.operator,
                                       policy_version=info.start.policy_version)
+    flag = operator_rejected(layer.reviews, w.window_id, operator)
+    if flag is not None and d is not None and d.status != ReviewStatus.REJECTED:
+        d = flag  # the operator's own rejection is final, whatever came later
+    problem = ""
+    if d is not None and d.status == ReviewStatus.APPROVED and d.replay_training_authorized:
+        problem = review_problem(d, operator=operator, reviewers=reviewers) or ""
     return WindowRow(
         window_id=w.window_id, episode_id=info.episode_id, task=info.task_id,
-        operator=w.operator or info.start.operator, gate_reason=w.gate_reason,
+        operator=operator, gate_reason=w.gate_reason,
         handover_start=w.handover_start, handover_end=w.handover_end, source=w.source.value,
         outcome=w.outcome.value, status=d.status if d else ReviewStatus.PENDING,
-        authorized=bool(d and d.replay_training_authorized), reviewer=d.reviewer if d else "",
-        label_version=layer.version, certified=w.window_id in certified)
+        authorized=bool(d and d.replay_training_authorized) and not problem, reviewer=d.reviewer if d else "",
+        label_version=layer.version, certified=w.window_id in certified, problem=problem)
 
 
 def _status(value: ReviewStatus | str | None) -> ReviewStatus | None:
@@ -148,13 +170,14 @@ def list_windows(store: EpisodeStore | str | os.PathLike, filters: WindowFilter 
     f = filters or WindowFilter()
     want = _status(f.status)
     infos = st.episodes(task_id=f.task, complete=True)
+    roster = st.reviewers
     rows = []
     for info in progress(infos) if progress else infos:
         layer = st.labels(info.episode_id)
         certified = certified_windows(layer.windows, layer.certifications, operator=info.start.operator,
                                       policy_version=info.start.policy_version)
         for w in layer.windows:
-            row = _row(info, layer, w, certified)
+            row = _row(info, layer, w, certified, roster)
             if want is not None and row.status != want:
                 continue
             if f.operator is not None and row.operator != f.operator:
@@ -267,10 +290,49 @@ def decide(store: EpisodeStore | str | os.PathLike, window_id: str, status: Revi
                           f"(episode {row.episode_id})")
     decision = ReviewDecision(window_id=row.window_id, reviewer=reviewer, status=status,
                               replay_training_authorized=bool(authorize), notes=reason,
-                              t_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds"))
+                              t_wall=_now())
+    why = review_problem(decision, operator=row.operator, reviewers=st.reviewers)
+    if why is not None:
+        raise ReviewError(f"{st.url}: window {row.window_id} (episode {row.episode_id}) not {status.value}: {why}")
+    return _record(st, row, decision, author=f"review:{reviewer}")
+
+
+def flag_by_operator(store: EpisodeStore | str | os.PathLike, window_id: str, operator: str,
+                     reason: str) -> tuple[WindowRow, int]:
+    """The window's operator flags their own correction as bad: a rejection recorded under their pseudonym.
+
+    The only decision an operator may make on their own window, and a final one: the window never trains,
+    whatever reviewers decide later (contract.labels.operator_rejected). Refused for anyone but the window's
+    operator and without a reason."""
+    st = open_store(store, mode="a")
+    operator = (operator or "").strip()
+    reason = (reason or "").strip()
+    if not operator:
+        raise ReviewError(f"{st.url}: the operator's pseudonym is required to flag a correction")
+    st.refresh()
+    row = find_window(st, window_id)
+    if not is_operator(operator, row.operator):
+        raise ReviewError(f"{st.url}: window {row.window_id} (episode {row.episode_id}) is operator "
+                          f"{row.operator or '(none)'}'s correction, not {operator!r}'s: only its operator can flag it")
+    if not reason:
+        raise ReviewError(f"{st.url}: a reason is required to flag window {row.window_id} (episode {row.episode_id})")
+    decision = ReviewDecision(window_id=row.window_id, reviewer=operator, status=ReviewStatus.REJECTED,
+                              notes=reason, t_wall=_now())
+    return _record(st, row, decision, author=f"{OPERATOR_AUTHOR}{operator}")
+
+
+OPERATOR_AUTHOR = "operator:"  # author prefix of the layers flag_by_operator writes
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
+
+
+def _record(st: EpisodeStore, row: WindowRow, decision: ReviewDecision, *, author: str) -> tuple[WindowRow, int]:
+    """Add ``decision`` to the window's episode in a new label layer (reconciled with concurrent writers)."""
     base = st.labels(row.episode_id)
-    _append(st, row.episode_id, base, [*base.reviews, decision], author=f"review:{reviewer}")
-    version = _reconcile(st, row.episode_id, base.version, author=f"review:{reviewer}")
+    _append(st, row.episode_id, base, [*base.reviews, decision], author=author)
+    version = _reconcile(st, row.episode_id, base.version, author=author)
     return find_window(st, row.window_id), version
 
 
@@ -282,7 +344,7 @@ def _append(st: EpisodeStore, episode_id: str, base: LabelLayer, reviews: list[R
 
 
 def _is_review(layer: LabelLayer) -> bool:
-    return layer.author.startswith("review:")
+    return layer.author.startswith(("review:", OPERATOR_AUTHOR))
 
 
 def _same_labels(a: LabelLayer, b: LabelLayer) -> bool:

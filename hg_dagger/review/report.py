@@ -29,10 +29,12 @@ from hg_dagger.contract import (
     EventKind,
     LabelMask,
     RecoveryOutcome,
+    ReviewStatus,
     TrainingBlock,
     TrainingRule,
     current_review,
 )
+from hg_dagger.contract.labels import review_problem, window_operator
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.learn.aggregate import selection
 from hg_dagger.store import EpisodeStore
@@ -53,6 +55,7 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
     rule = rule or TrainingRule()
     infos = [i for i in st.episodes() if i.complete and (task is None or i.task_id == task)]
     incomplete = sum(not i.complete for i in st.episodes())
+    roster = st.reviewers
     windows: list[dict[str, Any]] = []
     labels: Counter = Counter()
     steps = Counter()
@@ -97,15 +100,19 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
                 if c:
                     stopped[b.name.lower()] = c
             d = current_review(layer.reviews, w.window_id)
+            who = window_operator(w, info.start.operator)
+            void = (review_problem(d, operator=who, reviewers=roster) or "") if d is not None and \
+                d.status == ReviewStatus.APPROVED else ""
             gate_reasons[w.gate_reason or "(none)"] += 1
             if w.source == ActionSource.HUMAN:
                 recoveries[w.outcome.value] += 1
             windows.append({
                 "window_id": w.window_id, "episode_id": info.episode_id, "task": info.task_id,
-                "operator": w.operator or info.start.operator, "source": w.source.value,
+                "operator": who, "source": w.source.value,
                 "gate_reason": w.gate_reason, "handover": [w.handover_start, w.handover_end],
                 "outcome": w.outcome.value, "review": d.status.value if d else "pending",
-                "authorized": bool(d and d.replay_training_authorized), "reviewer": d.reviewer if d else "",
+                "authorized": bool(d and d.replay_training_authorized) and not void,
+                "reviewer": d.reviewer if d else "", "review_problem": void,
                 "certified": bool(layer.certifications) and any(
                     c.step_start <= w.handover_start and w.handover_end <= c.step_end for c in layer.certifications),
                 "qc_passed": qc_by_window.get(w.window_id), "replay_status": replay,
@@ -124,6 +131,7 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         "task": task,
         "generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "rule": rule.model_dump(),
+        "reviewers": roster,
         "episodes": len(infos),
         "incomplete_episodes": incomplete,
         "steps": dict(steps),
@@ -233,7 +241,8 @@ img{{max-width:100%}} .muted{{color:#777}}</style></head><body>
 {plots}
 <h2>Correction windows</h2>
 {_table(wins, ["window", "episode", "task", "operator", "source", "gate_reason", "handover", "outcome", "review",
-               "authorized", "reviewer", "certified", "qc_passed", "replay_status", "labels", "allowed", "stopped_by"])}
+               "authorized", "reviewer", "review_problem", "certified", "qc_passed", "replay_status", "labels",
+               "allowed", "stopped_by"])}
 {buckets}
 </body></html>
 """

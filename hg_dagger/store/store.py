@@ -14,7 +14,7 @@ import numpy as np
 import zarr
 
 from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget, ReplayStatus
-from hg_dagger.contract.labels import certification_problem, derive_labels, label_violations
+from hg_dagger.contract.labels import certification_problem, derive_labels, label_violations, pseudonym_key
 from hg_dagger.contract.schema import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 log = logging.getLogger(__name__)
+_UNREAD = object()  # the reviewer roster is read on first use after each refresh
 
 LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
 
@@ -73,6 +74,7 @@ class EpisodeStore:
         self._dirty = True
         self._labelled: set[str] | None = None
         self._layer_cache: dict[tuple[str, int], LabelLayer] = {}
+        self._roster: tuple[str, ...] | None | object = _UNREAD
 
     # ------------------------------------------------------------------ opening
 
@@ -147,8 +149,10 @@ class EpisodeStore:
     # ------------------------------------------------------------------ catalog
 
     def refresh(self) -> None:
-        """Pick up segments, commits and label layers written since opening (by this or another process)."""
+        """Pick up segments, commits, label layers and the reviewer roster written since opening (by this or
+        another process)."""
         self._labelled = None
+        self._roster = _UNREAD
         try:
             names = [n for n in layout.list_dir(self._zstore, f"{layout.SEGMENTS}/")
                      if n != "zarr.json" and not n.endswith(".partial")]  # .partial: a write cut by a kill
@@ -162,6 +166,8 @@ class EpisodeStore:
                     seg = SegmentView(self._root, sid)
                     self._segs[sid] = seg
                 elif seg.closed and seg.log_read == seg.committed_log:
+                    if seg.committed_log == 0:
+                        self._uncommitted[sid] = _nothing_committed(sid)
                     continue
                 else:
                     seg.reload()
@@ -173,6 +179,8 @@ class EpisodeStore:
                 if (None, str(exc)) not in self._damaged:
                     self._damaged.append((None, str(exc)))
                 continue
+            if seg.committed_log == 0:  # its arrays exist, but no record is committed: it holds nothing (yet)
+                self._uncommitted[sid] = _nothing_committed(sid)
             for ep in new:
                 if ep.episode_id in self._eps:
                     self._duplicates.append(ep.episode_id)
@@ -454,6 +462,60 @@ class EpisodeStore:
         rec = self._record(episode_id)
         return rec.end.replay_status if rec.committed else ReplayStatus.UNVERIFIED
 
+    # ------------------------------------------------------------------ reviewer roster
+
+    @property
+    def reviewers(self) -> list[str] | None:
+        """The store's reviewer roster: the pseudonyms whose training authorizations count; None when the store
+        declares none (then anyone but a window's operator may authorize it). Read from the root attribute
+        ``hg_dagger.reviewers`` (again after every refresh); StoreError naming the store if it is malformed."""
+        if self._roster is _UNREAD:
+            self._roster = self._read_roster()
+        return None if self._roster is None else list(self._roster)
+
+    def _read_roster(self) -> tuple[str, ...] | None:
+        try:
+            meta = json.loads(layout.get_bytes(self._zstore, "zarr.json"))["attributes"][layout.STORE_ATTR]
+        except Exception as exc:
+            raise StoreError(f"{self.url}: root metadata unreadable ({_one_line(exc)})") from exc
+        names = meta.get("reviewers") if isinstance(meta, dict) else None
+        if names is None:
+            return None
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+            raise StoreError(f"{self.url}: root attribute {layout.STORE_ATTR}.reviewers is not a list of reviewer "
+                             f"pseudonyms (got {names!r:.80}); set it with `hg-dagger store reviewers`")
+        return tuple(names)
+
+    def set_reviewers(self, reviewers: Iterable[str] | None) -> list[str] | None:
+        """Declare the reviewer roster (pseudonyms, stripped, duplicates by case and whitespace dropped), or remove
+        it with None. Returns the roster as stored. Takes effect for every later training selection, also on
+        decisions made before: an authorization by someone off the roster authorizes nothing."""
+        self._writable()
+        names: list[str] | None = None
+        if reviewers is not None:
+            names, seen = [], set()
+            for raw in reviewers:
+                name = " ".join(str(raw).split())
+                if not name:
+                    raise StoreError(f"{self.url}: an empty reviewer pseudonym cannot be on the roster")
+                if pseudonym_key(name) not in seen:
+                    seen.add(pseudonym_key(name))
+                    names.append(name)
+            if not names:
+                raise StoreError(f"{self.url}: a reviewer roster needs at least one pseudonym (or remove the roster)")
+        try:
+            root = zarr.open_group(self._zstore, mode="r+")
+            meta = dict(dict(root.attrs)[layout.STORE_ATTR])
+            if names is None:
+                meta.pop("reviewers", None)
+            else:
+                meta["reviewers"] = names
+            root.update_attributes({layout.STORE_ATTR: meta})
+        except OSError as exc:
+            raise StoreError(f"{self.url}: reviewer roster not written ({_os_reason(exc)})") from exc
+        self._roster = None if names is None else tuple(names)
+        return None if names is None else list(names)
+
     # ------------------------------------------------------------------ writing and batches
 
     def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: str = "drop",
@@ -589,6 +651,10 @@ def _tensordict(arrays: dict[str, np.ndarray]) -> TensorDict:
             a = a.astype(np.int64)
         td.set(tuple(name.split("/")), torch.from_numpy(np.ascontiguousarray(a)))
     return td
+
+
+def _nothing_committed(segment_id: str) -> str:
+    return str(UncommittedSegment(segment_id, "attributes with committed_log 0"))
 
 
 def _refuse_a_file(url: str) -> None:

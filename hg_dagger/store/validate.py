@@ -14,8 +14,15 @@ import numpy as np
 from tqdm import tqdm
 
 from hg_dagger.contract.clock import NO_TIME
-from hg_dagger.contract.enums import ActionSource, ControlState, LabelMask, LabelTarget, StepFlag
-from hg_dagger.contract.labels import certification_problem, label_violations
+from hg_dagger.contract.enums import (
+    ActionSource,
+    ControlState,
+    LabelMask,
+    LabelTarget,
+    ReviewStatus,
+    StepFlag,
+)
+from hg_dagger.contract.labels import certification_problem, is_operator, label_violations, window_operator
 from hg_dagger.contract.schema import step_fields
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import layout
@@ -218,6 +225,27 @@ def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Vio
             bad(None, "labels", _strip(str(exc), eid))
             continue
         _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad, info.end.quality_flags)
+    if versions and versions[-1] != 0:
+        _check_independence(store, eid, start, bad)
+
+
+def _check_independence(store, eid, start, bad: Callable) -> None:
+    """A decision by the window's own operator (other than their rejection of it) breaks the rule that a reviewer
+    is never the operator; the latest layer holds every decision, so only it is read."""
+    try:
+        layer = store.labels(eid)
+    except HgDaggerError:
+        return  # reported with the layer's other problems
+    windows = {w.window_id: w for w in layer.windows}
+    for d in layer.reviews:
+        w = windows.get(d.window_id)
+        if w is None or d.status == ReviewStatus.REJECTED:
+            continue
+        who = window_operator(w, start.operator)
+        if is_operator(d.reviewer, who):
+            bad(w.handover_start, "reviews", f"window {w.window_id}: {d.status.value} by {d.reviewer!r}, the window's "
+                                             f"operator ({who!r}): a reviewer is never the operator, so it authorizes "
+                                             "nothing")
 
 
 def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callable, quality_flags=()) -> None:

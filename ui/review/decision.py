@@ -19,6 +19,7 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.contract.labels import is_operator
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.review.decisions import AuditEntry, audit_trail, decide
 from hg_dagger.ui import style
@@ -31,16 +32,17 @@ TRAIL_COLUMNS = ("layer", "time", "reviewer", "decision", "authorized", "reason"
 class DecisionPanel(QGroupBox):
     """Records verdicts for one reviewer; emits ``decided(store, WindowRow)`` after each stored decision.
 
-    Without a reviewer (the app's review tab) the pseudonym is asked when the first decision is made, offering
-    ``default_reviewer`` (the operator's pseudonym) to keep or edit; *Change...* asks again."""
+    Without a reviewer (the app's review tab) the pseudonym is asked when the first decision is made, with an empty
+    field: a reviewer is never the operator, so ``operator`` (the console's operator pseudonym) is refused there,
+    as ``decide`` refuses any decision on a window by its own operator; *Change...* asks again."""
 
     decided = pyqtSignal(str, object)
     reviewer_changed = pyqtSignal(str)
 
-    def __init__(self, reviewer: str | None, worker: StoreWorker, parent=None, *, default_reviewer: str = ""):
+    def __init__(self, reviewer: str | None, worker: StoreWorker, parent=None, *, operator: str = ""):
         super().__init__("Decision", parent)
         self.reviewer = (reviewer or "").strip()
-        self.default_reviewer = (default_reviewer or "").strip()
+        self.operator = (operator or "").strip()
         self.worker = worker
         self.busy = False
         self.row: ReviewRow | None = None
@@ -96,13 +98,18 @@ class DecisionPanel(QGroupBox):
                                     "reviewer: <i>asked at your first decision</i>")
 
     def ask_reviewer(self) -> str:
-        """Ask for the reviewer pseudonym (offering the current one, else the default); "" when cancelled."""
+        """Ask for the reviewer's own pseudonym (offering the current one, never the operator's); "" when cancelled."""
         dialog = QInputDialog(self)
         dialog.setWindowTitle("Reviewer")
-        dialog.setLabelText("Your reviewer pseudonym (never a real name), recorded with every decision:")
-        dialog.setTextValue(self.reviewer or self.default_reviewer)
+        ask = "Your reviewer pseudonym (never a real name), recorded with every decision:"
+        dialog.setLabelText(ask)
+        dialog.setTextValue(self.reviewer)
         while dialog.exec():
             name = dialog.textValue().strip()
+            if name and is_operator(name, self.operator):
+                dialog.setLabelText(f"{name!r} is the operator's pseudonym: a reviewer is never the operator.\n{ask}")
+                dialog.setTextValue("")
+                continue
             if name:
                 if name != self.reviewer:
                     self.reviewer = name

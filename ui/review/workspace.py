@@ -28,12 +28,13 @@ MAX_RETRIES = 20
 class ReviewWorkspace(QWidget):
     """Review correction windows of ``stores`` as ``reviewer`` (a pseudonym).
 
-    With ``reviewer`` None the pseudonym is asked at the first decision (``default_reviewer`` offered). With
+    With ``reviewer`` None the pseudonym is asked at the first decision (never defaulting to ``operator``, the
+    console operator's pseudonym, which is refused there). With
     ``load=False`` nothing is read until ``reload()`` (the app's tab reads when first shown)."""
 
     rows_changed = pyqtSignal()
 
-    def __init__(self, stores: list[str], reviewer: str | None, parent=None, *, default_reviewer: str = "",
+    def __init__(self, stores: list[str], reviewer: str | None, parent=None, *, operator: str = "",
                  load: bool = True):
         super().__init__(parent)
         if reviewer is not None and not reviewer.strip():
@@ -43,7 +44,7 @@ class ReviewWorkspace(QWidget):
         self.browser = WindowBrowser()
         self.episode = EpisodeView()
         self.episode.scrub_keys_in(self)  # Left/Right/Space scrub wherever focus is in the workspace
-        self.panel = DecisionPanel(reviewer, self.worker, default_reviewer=default_reviewer)
+        self.panel = DecisionPanel(reviewer, self.worker, operator=operator)
         self.status = QLabel("")
         self.status.setWordWrap(True)
         self.reload_button = QPushButton("Reload")
