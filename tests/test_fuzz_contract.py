@@ -32,7 +32,7 @@ from hg_dagger.contract import (
     training_selection,
 )
 from hg_dagger.contract.enums import EXCLUDING_FLAGS, EndReason
-from hg_dagger.contract.labels import DISCARDED
+from hg_dagger.contract.labels import DISCARDED, certified_windows
 from hg_dagger.errors import ConfigError
 
 EXAMPLES = int(os.environ.get("HG_DAGGER_FUZZ_EXAMPLES", "0"))
@@ -126,16 +126,23 @@ def test_a_stricter_mask_is_accepted_and_a_looser_one_is_named(ep, data):
 @given(ep=episodes(), data=st.data())
 def test_the_training_boundary_only_ever_removes_labels(ep, data):
     labels = derive_labels(**ep)
-    reviews = [ReviewDecision(window_id=w.window_id, reviewer="r", status=data.draw(st.sampled_from(list(ReviewStatus))),
+    reviews = [ReviewDecision(window_id=w.window_id, reviewer=data.draw(st.sampled_from(["r", OPERATOR, " OP1"])),
+                              status=data.draw(st.sampled_from(list(ReviewStatus))),
                               replay_training_authorized=data.draw(st.booleans())) for w in ep["windows"]
                if data.draw(st.booleans())]
     qc = [QCResult(episode_id="ep", window_id=w.window_id, passed=data.draw(st.booleans())) for w in ep["windows"]]
+    roster = data.draw(st.none() | st.lists(st.sampled_from(["r", "R ", "other", OPERATOR]), max_size=2))
     sel = training_selection(mask=labels.mask, windows=ep["windows"], certifications=ep["certifications"],
                              reviews=reviews, qc=qc, replay_status=data.draw(st.sampled_from(list(ReplayStatus))),
-                             operator=OPERATOR, policy_version=POLICY)
+                             operator=OPERATOR, policy_version=POLICY, reviewers=roster)
     assert not (sel.allowed & (labels.mask != _TRAINABLE)).any()
     assert np.array_equal(sel.allowed | (sel.blocks != 0), labels.mask == _TRAINABLE)
     assert not (sel.allowed & (sel.blocks != 0)).any()
+    covered = certified_windows(ep["windows"], ep["certifications"], operator=OPERATOR, policy_version=POLICY)
+    for w in ep["windows"]:  # a window whose latest decision is its operator's trains only if a planner certified it
+        mine = [r for r in reviews if r.window_id == w.window_id]
+        if mine and w.window_id not in covered and "".join(mine[-1].reviewer.split()).lower() == OPERATOR:
+            assert not sel.allowed[w.handover_start:w.handover_end].any()
 
 
 # ---------------------------------------------------------------------- schema round trips
