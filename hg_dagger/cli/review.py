@@ -34,7 +34,8 @@ def register(sub) -> None:
         d = rsub.add_parser(name, help=help_)
         d.add_argument("store", metavar="STORE")
         d.add_argument("window", metavar="WINDOW_ID", help="window id (a unique prefix of >= 8 characters)")
-        d.add_argument("--reviewer", required=True, help="reviewer pseudonym (never a real name)")
+        d.add_argument("--reviewer", required=True,
+                       help="reviewer pseudonym (never a real name, never the window's operator)")
         d.add_argument("--reason", default="", help="why" + ("" if status == "approved" else " (required)"))
         if status == "approved":
             d.add_argument("--authorize", action="store_true", dest="authorize",
