@@ -132,6 +132,37 @@ def test_a_take_over_after_a_long_look_away_still_gets_the_request(tmp_path, stu
     assert (np.asarray(d["action_source"])[w.handover_start:w.handover_end] == ActionSource.HUMAN.code).any()
 
 
+def test_a_lost_device_holds_on_its_own_tick_then_the_world_waits_for_the_person(tmp_path, student):
+    s, rec = _person(tmp_path, student)
+    kb = s.operator.devices[0]
+    s.start(1)
+    s.key("space", True)
+    s.key("w", True)
+    s.tick()
+    assert s.machine.state[0] == HUMAN
+    for _ in range(3):
+        s.tick()
+    lost_at = int(s.ep_step[0])
+    kb.close()  # unplugged
+    s.tick()
+    assert s.machine.state[0] == REQUESTED and int(s.ep_step[0]) == lost_at + 1, "the loss tick holds, recorded"
+    for _ in range(30):
+        s.tick()
+    assert int(s.ep_step[0]) == lost_at + 1, "then nothing steps while the person plugs it back in"
+    kb.connect()
+    s.key("space", True)
+    s.tick()
+    assert s.machine.state[0] == HUMAN and s.summary.requests_answered == 2
+    s.close_all("done")
+    store = _finish(tmp_path, rec)
+    (info,) = store.episodes()
+    first, second = store.labels(info.episode_id).windows
+    assert first.handover_end == lost_at and second.gate_reason == "device_lost"
+    assert second.handover_start == lost_at + 1, "no row between the loss and the person's return"
+    lost = [e for e in _request_ends(info) if e.values["gate_reason"] == "device_lost"]
+    assert len(lost) == 1 and lost[0].values["outcome"] == "answered" and lost[0].values["wait_ticks"] == 30
+
+
 def test_a_request_expires_when_its_episode_ends_and_at_the_wait_limit(tmp_path, student):
     s, rec = _person(tmp_path, student, **{"handover.wait_timeout_s": 0.4, "handover.on_wait_timeout": "policy"})
     s.start(2)

@@ -317,7 +317,7 @@ class HandoverMachine:
         still = (st == REQUESTED) & (before == REQUESTED)
         self.wait_ticks[still] += 1
         if self.cfg.wait == "pause":
-            self.paused_ticks[still & ~self.force_hold] += 1
+            self.paused_ticks[still] += 1
         if self.cfg.wait_timeout_s is not None:
             late = (st == REQUESTED) & (self.wait_ticks * self.step_dt >= self.cfg.wait_timeout_s)
             for r in np.flatnonzero(late):
@@ -340,7 +340,8 @@ class HandoverMachine:
         source[st == self._in_control] = self._src_operator
         hold_wait = (st == REQUESTED) & (self.force_hold | (self.cfg.wait != "policy"))
         source[hold_wait | (st == SAFE_STOP) | device_lost] = SRC_HOLD
-        paused = (st == REQUESTED) & ~self.force_hold & (self.cfg.wait == "pause")
+        # a lost device's own tick holds (recorded, flagged device_lost); after it the world waits like for any request
+        paused = (st == REQUESTED) & ~device_lost & (self.cfg.wait == "pause")
         return Decision(st.copy(), source, paused, rearm, device_lost, transitions, ended)
 
     def _quiet(self, x: TickInputs) -> bool:
