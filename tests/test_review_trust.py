@@ -18,12 +18,20 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import store_helpers as sh
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hg_dagger.contract import ActionSource, CorrectionWindow, LabelMask, QCResult, ReviewDecision, ReviewStatus
+from hg_dagger.contract import (
+    ActionSource,
+    CorrectionWindow,
+    LabelMask,
+    QCResult,
+    ReviewDecision,
+    ReviewStatus,
+)
 from hg_dagger.errors import StoreError
 from hg_dagger.learn.aggregate import Replay, load_labels
 from hg_dagger.review.decisions import ReviewError, audit_trail, decide, flag_by_operator, list_windows
@@ -379,3 +387,26 @@ def test_an_operator_flags_their_own_correction_and_it_never_trains(store):
     assert trail == [("Synthetic", ReviewStatus.REJECTED, "operator:Synthetic"),
                      ("rev-1", ReviewStatus.APPROVED, "review:rev-1")]
     assert st_.label_versions(row.episode_id)[-1] >= version
+
+
+def test_an_operators_rejection_stops_a_certified_window_too():
+    """A certification covering a window lets it train without a reviewer, but not against its operator's flag."""
+    from hg_dagger.contract import ExpertCertification, ReplayStatus, training_selection
+
+    w = CorrectionWindow(parent_episode_id="ep", parent_step_id=2, handover_start=2, handover_end=6, operator="op-a")
+    cert = ExpertCertification(episode_id="ep", step_start=0, step_end=8, certifier="rev-1",
+                               method="independent_review", executability_verified=True)
+    mask = np.full(8, LabelMask.CONTEXT_ONLY.code, np.uint8)
+    mask[2:6] = LabelMask.TRAINABLE.code
+    qc = [QCResult(episode_id="ep", passed=True), QCResult(episode_id="ep", window_id=w.window_id, passed=True)]
+
+    def allowed(reviews):
+        return int(training_selection(mask=mask, windows=[w], certifications=[cert], reviews=reviews, qc=qc,
+                                      replay_status=ReplayStatus.UNVERIFIED, operator="synthetic",
+                                      policy_version="p").allowed.sum())
+
+    assert allowed([]) == 4
+    flag = ReviewDecision(window_id=w.window_id, reviewer=" OP-A", status=ReviewStatus.REJECTED, notes="bad")
+    assert allowed([flag]) == 0
+    other = ReviewDecision(window_id=w.window_id, reviewer="rev-2", status=ReviewStatus.REJECTED, notes="bad")
+    assert allowed([other]) == 4  # a reviewer's rejection does not override a certification (as before)
