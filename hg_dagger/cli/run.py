@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--max-episode-steps", type=int, help="cut every episode after this many steps (default: the "
                    "task's horizon)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--wait", choices=("pause", "hold", "policy"), help="behaviour while waiting for the operator")
+    p.add_argument("--wait", choices=("auto", "pause", "hold", "policy"), help="behaviour while waiting for the operator")
     p.add_argument("--calibrate-steps", type=int, help="autonomous steps to calibrate the confidence gate first")
     p.add_argument("--device", help="device config for --operator device (e.g. gamepad, spacemouse)")
     p.add_argument("--robot", metavar="HOST:PORT",
