@@ -20,7 +20,7 @@ same episodes answered once by the planner-driven synthetic operator (the baseli
 a few ticks) and once by the human operator model (hg_dagger.control.human_model) at the window's
 keyboard through Qt key events (ui/operator_model.py). Printed per operator, from the store's events:
 requests, wait from request to take-over p50/p90 (wall seconds), the expired and declined shares,
-operator seconds per correction (take-over to hand-back) and human labels.
+operator seconds per correction (take-over to hand-back), corrected steps and successful episodes.
 
     QT_QPA_PLATFORM=offscreen python benchmarks/bench_app.py [--seconds 30] [--quick] [--json out.json]
         [--only loop|human] [--human-episodes 10] [--human-seed 0]
@@ -181,17 +181,18 @@ def request_figures(store: str) -> dict:
     from hg_dagger.store import EpisodeStore
 
     st = EpisodeStore.open(store)
-    ends, corr_s, labels, episodes = [], [], 0, 0
+    ends, corr_s, corrected, episodes, successes = [], [], 0, 0, 0
     for info in st.episodes(complete=True):
         if info.start.mode.value != "human_gated":
             continue
         episodes += 1
+        successes += int(info.end.task_success)
         dt = float(info.start.mapping.get("step_dt", 0.04))
         ends += [e.values for e in info.end.events if e.kind == EventKind.REQUEST_END]
         for w in st.labels(info.episode_id).windows:
             if w.source != ActionSource.HUMAN:
                 continue
-            labels += w.handover_end - w.handover_start
+            corrected += w.handover_end - w.handover_start
             if w.t_return != NO_TIME and w.t_handover != NO_TIME:
                 corr_s.append((w.t_return - w.t_handover) / 1e9)
             else:
@@ -202,12 +203,12 @@ def request_figures(store: str) -> dict:
     def share(outcome: str) -> float:
         return sum(e["outcome"] == outcome for e in ends) / n if n else float("nan")
 
-    return {"episodes": episodes, "requests": n, "answered": int(waits.size),
+    return {"episodes": episodes, "successes": successes, "requests": n, "answered": int(waits.size),
             "wait_p50_s": float(np.percentile(waits, 50)) if waits.size else float("nan"),
             "wait_p90_s": float(np.percentile(waits, 90)) if waits.size else float("nan"),
             "expired_share": share("expired"), "declined_share": share("declined"),
             "corrections": len(corr_s), "operator_s_per_correction": float(np.mean(corr_s)) if corr_s else float("nan"),
-            "human_labels": int(labels)}
+            "corrected_steps": int(corrected)}
 
 
 def human_paced(episodes: int, seed: int) -> dict:
@@ -226,7 +227,7 @@ def print_human(res: dict, episodes: int) -> None:
     print(f"\n{HUMAN_TASK}, the app window, {episodes} episodes per operator (bootstrapped first student), "
           f"load {os.getloadavg()[0]:.1f}")
     cols = ("requests", "wait_p50_s", "wait_p90_s", "expired_share", "declined_share", "corrections",
-            "operator_s_per_correction", "human_labels", "wall_s")
+            "operator_s_per_correction", "corrected_steps", "successes", "wall_s")
     print(f"{'operator':10s} " + " ".join(f"{c:>26s}" for c in cols))
     for k, r in res.items():
         print(f"{k:10s} " + " ".join(f"{float(r[c]):26.2f}" for c in cols))
