@@ -185,13 +185,9 @@ class StoreActions:
         return f"episode {eid[:12]}: discard undone, trainable as before (labels v{version})"
 
     def _flag(self, store, job: _Job) -> str:
-        from hg_dagger.review import decisions
+        from hg_dagger.review.decisions import flag_by_operator
 
-        flag = getattr(decisions, "flag_by_operator", None)
-        if flag is not None:
-            flag(store, job.key, self.operator, job.reason)
-        else:
-            decisions.decide(store, job.key, "rejected", self.operator, reason=job.reason)
+        flag_by_operator(store, job.key, self.operator, job.reason)
         return f"correction {job.key[:12]} flagged as bad by {self.operator}: it will never be trained on"
 
 
