@@ -131,6 +131,8 @@ def main() -> int:
         snap = op.loop.slot.read()
         cmd = op.loop.commands.put
         ph = state["phase"]
+        if snap.control_state == "handover_requested" and ph not in ("wait-window", "autonomous", "wait-gate", "banner"):
+            cmd(live.DeclineRequest())  # pictures taken: let the student go on (a request waits for a person)
         if ph == "wait-window" and snap.phase == "idle" and snap.seq > 5:
             op.window.resize(1500, 940)
             cmd(live.StartEpisodes(3))
