@@ -73,7 +73,8 @@ def running(task="fetch_pick_place", **kw) -> Snapshot:
                 thresholds={"warn": 0.180, "trigger": 0.183}, progress=-0.2, device=KEYBOARD_STATE,
                 frame=np.zeros((64, 96, 3), np.uint8), operator="op-07",
                 rounds=tuple({"round": i, "policy_version": f"round-{i:02d}", "episodes": 10, "success_rate": 0.4,
-                              "intervention_rate": 0.3, "human_labels": 100 * i} for i in range(4)))
+                              "intervention_rate": 0.3, "human_labels": 100 * i, "requests_answered": 2,
+                              "requests_declined": 1, "requests_expired": 0} for i in range(4)))
     base.update(kw)
     return Snapshot(**base)
 
@@ -305,7 +306,7 @@ def test_rounds_show_requests_what_reached_training_and_several_rows(qtbot, cons
     show(qtbot, win, slot, running(counters=Counters(requests_answered=12, requests_declined=3, requests_expired=1)))
     assert win.rounds.requests.text() == "Requests: 12 answered, 3 declined, 1 expired"
     t = win.rounds.table
-    assert t.rowCount() == 4
+    assert t.rowCount() == 4 and t.item(0, 6).text() == "2/1/0"  # requests of that round
     visible = t.viewport().height() // t.rowHeight(0)
     assert visible >= 3, f"the rounds table shows {visible} rows"
     assert t.horizontalHeader().length() <= t.viewport().width()  # every column in view, none cut

@@ -30,7 +30,8 @@ from hg_dagger.ui import style
 COLUMNS = (("round", "Round", "round (now: the student driving)"), ("policy_version", "Policy", "student version"),
            ("episodes", "Eps", "episodes run"), ("success_rate", "Success", "success rate"),
            ("intervention_rate", "Interv.", "intervention rate: share of steps you drove"),
-           ("human_labels", "Labels", "your labelled steps"))
+           ("human_labels", "Labels", "your labelled steps"),
+           ("requests", "Req.", "requests for you: answered / declined / expired"))
 
 
 # TrainingBlock names (contract.labels) in the words the Rounds panel uses
@@ -71,6 +72,8 @@ def requests_line(snap: Snapshot) -> str:
 
 
 def _cell(key: str, value) -> str:
+    if key == "requests":
+        return value
     if value is None:
         return "-"
     if key in ("success_rate", "intervention_rate"):
@@ -170,7 +173,9 @@ class RoundsPanel(QWidget):
         self.table.setRowCount(len(self._rounds))
         for r, rd in enumerate(self._rounds):
             for c, (key, _, _) in enumerate(COLUMNS):
-                text = _cell(key, rd.get(key))
+                value = rd.get(key) if key != "requests" else "/".join(
+                    str(rd.get(f"requests_{k}", "-")) for k in ("answered", "declined", "expired"))
+                text = _cell(key, value)
                 if key == "round" and rd.get("current"):
                     text += " (now)"
                 self.table.setItem(r, c, QTableWidgetItem(text))
