@@ -44,21 +44,22 @@ def _pkg(name: str) -> str:
 
 
 @functools.cache
-def backend_versions(backend: str) -> Versions:
+def backend_versions(backend: str, robot: str = "") -> Versions:
     """Versions of what steps a task's backend here: simulator and env packages, and hg_dagger as the controller
-    (the toy backend is hg_dagger's own numpy arm). ``robot`` stays empty: a robot's identity is in extra."""
+    (the toy backend is hg_dagger's own numpy arm); ``robot`` is the env's own ``VecEnv.robot``."""
     from hg_dagger import __version__
 
     sim, env = _BACKEND_PACKAGES.get(backend, ((), ()))
     ours = f"hg_dagger {__version__}"
-    return Versions(simulator=", ".join(_pkg(p) for p in sim), env=", ".join(_pkg(p) for p in env) or ours,
-                    controller=ours)
+    return Versions(robot=robot, simulator=", ".join(_pkg(p) for p in sim),
+                    env=", ".join(_pkg(p) for p in env) or ours, controller=ours)
 
 
 class EpisodeWriter:
-    def __init__(self, recorder, mapping, num_envs: int, world_clock: str = "stepped"):
+    def __init__(self, recorder, mapping, num_envs: int, world_clock: str = "stepped", robot: str = ""):
         self.rec, self.mapping, self.n = recorder, mapping, num_envs
         self.world_clock = world_clock  # recorded in EpisodeStart.extra: whether latency could move the world
+        self.robot = robot  # EpisodeStart.versions.robot: the env's VecEnv.robot
         self.fields = step_fields(mapping.obs_spec(), mapping.action_dim)
         self._meta = mapping.as_metadata()
         self.eids: list[str | None] = [None] * num_envs
@@ -76,7 +77,7 @@ class EpisodeWriter:
         record = EpisodeStart(
             task=TaskInfo(task_id=m.task_id, task_version=m.task_version, language_instruction=m.language_instruction,
                           scene_id=scene or DEFAULT_SCENE, success_condition=m.success_condition),
-            versions=backend_versions(m.backend),
+            versions=backend_versions(m.backend, self.robot),
             policy_version=policy_version, mode=mode, control_hz=m.control_hz, action_alignment=m.action_alignment,
             mapping=self._meta, mapping_hash=m.hash, initial_state={"seed": seed} if seed is not None else {},
             env_index=row, **{**start, "extra": {"world_clock": self.world_clock, **start.get("extra", {})}})

@@ -176,7 +176,7 @@ class Session:
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
         self.episode_extra = episode_extra or {}
-        self.writer = EpisodeWriter(recorder, self.mapping, self.n, env.world_clock)
+        self.writer = EpisodeWriter(recorder, self.mapping, self.n, env.world_clock, env.robot)
         self.fields = self.writer.fields
         self.mode = "expert" if operator.role == "expert" else "human_gated"
         self._person = None if operator.role == "expert" else operator  # the operator a person drives

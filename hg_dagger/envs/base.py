@@ -55,6 +55,12 @@ class VecEnv(ABC):
     world_clock: str = "stepped"
 
     @property
+    def robot(self) -> str:
+        """What this env steps, for EpisodeStart.versions.robot: a simulator's model and the hash of its compiled
+        assets (two runs with the same string stepped the same robot), or what a robot reports about itself."""
+        return ""
+
+    @property
     @abstractmethod
     def mapping(self):  # -> hg_dagger.envs.mapping.TaskMapping
         """The task's observation/action mapping (validated at construction)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
+import hashlib
 import logging
 import os
 import threading
@@ -364,6 +366,16 @@ class MujocoRowsEnv(VecEnv):
     @property
     def mapping(self) -> TaskMapping:
         return self._mapping
+
+    @functools.cached_property
+    def robot(self) -> str:
+        """The simulator class and a hash of the compiled model (MJB bytes: bodies, geoms, meshes, parameters)."""
+        import mujoco
+
+        model = self.envs[0].model
+        mjb = np.empty(mujoco.mj_sizeModel(model), np.uint8)
+        mujoco.mj_saveModel(model, None, mjb)
+        return f"{type(self.envs[0]).__name__} model sha256:{hashlib.sha256(mjb.tobytes()).hexdigest()[:16]}"
 
     def _alloc(self) -> Obs:
         return {name: np.empty(shape, dtype) for name, shape, dtype in self._keys}

@@ -102,6 +102,12 @@ class ToyReachEnv(VecEnv):
     def mapping(self) -> TaskMapping:
         return self._mapping
 
+    @property
+    def robot(self) -> str:
+        """hg_dagger's numpy arm with the parameters that decide its motion."""
+        return (f"toy 2-link arm links={self.links[0]:g},{self.links[1]:g} max_speed={self.max_speed:g} "
+                f"success_radius={self.success_radius:g}")
+
     def render_view(self, row: int = 0, size: int = 256) -> np.ndarray:
         """A top-down picture of row ``row`` drawn with numpy: reach region, goal, both links, hand.
 

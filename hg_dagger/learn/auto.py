@@ -247,7 +247,7 @@ class Collector:
         self.max_steps = max_episode_steps or self.mapping.horizon
         self.expert_name = expert_name or type(expert).__name__
         self.certify = certify  # record a planner_auto certification per expert window (the run config's switch)
-        self.writer = EpisodeWriter(recorder, self.mapping, env.num_envs, env.world_clock)
+        self.writer = EpisodeWriter(recorder, self.mapping, env.num_envs, env.world_clock, env.robot)
         self.obs_keys = list(self.mapping.obs_spec())
         self.student = None
         self.stats = CollectStats()

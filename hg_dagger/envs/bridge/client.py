@@ -153,6 +153,12 @@ class BridgeEnv(VecEnv):
         return self._mapping
 
     @property
+    def robot(self) -> str:
+        """What the robot side reports it steps (its backend's ``robot``), with the server instance."""
+        reported = str(self._welcome.get("robot") or "unreported robot")
+        return f"{self._where} instance {self._instance[:8]}: {reported}"
+
+    @property
     def clock(self) -> ClockMapping:
         """Robot clock -> our clock (offset and error bound), from the best recent ping/pong."""
         return self._clock

@@ -432,7 +432,7 @@ class BridgeServer:
             "obs_spec": {k: [list(s), d] for k, (s, d) in m.obs_spec().items()},
             "hold_action": hold_action(self._names, self._last_action, self.env.num_envs),
             "heartbeat_timeout_s": self.config.heartbeat_timeout_s, "max_frame_bytes": self.config.max_frame_bytes,
-            "state": self.state, "reason": self.reason,
+            "state": self.state, "reason": self.reason, "robot": self.env.robot,
         })
 
     def _status(self, _msg: dict | None = None) -> dict:
