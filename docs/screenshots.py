@@ -131,7 +131,9 @@ def main() -> int:
         snap = op.loop.slot.read()
         cmd = op.loop.commands.put
         ph = state["phase"]
-        if snap.control_state == "handover_requested" and ph not in ("wait-window", "autonomous", "wait-gate", "banner"):
+        if (snap.control_state == "handover_requested" and snap.t_request_ns != state.get("declined")
+                and ph not in ("wait-window", "autonomous", "wait-gate", "banner")):
+            state["declined"] = snap.t_request_ns  # once per request
             cmd(live.DeclineRequest())  # pictures taken: let the student go on (a request waits for a person)
         if ph == "wait-window" and snap.phase == "idle" and snap.seq > 5:
             op.window.resize(1500, 940)
