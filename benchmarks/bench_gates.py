@@ -167,11 +167,11 @@ def learning(out: str, budget: int, seed: int, train_steps: int, eval_episodes: 
 
     from hg_dagger.contract.enums import LabelMask
     from hg_dagger.envs import load_mapping, make_env
-    from hg_dagger.learn.aggregate import load_labels
     from hg_dagger.learn.auto import AutoConfig, AutoRun
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
     from hg_dagger.learn.train import TrainConfig, Trainer, store_loader
     from hg_dagger.store import EpisodeStore
+    from hg_dagger.store.trainable import load_labels
 
     task, horizon = "fetch_pick_place", 150
     out = Path(out)

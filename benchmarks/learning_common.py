@@ -106,13 +106,14 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     from hg_dagger.control.run_config import load_run_config
     from hg_dagger.envs import load_mapping, make_env
     from hg_dagger.experts import make_expert
-    from hg_dagger.learn.aggregate import Replay, ReplayConfig, load_labels
+    from hg_dagger.learn.aggregate import Replay, ReplayConfig
     from hg_dagger.learn.auto import Collector
     from hg_dagger.learn.effort import operator_seconds
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
     from hg_dagger.learn.train import TrainConfig, Trainer
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
+    from hg_dagger.store.trainable import load_labels
 
     torch.set_num_threads(1)
     out = Path(out)

@@ -268,7 +268,7 @@ def test_planner_labels_reach_training_only_with_a_recorded_certification(tmp_pa
     training boundary; without it the planner's labels wait for a reviewer like any window."""
     from hg_dagger.contract import TrainingBlock
     from hg_dagger.errors import ContractError
-    from hg_dagger.learn.aggregate import selection
+    from hg_dagger.store.trainable import selection
 
     run = AutoRun(tiny(), tmp_path / "on")
     run.run(progress=False)

@@ -29,8 +29,8 @@ from hg_dagger.contract import (
 from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.datasets import export_lerobot, select
 from hg_dagger.envs.mapping import load_mapping
-from hg_dagger.learn.aggregate import selection
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import selection
 
 FPS = 25.0
 H, W = 48, 64

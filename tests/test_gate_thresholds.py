@@ -123,7 +123,7 @@ def test_a_relaunch_with_the_same_student_keeps_its_thresholds_and_asks_where_it
             assert (conf.warn, conf.trigger) == (pytest.approx(stored["warn"]), pytest.approx(stored["trigger"]))
             assert "own thresholds" in s.notice
         # the state of the store the student is least sure about fired the gate in the first launch, and does again
-        from hg_dagger.learn.aggregate import flatten_td
+        from hg_dagger.store.trainable import flatten_td
 
         st = EpisodeStore.open(str(store))
         keys = list(sessions[0].mapping.obs_spec())

@@ -33,9 +33,10 @@ from hg_dagger.contract import (
     ReviewStatus,
 )
 from hg_dagger.errors import StoreError
-from hg_dagger.learn.aggregate import Replay, load_labels
+from hg_dagger.learn.aggregate import Replay
 from hg_dagger.review.decisions import ReviewError, audit_trail, decide, flag_by_operator, list_windows
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import load_labels
 
 EXAMPLES = int(os.environ.get("HG_DAGGER_FUZZ_EXAMPLES", "0"))
 BUDGET = settings(max_examples=EXAMPLES or 30, derandomize=not EXAMPLES, deadline=None,
@@ -345,7 +346,7 @@ def test_the_roster_decides_whose_authorization_counts(store, tmp_path):
     assert _cli("review", "approve", store, wid, "--reviewer", " REV-2 ", "--authorize").returncode == 0
 
     def allowed():
-        from hg_dagger.learn.aggregate import selection
+        from hg_dagger.store.trainable import selection
 
         st_ = EpisodeStore.open(store)
         return sum(selection(st_, i).counts()["allowed"] for i in st_.episodes(complete=True)), \
@@ -367,7 +368,7 @@ def test_the_roster_decides_whose_authorization_counts(store, tmp_path):
 
 
 def test_an_operator_flags_their_own_correction_and_it_never_trains(store):
-    from hg_dagger.learn.aggregate import selection
+    from hg_dagger.store.trainable import selection
 
     _passing_qc(store)
     row = list_windows(store)[0]

@@ -62,8 +62,8 @@ def test_calibration_samples_come_from_states_the_policy_drove(tmp_path):
     from hg_dagger.contract import ActionSource, CollectionMode
     from hg_dagger.control.build import run_gated
     from hg_dagger.control.run_config import load_run_config
-    from hg_dagger.learn.aggregate import flatten_td
     from hg_dagger.learn.rounds import autonomous_uncertainty
+    from hg_dagger.store.trainable import flatten_td
 
     store = str(tmp_path / "s.zarr")
     boot = bootstrap_student(task="toy_reach", store=store, out_dir=str(tmp_path / "b"), demos=2, steps=20,

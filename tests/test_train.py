@@ -138,7 +138,8 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
     (3 * 0.5 - 0.5) / 4 = 0.25.
     """
     from hg_dagger.contract import LabelTarget
-    from hg_dagger.learn.aggregate import Replay, extract_labels
+    from hg_dagger.learn.aggregate import Replay
+    from hg_dagger.store.trainable import extract_labels
 
     mapping = load_mapping("toy_reach")
     rng = np.random.default_rng(0)
@@ -163,7 +164,8 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
 
 def _toy_replay(n: int = 200):
     from hg_dagger.contract import LabelTarget
-    from hg_dagger.learn.aggregate import Replay, extract_labels
+    from hg_dagger.learn.aggregate import Replay
+    from hg_dagger.store.trainable import extract_labels
 
     rng = np.random.default_rng(0)
     data = {f"obs/{k}": rng.normal(0, 0.1, (n, 2)) for k in ("qpos", "ee_pos", "target")}

@@ -81,7 +81,7 @@ def test_train_uses_exactly_the_approved_authorized_qc_passed_labels(session):
     assert f"{counts[0]} of {sum(counts)} labels allowed" in r.stdout
 
     # the trained rows are exactly the authorized window's human steps
-    from hg_dagger.learn.aggregate import load_labels
+    from hg_dagger.store.trainable import load_labels
 
     keys = list(load_mapping("toy_reach").obs_spec())
     st = EpisodeStore.open(store)  # as reviewed and QC'd

@@ -18,9 +18,10 @@ from hg_dagger.contract import (
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.toy import toy_ik_action
 from hg_dagger.errors import ContractError
-from hg_dagger.learn.aggregate import Replay, ReplayConfig, extract_labels
+from hg_dagger.learn.aggregate import Replay, ReplayConfig
 from hg_dagger.learn.train import TrainConfig, Trainer
 from hg_dagger.policy import Student
+from hg_dagger.store.trainable import extract_labels
 
 
 def rollout(seed: int, steps: int = 40, invalid_every: int = 0, window=None) -> dict[str, np.ndarray]:

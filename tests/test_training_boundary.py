@@ -23,8 +23,9 @@ from hg_dagger.contract import (
     TrainingRule,
 )
 from hg_dagger.contract.schema import ReplayCheck
-from hg_dagger.learn.aggregate import Replay, load_labels
+from hg_dagger.learn.aggregate import Replay
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import load_labels
 
 N = 20
 SLOTS = ((2, 7), (10, 15))  # where windows may sit

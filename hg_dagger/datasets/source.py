@@ -243,11 +243,11 @@ def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequ
 
 def allowed_labels(item: ExportItem, info: EpisodeInfo, trainable: np.ndarray) -> np.ndarray:
     """The labels training may use: the caller's mask when it gave one (a dataset version's rule), else the
-    latest label layer's trainable steps that the contract's training boundary allows (learn.aggregate.selection,
+    latest label layer's trainable steps that the contract's training boundary allows (store.trainable.selection,
     the reader the trainer uses)."""
     if item.trainable is not None:
         return trainable
-    from hg_dagger.learn.aggregate import selection
+    from hg_dagger.store.trainable import selection
 
     return trainable & selection(item.store, info).allowed
 

@@ -872,7 +872,7 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
     """The manifest's trainable samples as EpisodeLabels for a Replay: exactly the steps of their runs, with the
     target the label layer each sample names gives. A missing store or episode, or a step that layer does not
     make trainable, is an error naming the sample."""
-    from hg_dagger.learn.aggregate import LABEL_FIELDS, extract_labels
+    from hg_dagger.store.trainable import LABEL_FIELDS, extract_labels
 
     opened = _Stores()
     for ref in manifest.stores:  # every store the version names must be there, trainable samples or not

@@ -495,8 +495,8 @@ class AutoRun:
 
     def _learn(self, it, beta, trainer, store, mapping, new_ids, collect, env_eval, progress,
                after_fit: Callable[[], None] | None = None, infos: dict | None = None) -> dict[str, Any]:
-        from hg_dagger.learn.aggregate import load_labels
         from hg_dagger.learn.evaluate import closed_loop
+        from hg_dagger.store.trainable import load_labels
 
         keys = list(mapping.obs_spec())
         if infos is None:  # a gated round has waited for its commits already

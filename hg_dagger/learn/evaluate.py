@@ -161,8 +161,8 @@ def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=
 
     Episodes in ``trained_on`` (the checkpoint's replay) are never scored, whatever their split.
     """
-    from hg_dagger.learn.aggregate import load_labels
     from hg_dagger.learn.train import training_episodes
+    from hg_dagger.store.trainable import load_labels
 
     infos = episodes if episodes is not None else training_episodes(
         store, mapping, holdout_fraction=holdout_fraction, held=True)

@@ -170,9 +170,9 @@ def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps:
 
     from hg_dagger.contract import ActionSource, CollectionMode
     from hg_dagger.envs import load_mapping
-    from hg_dagger.learn.aggregate import flatten_td
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
+    from hg_dagger.store.trainable import flatten_td
 
     mapping = load_mapping(task)
     student = Student.load(checkpoint, mapping)

@@ -23,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from hg_dagger.errors import ConfigError, ContractError
-from hg_dagger.learn.aggregate import Replay, ReplayConfig, held_out, load_labels
+from hg_dagger.learn.aggregate import Replay, ReplayConfig, held_out
 from hg_dagger.policy import Student
 from hg_dagger.policy.checkpoint import read_checkpoint
+from hg_dagger.store.trainable import load_labels
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ def training_episodes(store, mapping, *, holdout_fraction: float = 0.0, held: bo
 def selection_summary(store, episodes, rule) -> dict[str, Any]:
     """Labels of ``episodes`` that pass the training boundary and what stopped the rest, with the rule used."""
     from hg_dagger.contract import TrainingBlock
-    from hg_dagger.learn.aggregate import selection
+    from hg_dagger.store.trainable import selection
 
     total: dict[str, Any] = {"labels": 0, "allowed": 0, **{b.name.lower(): 0 for b in TrainingBlock}}
     for info in episodes:

@@ -36,8 +36,8 @@ from hg_dagger.contract import (
 )
 from hg_dagger.contract.labels import review_problem, window_operator
 from hg_dagger.errors import HgDaggerError
-from hg_dagger.learn.aggregate import selection
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import selection
 
 _HUMAN, _EXPERT = ActionSource.HUMAN.code, ActionSource.EXPERT.code
 _CONTEXT = LabelMask.CONTEXT_ONLY.code

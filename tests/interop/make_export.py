@@ -24,8 +24,8 @@ import store_helpers as h  # noqa: E402
 
 from hg_dagger.contract import LabelMask  # noqa: E402
 from hg_dagger.contract.labels import planner_certifications  # noqa: E402
-from hg_dagger.learn.aggregate import selection  # noqa: E402
 from hg_dagger.store import EpisodeStore  # noqa: E402
+from hg_dagger.store.trainable import selection  # noqa: E402
 
 # (seed, steps, human window): episodes of different lengths, with and without a correction window
 EPISODES = [(0, 30, (5, 12)), (1, 17, None), (2, 41, (20, 33))]
