@@ -67,10 +67,15 @@ def apps():
 def launch(qtbot, apps, opts: AppOptions, settings) -> OperatorApp:
     op = OperatorApp(opts, settings)
     apps.append(op)
+    ended: list[int] = []
+    op.finished.connect(ended.append)
     op.start()
-    qtbot.waitUntil(lambda: op.window is not None, timeout=WAIT_MS)  # after the first student, if one is made
+    # the window opens after the first student, if one is made; a failed bootstrap ends the app (said on stderr)
+    qtbot.waitUntil(lambda: op.window is not None or bool(ended), timeout=WAIT_MS)
+    assert op.window is not None, f"the app ended with exit code {ended[0]} before its window opened"
     qtbot.addWidget(op.window)
     wait_snap(qtbot, op, lambda s: s.phase == "idle" and not s.loading and s.seq > 2)
+    qtbot.waitUntil(op.window.controls.start.isEnabled, timeout=WAIT_MS)  # the window has drawn that snapshot
     return op
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hg_dagger.control.human_model import HumanOperatorModel, HumanProfile, summarize
+from hg_dagger.control.human_model import DECLINE, HumanOperatorModel, HumanProfile, summarize
 from hg_dagger.control.live import Snapshot
 from hg_dagger.envs import load_mapping, make_env
 
@@ -49,7 +49,7 @@ class Console:
                 self.state = "human"
             elif a.key == "space" and not a.down and self.state == "human":
                 self.state, self.t_request = "autonomous", None
-            elif a.key == "n" and a.down and self.state == "handover_requested":
+            elif a.key == DECLINE and a.down and self.state == "handover_requested":
                 self.state, self.t_request = "autonomous", None
 
 

@@ -17,6 +17,9 @@ from PyQt6.QtCore import QEvent, QObject, Qt, QTimer
 from PyQt6.QtGui import QKeyEvent
 from PyQt6.QtWidgets import QApplication, QWidget
 
+from hg_dagger.control.human_model import DECLINE
+from hg_dagger.ui.keymap import DECLINE_KEY
+
 K = Qt.Key
 _NAMED = {"space": K.Key_Space, "enter": K.Key_Return, "up": K.Key_Up, "down": K.Key_Down, "left": K.Key_Left,
           "right": K.Key_Right, "shift": K.Key_Shift, "tab": K.Key_Tab, "backspace": K.Key_Backspace,
@@ -84,6 +87,7 @@ class ModelDriver(QObject):
         return False
 
     def _send(self, key: str, down: bool, seq: int) -> None:
+        key = DECLINE_KEY if key == DECLINE else key
         kind = QEvent.Type.KeyPress if down else QEvent.Type.KeyRelease
         ev = QKeyEvent(kind, qt_key(key), Qt.KeyboardModifier.NoModifier, _text(key))
         QApplication.sendEvent(self._target(), ev)

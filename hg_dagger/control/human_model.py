@@ -32,7 +32,7 @@ from hg_dagger.contract.command import COMMAND_AXES, GRIPPER
 
 REQUESTED = "handover_requested"
 HUMAN = "human"
-DECLINE_KEY = "n"  # the console's "let the student go on" key (ui/keymap.py names the same)
+DECLINE = "decline"  # not a device key: the console's "let the student go on" key (the driver knows which)
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class HumanProfile:
 
 @dataclass(frozen=True)
 class KeyAction:
-    """A key of the in-window keyboard device by name (configs/devices/keyboard.yaml), down or up, due at
-    ``t`` (the caller's clock, seconds)."""
+    """A key of the in-window keyboard device by name (configs/devices/keyboard.yaml), or DECLINE (the
+    console's decline key), down or up, due at ``t`` (the caller's clock, seconds)."""
 
     t: float
     key: str
@@ -112,7 +112,7 @@ class HumanOperatorModel:
     """One person at the keyboard, watching row 0 of the console (see the module docstring)."""
 
     def __init__(self, mapping, profile: HumanProfile | None = None, *, seed: int = 0, expert=None,
-                 keyboard=None, decline_key: str = DECLINE_KEY):
+                 keyboard=None):
         from hg_dagger.devices import load_device_config
 
         self.mapping = mapping
@@ -124,7 +124,6 @@ class HumanOperatorModel:
             expert = make_expert(mapping.task_id, kind="planner", mapping=mapping)
         self.expert = expert
         self.keyboard = keyboard if keyboard is not None else load_device_config("keyboard")
-        self.decline_key = decline_key
         cfg = self.keyboard
         if not cfg.hold_key:
             raise ValueError("the human operator model steers with a hold-to-intervene key: keyboard.hold_key is unset")
@@ -208,7 +207,7 @@ class HumanOperatorModel:
         w.acted_at = now
         if w.answer == "decline":
             w.outcome = "declined"
-            self._tap(self.decline_key, now, self._rng(w.index, 2))
+            self._tap(DECLINE, now, self._rng(w.index, 2))
             return
         rng = self._rng(w.index, 1)
         p = self.profile
@@ -385,4 +384,4 @@ def summarize(facts: list[RequestFact]) -> dict[str, float]:
     }
 
 
-__all__ = ["DECLINE_KEY", "HumanOperatorModel", "HumanProfile", "KeyAction", "RequestFact", "summarize"]
+__all__ = ["DECLINE", "HumanOperatorModel", "HumanProfile", "KeyAction", "RequestFact", "summarize"]
