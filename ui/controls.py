@@ -393,6 +393,12 @@ class EpisodeControls(QGroupBox):
         anchor = self.dialog_anchor if self.dialog_anchor is not None else self
         top = anchor.mapToGlobal(anchor.rect().topLeft())
         dlg.move(top.x() + 8, top.y() + 8)
+        # typing goes to the question at once (a window manager may not focus a new window by itself); while a
+        # request waits or the person drives, the window still routes the robot's keys (MainWindow's filter)
+        dlg.raise_()
+        dlg.activateWindow()
+        if dlg.reason is not None:
+            dlg.reason.setFocus()
         return dlg
 
     def _closed(self, dlg: EpisodeDialog) -> None:
