@@ -36,6 +36,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_mismatched_mapping_fails_clearly_without_traceback(tmp_path):
     data = yaml.safe_load((TASKS_DIR / "fetch_reach.yaml").read_text())
     data["observation"][0]["shape"] = [25]  # FetchReach's state is 10-d
+    data["export"]["names"]["observation"] = [f"s{i}" for i in range(25)]  # the mapping itself stays consistent
     path = tmp_path / "fetch_reach_wrong.yaml"
     path.write_text(yaml.safe_dump(data))
     proc = _cli("check-env", str(path))

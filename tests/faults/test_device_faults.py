@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pygame
+import pytest
 
 from hg_dagger.contract.enums import ActionSource, ControlState, EventKind, LabelMask, StepFlag
 from hg_dagger.control.build import build_session
@@ -39,11 +40,15 @@ def _tick_until(s, pred, limit=300):
     raise AssertionError("condition not reached")
 
 
-def test_gamepad_unplugged_mid_correction_holds_at_once_and_resumes_only_when_the_person_grabs_it(pads, tmp_path):
+@pytest.mark.parametrize("wait", ["hold", "pause"])
+def test_gamepad_unplugged_mid_correction_holds_at_once_and_resumes_only_when_the_person_grabs_it(pads, tmp_path, wait):
+    """hold (a robot): the held steps are recorded until the person acts; pause (the simulator): the tick that
+    lost the device is held and recorded, then the world waits without steps until the person acts."""
     pad, iid = _pad(pads, tmp_path)
     env = make_env("toy_reach", num_envs=1, seed=0)
     cfg = load_run_config(None, "toy_reach", num_envs=1, calibrate_steps=0, gates=ALWAYS,
-                          **{"operator.type": "device", "operator.name": "op-pad", "handover.transition": "none"})
+                          **{"operator.type": "device", "operator.name": "op-pad", "handover.transition": "none",
+                             "handover.wait": wait})
     rec = EpisodeStore.create(str(tmp_path / "store")).recorder(flush_interval_s=0.05)
     student = Student.create(env.mapping, seed=0, ensemble=3, hidden=(32, 32))
     s = build_session(cfg, rec, student, env=env, operators=[pad])
@@ -90,6 +95,9 @@ def test_gamepad_unplugged_mid_correction_holds_at_once_and_resumes_only_when_th
     assert [e.step for e in events if e.kind == EventKind.DEVICE_DISCONNECT] == [lost_at]
     assert [e.step for e in events if e.kind == EventKind.DEVICE_CONNECT] == [plugged_at]
     starts = [e for e in events if e.kind == EventKind.HANDOVER_START]
-    assert len(starts) == 2 and starts[1].step == resumed_at > plugged_at
+    if wait == "hold":
+        assert len(starts) == 2 and starts[1].step == resumed_at > plugged_at
+    else:  # paused: no step between the lost one and the person's return
+        assert len(starts) == 2 and starts[1].step == resumed_at == plugged_at == lost_at + 1
     assert starts[1].values == {"operator": "op-pad", "device": pad.device_id}  # who resumed
     assert lab.windows[1].gate_reason == "device_lost" and lab.windows[1].handover_start == resumed_at
