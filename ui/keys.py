@@ -61,6 +61,17 @@ def is_text_input(w: QObject | None) -> bool:
     return isinstance(w, TEXT_INPUTS)
 
 
+
+def owned_by(w: QWidget, window: QWidget) -> bool:
+    """``w`` is in ``window`` or in a window it owns, however deep (a dialog of a dialog, the help)."""
+    top = w.window()
+    while top is not None:
+        if top is window:
+            return True
+        parent = top.parentWidget()
+        top = parent.window() if parent is not None else None
+    return False
+
 class KeyboardBridge(QObject):
     """An application-level event filter that turns key presses anywhere in ``window`` into commands.
 
@@ -109,15 +120,7 @@ class KeyboardBridge(QObject):
 
     def _owned(self, w: QWidget) -> bool:
         """``w`` is in a window the main window owns (a dialog, the help), not the main window itself."""
-        top = w.window()
-        if top is self.window:
-            return False
-        while top is not None:
-            if top is self.window:
-                return True
-            parent = top.parentWidget()
-            top = parent.window() if parent is not None else None
-        return False
+        return w.window() is not self.window and owned_by(w, self.window)
 
     def _key(self, obj: QWidget, ev: QKeyEvent, down: bool, *, forced: bool = False) -> bool:
         key = ev.key()

@@ -19,6 +19,7 @@ from PyQt6.QtWidgets import QApplication, QWidget
 
 from hg_dagger.control.human_model import DECLINE
 from hg_dagger.ui.keymap import DECLINE_KEY
+from hg_dagger.ui.keys import owned_by
 
 K = Qt.Key
 _NAMED = {"space": K.Key_Space, "enter": K.Key_Return, "up": K.Key_Up, "down": K.Key_Down, "left": K.Key_Left,
@@ -78,13 +79,7 @@ class ModelDriver(QObject):
         return self.window
 
     def _owned(self, w: QWidget) -> bool:
-        top = w.window()
-        while top is not None:
-            if top is self.window:
-                return True
-            parent = top.parentWidget()
-            top = parent.window() if parent is not None else None
-        return False
+        return owned_by(w, self.window)
 
     def _send(self, key: str, down: bool, seq: int) -> None:
         key = DECLINE_KEY if key == DECLINE else key
