@@ -8,13 +8,18 @@ SYSTEM_PACKAGES := libosmesa6 libegl1 libgl1 libegl-mesa0 libgles2 xvfb xauth li
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: run test test-interop install install-dev system-deps clean
+.PHONY: run test test-fast test-interop install install-dev system-deps clean
 
 run: install
 	$(VENV)/bin/hg-dagger app
 
 test: install-dev
 	QT_QPA_PLATFORM=offscreen SDL_VIDEODRIVER=dummy SDL_AUDIODRIVER=dummy $(PY) -m pytest
+
+# The unit tier: no MuJoCo physics, no child processes, no Ray, no Qt (markers in pyproject.toml).
+test-fast: install-dev
+	QT_QPA_PLATFORM=offscreen SDL_VIDEODRIVER=dummy SDL_AUDIODRIVER=dummy $(PY) -m pytest -q \
+		-m "not (simulation or subprocess or ray or app or slow)"
 
 # LeRobot's own loader and `lerobot-train` (ACT, diffusion) read `hg-dagger export --format lerobot`, LeRobot's
 # v2.1 reader opens the RLinf shard and EmbodiChain's LeRobotDataSource reads the export (tests/interop). lerobot 0.4.4 (the newest for

@@ -5,7 +5,8 @@
 
 (1) Same env, same num_envs, same process, alternating repeats: env-steps/s of the auto collector (student
     forward pass + expert query + beta mixing + recording into a zarr store) against a loop that only queries
-    the expert and steps the env. Target: ratio >= 0.85.
+    the expert and steps the env. Target: ratio >= 0.9. The collector is the rollout engine (control.engine)
+    with beta mixing and the safety monitor of the task's run config, as every mode steps.
 (2) FetchPickAndPlace (state): `auto` in dagger_sync mode against expert_demo (behaviour cloning on expert-only
     demonstrations) with identical seeds, episodes per iteration and training steps, so both see the same number
     of expert labels per iteration. Student-only success after every iteration is printed for both.
@@ -72,11 +73,14 @@ def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, float, di
 
 
 def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
+    import torch
+
     from hg_dagger.envs import load_mapping, make_env
     from hg_dagger.experts import make_expert
     from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
 
+    torch.set_num_threads(1)  # as `hg-dagger auto` collects (train.threads, default 1); the same for both loops
     mapping = load_mapping(task)
     expert = make_expert(task, "planner", mapping=mapping)
     student = Student.create(mapping, kind="mlp", ensemble=5, hidden=(256, 256))
@@ -204,11 +208,11 @@ def main(argv=None) -> int:
 
             record(f"auto collection {task} x{args.num_envs}: env-steps/s", statistics.median(o["auto_steps_per_s"]),
                    unit="steps/s", baseline=statistics.median(o["bare_steps_per_s"]),
-                   baseline_name="bare env + expert loop", target=">= 0.85x baseline" if task.startswith("fetch") else "",
-                   met=o["ratio_median"] >= 0.85 if task.startswith("fetch") else None)
+                   baseline_name="bare env + expert loop", target=">= 0.9x baseline" if task.startswith("fetch") else "",
+                   met=o["ratio_median"] >= 0.9 if task.startswith("fetch") else None)
             print(f"overhead {task} x{args.num_envs}: bare {statistics.median(o['bare_steps_per_s']):.0f} env-steps/s, "
                   f"auto {statistics.median(o['auto_steps_per_s']):.0f} env-steps/s, ratio {o['ratio_median']:.2f} "
-                  f"(target >= 0.85); per CPU-second: bare {statistics.median(o['bare_steps_per_cpu_s']):.0f}, auto "
+                  f"(target >= 0.9); per CPU-second: bare {statistics.median(o['bare_steps_per_cpu_s']):.0f}, auto "
                   f"{statistics.median(o['auto_steps_per_cpu_s']):.0f}, ratio {o['ratio_cpu_median']:.2f}; expert {o['expert_latency_ms_mean']:.2f} ms/query, student "
                   f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}", flush=True)
     if not args.skip_learning:

@@ -9,8 +9,8 @@ every other episode has an expert correction window over its middle third with a
 Each measurement runs in a fresh process (its own peak RSS, every import paid):
   baseline  - zarr alone: every segment's committed log records parsed as JSON, and rows/episode, rows/step,
               data/action_source and data/applied_action read in blocks of 65536 rows (what build reads);
-  build     - versions.build("bench", [store]) with splits (val 0.1, test 0.1, isolated by operator) and dedup;
-  check     - versions.check(manifest): the leakage check plus every store, episode and trainable sample re-checked
+  build     - datasets.build.build("bench", [store]) with splits (val 0.1, test 0.1, isolated by operator) and dedup;
+  check     - datasets.read.check(manifest): the leakage check plus every store, episode and trainable sample re-checked
               against the training rule on the label layer it names.
 
     python benchmarks/bench_datasets.py                          # 10,000 x 100
@@ -109,21 +109,24 @@ def run_baseline(store: str, root: str) -> dict:
 
 
 def run_build(store: str, root: str) -> dict:
-    from hg_dagger.datasets import versions as dv
+    from hg_dagger.datasets.build import build
+    from hg_dagger.datasets.manifest import DatasetConfig
+    from hg_dagger.datasets.repository import manifest_path
     from hg_dagger.datasets.splits import SplitConfig
 
-    cfg = dv.DatasetConfig(splits=SplitConfig(val_fraction=0.1, test_fraction=0.1, isolate=("operator",)))
-    m, written = dv.build("bench", [store], root=root, config=cfg)
+    cfg = DatasetConfig(splits=SplitConfig(val_fraction=0.1, test_fraction=0.1, isolate=("operator",)))
+    m, written = build("bench", [store], root=root, config=cfg)
     return {"samples": len(m.samples), "episodes": len(m.episodes), "trainable": m.summary["usage"]["trainable"],
             "trainable_steps": m.summary["trainable_steps"], "splits": m.summary["splits"], "written": written,
-            "manifest_mb": os.path.getsize(dv.manifest_path(root, "bench", m.version)) / 1e6}
+            "manifest_mb": os.path.getsize(manifest_path(root, "bench", m.version)) / 1e6}
 
 
 def run_check(store: str, root: str) -> dict:
-    from hg_dagger.datasets import versions as dv
+    from hg_dagger.datasets.read import check
+    from hg_dagger.datasets.repository import load
 
-    m = dv.load(root, "bench")
-    problems = dv.check(m)
+    m = load(root, "bench")
+    problems = check(m)
     assert not problems, problems[:3]
     return {"samples": len(m.samples), "problems": len(problems)}
 

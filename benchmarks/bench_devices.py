@@ -2,7 +2,7 @@
 
     python benchmarks/bench_devices.py [--n 5000] [--write docs/benchmarks.md]
 
-Gamepad: an SDL virtual joystick (SDL's own driver, attached as in tests/test_devices_gamepad.py) is
+Gamepad: an SDL virtual joystick (SDL's own driver, attached as in tests/devices/test_devices_gamepad.py) is
 opened by Gamepad.connect(); events are posted into pygame's real queue. Figures:
   - idle poll:          Gamepad.poll() with an empty queue   vs  pygame.event.get(JOY types) alone
   - event -> command:   post one JOYAXISMOTION, poll, time until the HumanCommand is returned
@@ -38,7 +38,7 @@ BEGIN, END = "<!-- devices:begin -->", "<!-- devices:end -->"
 
 
 def _virtual_pads():
-    spec = importlib.util.spec_from_file_location("_pads", ROOT / "tests" / "device_helpers.py")
+    spec = importlib.util.spec_from_file_location("_pads", ROOT / "tests" / "support" / "devices.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.VirtualPads()

@@ -25,9 +25,9 @@ import numpy as np
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+from hg_dagger.control.expert_runs import run_expert  # noqa: E402
 from hg_dagger.envs import make_env  # noqa: E402
 from hg_dagger.experts import make_expert, query_expert  # noqa: E402
-from hg_dagger.experts.rollout import run_expert  # noqa: E402
 
 DEFAULT_TASKS = ["fetch_reach", "fetch_push", "fetch_pick_place"]
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"

@@ -23,7 +23,9 @@ from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import ActionSource
 from hg_dagger.contract.labels import TrainingRule
 from hg_dagger.control.build import build_session
-from hg_dagger.control.gates import GateConfig, GateEngine, GateInputs, OperatorGate
+from hg_dagger.control.gate_scores import GateInputs
+from hg_dagger.control.gate_specs import GateConfig, OperatorGate
+from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import AUTO, HUMAN, SRC_HOLD, WARNING, HandoverMachine, TickInputs
 from hg_dagger.control.run_config import load_gate_config, load_run_config
 from hg_dagger.control.safety import SafetyMonitor
@@ -89,9 +91,10 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float, float]:
 
 def whole_tick(n: int, ticks: int, quiet: bool = False):
     from hg_dagger.envs import make_env
-    from hg_dagger.policy import Student
+    from hg_dagger.policy import Student, one_inference_thread
     from hg_dagger.store import EpisodeStore
 
+    one_inference_thread()  # as `hg-dagger run` and the app's control process run the student (bare loop too)
     env = make_env("toy_reach", num_envs=n, seed=0)
     student = Student.create(env.mapping, seed=0)
     # bare: the student and the env, nothing else

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from figures import record  # noqa: E402
 
 from hg_dagger.envs import make_env  # noqa: E402
-from hg_dagger.envs.bridge.server import hold_action  # noqa: E402
+from hg_dagger.envs.bridge import hold_action  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"

@@ -11,7 +11,9 @@ operator seconds and context switches (benchmarks/learning_common.py says how).
 
 Writes OUT/results.json (every round of every arm and seed, and the summary), OUT/learning_curve.png
 (success against labels: mean over seeds, bars = min..max over seeds) and OUT/<method>_s<seed>/curve.jsonl
-as each arm runs. Arms run in ``--jobs`` spawned processes.
+as each arm runs. Arms run in ``--jobs`` spawned processes. Gated arms also report gate recall per round
+(hg_dagger.review.recall: failed collection episodes a gate asked for before the failure, requests that
+came before a failure, gate misses with their episodes).
 """
 
 from __future__ import annotations
@@ -142,12 +144,40 @@ def summarize(arms: list[dict], target: float) -> dict:
             "labels_to_target": [first_reaching([r["labels"] for r in a["rounds"]],
                                                 [r["success"] for r in a["rounds"]], target) for a in runs],
             "seconds": float(np.mean([a["seconds"] for a in runs])),
+            **_gate_recall(runs, n),
         }
     if "gated" in out and "bc" in out:
         g, b = out["gated"]["labels_to_target"], out["bc"]["labels_to_target"]
         ratios = [gi / bi if gi is not None and bi else None for gi, bi in zip(g, b, strict=False)]
         out["gated_over_bc_labels_at_target"] = ratios
     return out
+
+
+def _mean_or_none(values: list) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def _gate_recall(runs: list[dict], n: int) -> dict:
+    """Per round over seeds (gated rounds only; None where no episode failed or no gate asked): recall and
+    precision pooled over the seeds' episodes, and every gate miss (the student failed, no gate asked)."""
+    figs = [[a["rounds"][i].get("gates") for a in runs] for i in range(n)]
+    if not any(f for col in figs for f in col):
+        return {}
+
+    def pooled(col, num, den):
+        d = sum(f[den] for f in col if f)
+        return sum(f[num] for f in col if f) / d if d else None
+
+    recall = [pooled(col, "caught", "failed") for col in figs]
+    return {
+        "gate_recall_per_round": recall,
+        "gate_precision_per_round": [pooled(col, "requests_before_failure", "requests") for col in figs],
+        "gate_failed_per_round": [sum(f["failed"] for f in col if f) for col in figs],
+        "gate_recall_from_round_1": pooled([f for col in figs[1:] for f in col], "caught", "failed"),
+        "gate_misses": [{"seed": a["seed"], "round": i, "episodes": f["missed_episodes"]}
+                        for i, col in enumerate(figs) for a, f in zip(runs, col, strict=True) if f and f["gate_miss"]],
+    }
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
@@ -192,6 +222,18 @@ def print_table(summary: dict, target: float) -> None:
         if s:
             print(f"{LABEL[m]} per round: " + ", ".join(
                 f"{lab:.0f} -> {suc:.0%}" for lab, suc in zip(s["labels_mean"], s["success_mean"], strict=True)))
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    for m in METHODS:
+        s = summary.get(m)
+        if not s or "gate_recall_per_round" not in s:
+            continue
+        print(f"{LABEL[m]} gate recall / precision per round (failed collection episodes, all seeds): " + ", ".join(
+            f"r{i} {pct(r)} / {pct(p)} ({f} failed)" for i, (r, p, f) in enumerate(zip(
+                s["gate_recall_per_round"], s["gate_precision_per_round"], s["gate_failed_per_round"], strict=True))
+            if i > 0) + f"; recall from round 1 on: {pct(s['gate_recall_from_round_1'])}")
+        for miss in s["gate_misses"]:
+            print(f"{LABEL[m]} GATE MISS seed {miss['seed']} round {miss['round']}: the student failed and no gate "
+                  f"asked (episodes {', '.join(miss['episodes'])})")
 
 
 def main(argv=None) -> int:

@@ -1,24 +1,33 @@
 """Recorder benchmark: streaming steps into an EpisodeStore versus writing each episode in one go afterwards.
 
-Scenarios: 31-d state + two 128x128 RGB cameras at 50 Hz, and 31-d state only. For each it prints
+Scenarios: 31-d state + two 128x128 RGB cameras at 50 Hz, once with noisy synthetic frames and once with frames
+rendered by the MuJoCo Fetch environment, and 31-d state only. For each it prints
   max    - producer unpaced, on_full="block": sustained steps/s (put to close), x real time, MB/s, CPU ms/step
   paced  - producer at --pace x real time, on_full="drop": dropped steps, hand-off p50/p99 (us), RSS over time
   base   - the same episodes collected in lists and written to the same zarr layout in one go per episode
+  frames - stored bytes per camera frame next to PNG of the same frames (Pillow, default level 6, and level 1 as
+           the LeRobot export writes them)
+  lerobot- where the LeRobot environment exists (.venv-interop, `make test-interop`): LeRobot 0.4.4's own recorder
+           (LeRobotDataset add_frame / save_episode, AV1 video) on the same steps: steps/s and video bytes per frame
 and our/baseline throughput. Then a 10k-episode store: file count, open time, listing and loading times.
 
-    python benchmarks/bench_recorder.py            # default run (about 2 minutes on 2 cores shared with other work)
+    python benchmarks/bench_recorder.py            # default run (several minutes on 2 cores shared with other work)
     python benchmarks/bench_recorder.py --quick    # smaller
-    python benchmarks/bench_recorder.py --codecs   # image codec comparison only (size, write, read)
+    python benchmarks/bench_recorder.py --codecs   # image codec comparison only (bytes per frame, write, read)
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import resource
 import shutil
+import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -44,6 +53,62 @@ def make_frames(n: int, size: int = 128, seed: int = 0) -> np.ndarray:
         img += rng.normal(0, 2.0, img.shape)
         out[i] = np.clip(img, 0, 255).astype(np.uint8)
     return out
+
+
+def render_fetch(n: int) -> np.ndarray:
+    """Frames of the Fetch pick-and-place camera (128x128, real MuJoCo rendering) while its planner works the task."""
+    from hg_dagger.envs import make_env
+    from hg_dagger.experts import make_expert
+
+    env = make_env("fetch_pick_place_rgb", num_envs=1, seed=0)
+    expert = make_expert("fetch_pick_place_rgb", mapping=env.mapping)
+    obs, info = env.reset(seed=0)
+    expert.reset([0], obs, info)
+    out = np.empty((n, *np.asarray(obs["rgb"]).shape[1:]), np.uint8)
+    for i in range(n):
+        r = env.step(np.nan_to_num(expert.act(obs, env_ids=[0]).action))
+        obs = r.obs
+        if r.episode_start[0]:
+            expert.reset([0], obs, r.info)
+        out[i] = obs["rgb"][0]
+    env.close()
+    return out
+
+
+def png_bytes(frame: np.ndarray, level: int | None = None) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="PNG", **({} if level is None else {"compress_level": level}))
+    return buf.getvalue()
+
+
+def stored_frame_bytes(path: str) -> tuple[int, int]:
+    """(bytes of the shard objects, frames) over every camera array of a store."""
+    total = frames = 0
+    for meta in Path(path).rglob("zarr.json"):
+        if meta.parent.parent.name == "obs" and meta.parent.name.startswith("cam_"):
+            total += sum(p.stat().st_size for p in (meta.parent / "c").rglob("*") if p.is_file())
+            frames += json.loads(meta.read_text())["shape"][0]
+    return total, frames
+
+
+INTEROP_PY = Path(__file__).resolve().parents[1] / ".venv-interop" / "bin" / "python"
+
+
+def run_lerobot(frames: np.ndarray, steps: int, ep_len: int, tmp: str) -> dict | None:
+    """LeRobot's recorder on the same workload, in the LeRobot environment (None where it does not exist)."""
+    if not INTEROP_PY.exists():
+        return None
+    np.save(os.path.join(tmp, "lerobot_frames.npy"), frames)
+    out = os.path.join(tmp, "lerobot.json")
+    proc = subprocess.run([str(INTEROP_PY), str(Path(__file__).with_name("lerobot_record.py")),
+                           os.path.join(tmp, "lerobot_frames.npy"), str(steps), str(ep_len), out],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  lerobot: failed ({proc.stderr.strip().splitlines()[-1:]})")
+        return None
+    return json.loads(Path(out).read_text())
 
 
 def scenario_fields(cameras: bool):
@@ -147,8 +212,10 @@ def run_baseline(path, fields, pool, total, ep_len):
     return time.perf_counter() - t0
 
 
-def scenario(name, cameras, total, max_steps, ep_len, pace, tmp, frames=None):
+def scenario(name, cameras, total, max_steps, ep_len, pace, tmp, frames=None, lerobot_steps=0):
     fields = scenario_fields(cameras)
+    if cameras and frames is None:
+        frames = make_frames(64)
     pool = make_steps(min(total, 2048), cameras, frames)
     mb = step_bytes(fields) / 1e6
     c0 = cpu_s()
@@ -171,10 +238,34 @@ def scenario(name, cameras, total, max_steps, ep_len, pace, tmp, frames=None):
     print(f"  ratio  : ours/baseline = {ours / base:.2f}")
     from figures import record
 
+    if cameras:
+        stored, n = stored_frame_bytes(os.path.join(tmp, f"{name}-max"))
+        png6 = np.mean([len(png_bytes(f)) for f in frames])
+        png1 = np.mean([len(png_bytes(f, 1)) for f in frames])
+        # the stored frames cycle through `frames` evenly, so PNG's mean over `frames` is over the same frames
+        print(f"  frames : {stored / n:8.0f} bytes/frame stored ({frames.nbytes / len(frames) / (stored / n):.1f}x), "
+              f"PNG {png6:.0f} (Pillow default level 6; ours/PNG {stored / n / png6:.2f}), "
+              f"PNG level 1 {png1:.0f} (ours/PNG {stored / n / png1:.2f})")
+        record(f"recorder {name}: bytes per frame", stored / n, unit="B", baseline=png6,
+               baseline_name="PNG (Pillow, level 6)", target="<= PNG", met=stored / n <= png6, higher_is_better=False)
+        lr = run_lerobot(frames, lerobot_steps, ep_len, tmp) if lerobot_steps else None
+        if lr is not None:
+            ours_cpu = c_max / max_steps * 1e3
+            print(f"  lerobot: {lr['steps_per_s']:8.1f} steps/s over {lr['steps']} steps (LeRobot 0.4.4, AV1 video, lossy), "
+                  f"{lr['cpu_ms_per_step']:.2f} CPU ms/step: ours/LeRobot = {ours / lr['steps_per_s']:.1f}x steps/s, "
+                  f"{lr['cpu_ms_per_step'] / ours_cpu:.1f}x steps per CPU second; "
+                  f"{lr['video_bytes_per_frame']:.0f} video bytes/frame (ours/AV1 {stored / n / lr['video_bytes_per_frame']:.1f})")
+            record(f"recorder {name}: steps/s vs LeRobot", ours, unit="steps/s", baseline=lr["steps_per_s"],
+                   baseline_name="LeRobot 0.4.4 recorder (AV1)", target=">= 20x", met=ours >= 20 * lr["steps_per_s"])
+            record(f"recorder {name}: steps per CPU second vs LeRobot", 1e3 / ours_cpu, unit="steps/CPU-s",
+                   baseline=1e3 / lr["cpu_ms_per_step"], baseline_name="LeRobot 0.4.4 recorder (AV1)", target=">= 20x",
+                   met=lr["cpu_ms_per_step"] >= 20 * ours_cpu)
+
     record(f"recorder {name}: steps/s", ours, unit="steps/s", baseline=base, baseline_name="zarr, one write per episode")
     record(f"recorder {name}: steps dropped when paced at {pace:.0f}x real time", st_pac.dropped_steps, target="0",
            met=st_pac.dropped_steps == 0, higher_is_better=False)
-    record(f"recorder {name}: hand-off p99", np.percentile(h_pac, 99) / 1e3, unit="us", higher_is_better=False)
+    record(f"recorder {name}: hand-off p99", np.percentile(h_pac, 99) / 1e3, unit="us", target="< 10 us",
+           met=np.percentile(h_pac, 99) / 1e3 < 10, higher_is_better=False)
     return ours / base
 
 
@@ -213,33 +304,83 @@ def ten_k(tmp, n_eps, ep_len):
           f"iter_batches {n / t_iter:.0f} steps/s ({n} steps)")
 
 
-def codecs(frames: np.ndarray):
+def codecs(sets: dict[str, np.ndarray]):
+    """Bytes per frame and write/read MB/s of candidate image codecs on each frame set, next to PNG of the same
+    frames; zarr arrays with the store's chunks and shards (candidates from imagecodecs only where it is installed)."""
     from zarr.codecs import BloscCodec, ZstdCodec
 
-    cands = {
-        "none": [],
-        "zstd-1 (chosen)": [ZstdCodec(level=1, checksum=True)],
-        "zstd-3": [ZstdCodec(level=3, checksum=True)],
-        "zstd-9": [ZstdCodec(level=9)],
-        "blosc-lz4": [BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle", typesize=1)],
-        "blosc-zstd-3": [BloscCodec(cname="zstd", clevel=3, shuffle="noshuffle", typesize=1)],
+    from hg_dagger.store.codecs import FrameFilterCodec, RowMedianCodec
+
+    zarr_cands = {
+        "zstd-1": ([], [ZstdCodec(level=1, checksum=True)]),
+        "zstd-3": ([], [ZstdCodec(level=3)]),
+        "zstd-9": ([], [ZstdCodec(level=9)]),
+        "blosc-lz4": ([], [BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle", typesize=1)]),
+        "row-median every chunk + zstd-1": ([RowMedianCodec()], [ZstdCodec(level=1, checksum=True)]),
+        "frame filter per chunk + zstd-1 (chosen)": ([], [FrameFilterCodec(), ZstdCodec(level=1, checksum=True)]),
+        "row-median + zstd-3": ([RowMedianCodec()], [ZstdCodec(level=3)]),
+        "row-median + zstd-9": ([RowMedianCodec()], [ZstdCodec(level=9)]),
     }
+    per_frame = {"PNG (Pillow level 6)": (lambda f: png_bytes(f), _png_decode),
+                 "PNG (Pillow level 1)": (lambda f: png_bytes(f, 1), _png_decode)}
+    try:
+        import imagecodecs as ic
+
+        per_frame.update({
+            "WebP lossless (imagecodecs)": (lambda f: ic.webp_encode(f, lossless=True), ic.webp_decode),
+            "JPEG-XL lossless effort 1": (lambda f: ic.jpegxl_encode(f, lossless=True, effort=1), ic.jpegxl_decode),
+            "JPEG-LS (imagecodecs)": (ic.jpegls_encode, ic.jpegls_decode),
+            "QOI (imagecodecs)": (ic.qoi_encode, ic.qoi_decode),
+        })
+    except ImportError:
+        pass
+    first = next(iter(sets.values()))
     n = layout.frames_per_chunk(scenario_fields(True)["obs/cam_left"])
-    print(f"{len(frames)} frames {frames.shape[1:]}, chunks of {n} frames, shards of {n * layout.IMAGES_PER_SHARD_CHUNKS}")
-    for name, comp in cands.items():
-        store = zarr.storage.MemoryStore()
-        a = zarr.create_array(store, shape=frames.shape, dtype="uint8", chunks=(n, *frames.shape[1:]),
-                              shards=(n * layout.IMAGES_PER_SHARD_CHUNKS, *frames.shape[1:]), compressors=comp)
-        t = time.perf_counter()
-        a[:] = frames
-        tw = time.perf_counter() - t
-        t = time.perf_counter()
-        back = a[:]
-        tr = time.perf_counter() - t
-        assert (back == frames).all()
-        size = sum(len(v) for k, v in store._store_dict.items() if not k.endswith("zarr.json"))
-        print(f"  {name:16} ratio {frames.nbytes / size:5.1f}x  write {frames.nbytes / tw / 1e6:6.0f} MB/s  "
-              f"read {frames.nbytes / tr / 1e6:6.0f} MB/s")
+    print(f"frames {first.shape[1:]}, chunks of {n} frames, shards of {n * layout.IMAGES_PER_SHARD_CHUNKS}; "
+          + ", ".join(f"{k}: {len(v)} frames" for k, v in sets.items()))
+    print(f"  {'codec':40}" + "".join(f" | {k + ' B/frame':>17} {'x PNG':>6} {'write MB/s':>10} {'read MB/s':>9}"
+                                      for k in sets))
+
+    def row(name, results):
+        print(f"  {name:40}" + "".join(f" | {b:17.0f} {b / p:6.2f} {w:10.0f} {r:9.0f}" for b, p, w, r in results))
+
+    png = {k: np.mean([len(png_bytes(f)) for f in v]) for k, v in sets.items()}
+    for name, (enc, dec) in per_frame.items():
+        results = []
+        for k, frames in sets.items():
+            t = time.perf_counter()
+            blobs = [enc(f) for f in frames]
+            tw = time.perf_counter() - t
+            t = time.perf_counter()
+            back = np.stack([dec(b) for b in blobs])
+            tr = time.perf_counter() - t
+            assert (back == frames).all(), name
+            size = np.mean([len(b) for b in blobs])
+            results.append((size, png[k], frames.nbytes / tw / 1e6, frames.nbytes / tr / 1e6))
+        row(name, results)
+    for name, (filters, comp) in zarr_cands.items():
+        results = []
+        for k, frames in sets.items():
+            store = zarr.storage.MemoryStore()
+            a = zarr.create_array(store, shape=frames.shape, dtype="uint8", chunks=(n, *frames.shape[1:]),
+                                  shards=(n * layout.IMAGES_PER_SHARD_CHUNKS, *frames.shape[1:]), filters=filters,
+                                  compressors=comp)
+            t = time.perf_counter()
+            a[:] = frames
+            tw = time.perf_counter() - t
+            t = time.perf_counter()
+            back = a[:]
+            tr = time.perf_counter() - t
+            assert (back == frames).all(), name
+            size = sum(len(v) for key, v in store._store_dict.items() if not key.endswith("zarr.json")) / len(frames)
+            results.append((size, png[k], frames.nbytes / tw / 1e6, frames.nbytes / tr / 1e6))
+        row(name, results)
+
+
+def _png_decode(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)))
 
 
 def main():
@@ -252,22 +393,37 @@ def main():
     ap.add_argument("--episode-steps", type=int, default=10, help="steps per episode in the 10k-episode store")
     ap.add_argument("--quick", action="store_true", help="2000 steps, 1000 episodes")
     ap.add_argument("--codecs", action="store_true", help="only compare image codecs")
-    ap.add_argument("--frames", help="a .npy of real (N, 128, 128, 3) uint8 frames (camera scenario and --codecs)")
+    ap.add_argument("--frames", help="a .npy of (N, 128, 128, 3) uint8 frames: a third frame set (camera scenario and "
+                                     "--codecs)")
+    ap.add_argument("--frame-sets", default="noisy,rendered",
+                    help="camera frame sets, of noisy (synthetic, sensor noise) and rendered (MuJoCo Fetch camera); "
+                         "default both")
+    ap.add_argument("--rendered-frames", type=int, default=600, help="rendered frames to make (default 600)")
+    ap.add_argument("--lerobot-steps", type=int, default=1000,
+                    help="steps of LeRobot's recorder per frame set where .venv-interop exists (0: skip; default 1000)")
     ap.add_argument("--only", choices=["cameras", "state", "episodes"], help="run one part only")
     ap.add_argument("--dir", help="where to write (default: a temporary directory, removed afterwards)")
     args = ap.parse_args()
-    if args.codecs:
-        codecs(np.load(args.frames) if args.frames else make_frames(512))
-        return
     if args.quick:
         args.steps, args.max_steps, args.episodes = 2000, 2000, 1000
+        args.rendered_frames, args.lerobot_steps = 300, min(args.lerobot_steps, 500)
+    names = [x for x in args.frame_sets.split(",") if x]
+    if args.codecs or args.only in (None, "cameras"):
+        sets = {"noisy": make_frames(512 if args.codecs else 64)} if "noisy" in names else {}
+        if "rendered" in names:
+            sets["rendered"] = render_fetch(args.rendered_frames)
+        if args.frames:
+            sets[os.path.basename(args.frames)] = np.load(args.frames)
+    if args.codecs:
+        codecs(sets)
+        return
     tmp = args.dir or tempfile.mkdtemp(prefix="bench_recorder_")
     try:
         print(f"cpu cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, zarr {zarr.__version__}")
         if args.only in (None, "cameras"):
-            frames = np.load(args.frames) if args.frames else None
-            label = "two cameras" + (f" ({os.path.basename(args.frames)})" if args.frames else "")
-            scenario(label, True, args.steps, args.max_steps, args.episode, args.pace, tmp, frames)
+            for label, frames in sets.items():
+                scenario(f"two cameras, {label} frames", True, args.steps, args.max_steps, args.episode, args.pace,
+                         tmp, frames, lerobot_steps=args.lerobot_steps)
         if args.only in (None, "state"):
             scenario("state only", False, args.steps, args.max_steps, args.episode, args.pace, tmp)
         if args.only in (None, "episodes"):

@@ -19,6 +19,10 @@ Human effort per round, counted three ways:
   (``handover_end``), both times step_dt (simulated time: the run is not paced in real time);
 - context switches: the times a person has to turn to the robot: one per demonstration or DAgger episode,
   one per policy -> operator handover in a gated run (LazyDAgger's measure).
+
+Gate recall per gated round (``row["gates"]``, hg_dagger.review.recall over the round's episodes): the share
+of failed collection episodes in which a gate asked before the failure, the share of requests that came
+before a failure, and a gate miss (the student failed, no gate asked) with its episode ids.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
     from hg_dagger.learn.train import TrainConfig, Trainer
     from hg_dagger.policy import Student
+    from hg_dagger.review.recall import describe, recall_figures
     from hg_dagger.store import EpisodeStore
     from hg_dagger.store.trainable import load_labels
 
@@ -198,7 +203,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                            gate_triggers=summary.gate_triggers,
                            intervention_rate=summary.human_steps / max(1, summary.steps),
                            collect_success=summary.successes / max(1, summary.episodes),
-                           calibration=cal)
+                           calibration=cal, gates=recall_figures(infos))
             totals["labels"] += labels
             totals["operator_s"] += row["operator_s"]
             totals["context_switches"] += row["context_switches"]
@@ -221,13 +226,16 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
             log(f"  {method} seed {seed} round {r}: {totals['labels']} labels, {row['operator_s']:.0f} operator-s, "
                 f"{row['context_switches']} switches, intervention {row['intervention_rate']:.1%}, "
                 f"{trainer.total_steps} grad steps -> success {e['success_rate']:.0%} ({row['seconds']:.0f} s)")
+            if "gates" in row:
+                log(f"  {method} seed {seed} round {r} gates: {describe(row['gates'])}")
     return {"method": method, "seed": seed, "rounds": rows, "seconds": time.perf_counter() - t_start}
 
 
 def _with_risk_gate(gate_cfg, store, infos, keys, g: dict, out: Path, r: int):
     """gate_cfg plus a risk gate whose model is fit on the gated episodes so far (none yet: no risk gate),
     calibrated to the same target rate on the policy's recorded states."""
-    from hg_dagger.control.gates import RiskGate, RiskModel
+    from hg_dagger.control.gate_specs import RiskGate
+    from hg_dagger.control.risk_model import RiskModel
 
     # fit on four fifths of the episodes, calibrate on the rest: the risk of states it was fit on is biased low/high
     held = [i for k, i in enumerate(infos) if k % 5 == 4]

@@ -11,22 +11,19 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import HumanCommand
+from hg_dagger.devices.calibration import Calibrator
 from hg_dagger.devices.configs import DeviceConfig, load_device_config, parse_device_config
+from hg_dagger.devices.errors import DeviceError
 from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline
-from hg_dagger.errors import HgDaggerError
+from hg_dagger.devices.wizard import CalibrationWizard
 
-if TYPE_CHECKING:
-    from hg_dagger.devices.calibration import Calibrator
-
-
-class DeviceError(HgDaggerError):
-    """An input device is missing, unreadable, or misconfigured."""
+__all__ = ["DEVICE_TYPES", "Device", "DeviceError", "device_class", "make_device", "register_device"]
 
 
 # type -> "module:Class". Add a line when a device type is added (or call register_device).
@@ -97,8 +94,6 @@ class Device(ABC):
 
     def calibrate(self, *, prompt: Callable[[str], None] = print, **options) -> Any:
         """Measure and save the calibration now, blocking (None for devices that need none)."""
-        from hg_dagger.devices.wizard import CalibrationWizard
-
         return CalibrationWizard(self, **options).run(prompt=prompt)
 
     @property

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from hg_dagger.devices.base import DeviceError
+from hg_dagger.contract.model import StrictModel
+from hg_dagger.devices.errors import DeviceError
 
 CALIBRATION_ENV = "HG_DAGGER_CALIBRATION_DIR"
 MIN_SPAN = 0.05  # an axis that moved less than this during calibration keeps its nominal range
@@ -28,17 +29,15 @@ def default_calibration_dir() -> Path:
     return Path(env) if env else Path.home() / ".config" / "hg_dagger" / "calibration"
 
 
-class AxisCalibration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AxisCalibration(StrictModel):
     center: float = 0.0  # resting value
     min: float = -1.0
     max: float = 1.0
 
 
-class Calibration(BaseModel):
+class Calibration(StrictModel):
     """Calibration of one physical device; ``axes`` is keyed by the device's own axis index."""
 
-    model_config = ConfigDict(extra="forbid")
     device_type: str
     device_key: str
     name: str = ""

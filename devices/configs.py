@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+from pydantic import Field, RootModel, field_validator, model_validator
 
 from hg_dagger import config as config_io
 from hg_dagger.contract.command import COMMAND_AXES, ESTOP, GRIPPER, RETURN, TAKEOVER
+from hg_dagger.contract.model import StrictModel
 from hg_dagger.devices.processing import FrameConfig, HoldConfig, ProcessingConfig
 
 ButtonName = Literal["takeover", "return", "estop", "gripper"]
@@ -20,10 +21,9 @@ assert set(ButtonName.__args__) == {TAKEOVER, RETURN, ESTOP, GRIPPER}  # the con
 assert AxisName.__args__ == COMMAND_AXES
 
 
-class DeviceConfig(BaseModel):
+class DeviceConfig(StrictModel):
     """Fields every device has."""
 
-    model_config = ConfigDict(extra="forbid")
     type: str
     name: str = ""  # a label for people
     processing: ProcessingConfig = Field(default_factory=ProcessingConfig)
@@ -38,10 +38,9 @@ class DeviceConfig(BaseModel):
 # ---- gamepad -----------------------------------------------------------------------------------
 
 
-class AxisSource(BaseModel):
+class AxisSource(StrictModel):
     """Where one command axis comes from: an analog axis, one direction of a hat, or a +/- button pair."""
 
-    model_config = ConfigDict(extra="forbid")
     axis: int | None = Field(None, ge=0)
     hat: int | None = Field(None, ge=0)
     hat_dir: Literal["x", "y"] = "x"
@@ -59,10 +58,9 @@ class AxisSource(BaseModel):
         return self
 
 
-class GamepadMap(BaseModel):
+class GamepadMap(StrictModel):
     """Axis and button layout of one controller family, chosen by GUID or by name."""
 
-    model_config = ConfigDict(extra="forbid")
     guids: list[str] = []  # exact SDL GUIDs
     names: list[str] = []  # case-insensitive substrings of the controller name
     axes: dict[AxisName, AxisSource] = {}

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
+from hg_dagger.contract.model import StrictModel
 
 N_AXES = COMMAND_DIM
 
@@ -53,23 +54,21 @@ PerAxis = Annotated[tuple[float, ...], BeforeValidator(per_axis)]
 PerAxisOptional = Annotated[tuple[float | None, ...], BeforeValidator(lambda v: per_axis(v, allow_none=True))]
 
 
-class HoldConfig(BaseModel):
+class HoldConfig(StrictModel):
     """Hold-to-intervene: the person is engaged while holding (a button, or any motion), plus a release delay."""
 
-    model_config = ConfigDict(extra="forbid")
     engage_on: Literal["button", "motion", "always"] = "button"
     release_delay_s: float = Field(0.0, ge=0.0)  # stays engaged this long after the hold ends
     motion_threshold: float = Field(0.05, ge=0.0, le=1.0)  # engage_on=motion: |axis| above this counts as input
 
 
-class FrameConfig(BaseModel):
+class FrameConfig(StrictModel):
     """Device frame -> robot frame. ``rotation`` maps device-frame vectors into the robot base frame
     (base = R @ device); give it as a 3x3 matrix (rows) or as roll/pitch/yaw in degrees.
     With ``target: ee`` the base-frame command is re-expressed in the end-effector frame, using the
     end-effector orientation the control loop hands to ``CommandPipeline.set_ee_rotation`` each tick.
     """
 
-    model_config = ConfigDict(extra="forbid")
     target: Literal["base", "ee"] = "base"
     rotation: list[list[float]] | None = None
     rpy_deg: tuple[float, float, float] | None = None
@@ -106,10 +105,9 @@ def rpy_matrix(roll: float, pitch: float, yaw: float) -> np.ndarray:
     )
 
 
-class ProcessingConfig(BaseModel):
+class ProcessingConfig(StrictModel):
     """Shaping applied to every device's raw command. Per-axis values: a number, 7 numbers, or a mapping."""
 
-    model_config = ConfigDict(extra="forbid")
     deadzone: PerAxis = Field(default=(0.0,) * N_AXES)  # fraction of full scale treated as zero
     expo: PerAxis = Field(default=(0.0,) * N_AXES)  # 0 linear .. 1 cubic: finer control near center
     scale: PerAxis = Field(default=(1.0,) * N_AXES)

@@ -76,6 +76,11 @@ class SyntheticOperator(Device):
     def engaged(self) -> bool:
         return self._engaged
 
+    @property
+    def watching(self) -> bool:
+        """Engaged, or reacting to a request it saw: the rows whose next observe() can change something."""
+        return self._engaged or self._requested
+
     def connect(self) -> None:
         """Re-arm after disconnect(); a new operator starts connected."""
         self._connected = True

@@ -16,17 +16,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
-from hg_dagger.devices.base import Device, DeviceError
-from hg_dagger.devices.calibration import Calibration
+from hg_dagger.devices.calibration import Calibration, Calibrator
+from hg_dagger.devices.errors import DeviceError
 
 DONE = "done"
 FAILED = "failed"
 CANCELLED = "cancelled"
 
 
+class Calibratable(Protocol):
+    """What the wizard needs of a device (a ``devices.base.Device``): its config and its calibrator."""
+
+    config: Any
+
+    def calibrator(self, **options: Any) -> Calibrator | None: ...
+
+
 class CalibrationWizard:
-    def __init__(self, device: Device, *, clock: Callable[[], float] = time.monotonic, **options):
+    def __init__(self, device: Calibratable, *, clock: Callable[[], float] = time.monotonic, **options):
         """``options`` go to the device's calibrator (gamepad: center_s, range_s; SpaceMouse: center_s)."""
         self.device = device
         self._clock = clock

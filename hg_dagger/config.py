@@ -24,12 +24,12 @@ CONFIG_DIR = Path(str(importlib.resources.files("hg_dagger.configs")))
 # kind -> "module:Model". Add a line when a layer gains a config file kind.
 KINDS: dict[str, str] = {
     "task": "hg_dagger.envs.mapping:TaskMapping",
-    "gates": "hg_dagger.control.gates:GateConfig",
+    "gates": "hg_dagger.control.gate_specs:GateConfig",
     "run": "hg_dagger.control.session:RunConfig",
     "device": "hg_dagger.devices.configs:DeviceFile",
     "auto": "hg_dagger.learn.auto:AutoConfig",
-    "qc": "hg_dagger.review.qc:QCConfig",
-    "dataset": "hg_dagger.datasets.versions:DatasetConfig",
+    "qc": "hg_dagger.review.qc_config:QCConfig",
+    "dataset": "hg_dagger.datasets.manifest:DatasetConfig",
 }
 
 

@@ -71,7 +71,7 @@ def run_demo(
 
     log.info("1/3 expert demonstrations and behaviour cloning on %s", task)
     bc = AutoConfig(
-        task=task, mode="expert_demo", certification="planner_auto", seed=seed, iterations=1, num_envs=min(8, demo_episodes),
+        task=task, mode=CollectionMode.EXPERT_DEMO.value, certification="planner_auto", seed=seed, iterations=1, num_envs=min(8, demo_episodes),
         episodes_per_iteration=demo_episodes,
         train={"steps": train_steps, "seed": seed},
         eval={"episodes": eval_episodes, "num_envs": min(eval_episodes, 10)},

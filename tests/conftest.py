@@ -14,10 +14,10 @@ os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 @pytest.fixture
 def pads(monkeypatch, tmp_path):
-    """SDL virtual joysticks (tests/device_helpers.py): none attached before or after the test, an empty
+    """SDL virtual joysticks (tests/support/devices.py): none attached before or after the test, an empty
     pygame event queue, and calibrations saved under tmp_path, never in the user's folder."""
     import pygame
-    from device_helpers import VirtualPads
+    from support.devices import VirtualPads
 
     monkeypatch.setenv("HG_DAGGER_CALIBRATION_DIR", str(tmp_path / "calibration"))
     v = VirtualPads()

@@ -9,6 +9,8 @@ from pydantic import BaseModel, Field
 from hg_dagger import config
 from hg_dagger.errors import ConfigError
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
+
 
 class Inner(BaseModel):
     threshold: float = Field(gt=0)
@@ -101,7 +103,7 @@ def test_each_invalid_value_is_one_line_with_the_file_and_its_key(tmp_path):
 
 
 def test_an_unknown_gate_config_name_is_an_error_listing_the_known_ones(tmp_path):
-    from hg_dagger.control.gates import GateConfig
+    from hg_dagger.control.gate_specs import GateConfig
     from hg_dagger.control.run_config import load_gate_config, load_run_config
 
     known = config.known_names("gates")

@@ -1,12 +1,18 @@
-"""The layer rules of docs/architecture.md hold: import-linter's contracts in pyproject.toml, checked over an
-installed copy of the package (where ui/, devices/ and configs/ sit inside hg_dagger, as in a wheel)."""
+"""The layer rules of docs/architecture.md hold: import-linter's contracts in pyproject.toml (layers point down, no
+Qt below the app, no import cycles), checked over an installed copy of the package (where ui/, devices/ and
+configs/ sit inside hg_dagger, as in a wheel); and no module uses another's private names."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.subprocess]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -17,6 +23,25 @@ def _lint(site: Path) -> subprocess.CompletedProcess:
                           cwd=site, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=300)
 
 
+_CYCLES = """
+import grimp
+g = grimp.build_graph("hg_dagger", cache_dir=None)
+for a in sorted(g.modules):
+    for b in sorted(g.find_modules_directly_imported_by(a)):
+        chain = g.find_shortest_chain(importer=b, imported=a) if b.startswith("hg_dagger") else None
+        if chain:
+            print(" -> ".join((a, *chain)))
+"""
+
+
+def _cycles(site: Path) -> list[str]:
+    """Every import cycle through our modules, package __init__ modules included (which acyclic_siblings, comparing
+    siblings only, does not see: a module importing its own package), one line per import that closes one."""
+    out = subprocess.run([sys.executable, "-c", _CYCLES], capture_output=True, text=True, check=True, cwd=site,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=300)
+    return out.stdout.splitlines()
+
+
 def test_import_contracts_hold_and_catch_an_upward_import(tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
@@ -24,7 +49,8 @@ def test_import_contracts_hold_and_catch_an_upward_import(tmp_path):
     shutil.copy(REPO / "pyproject.toml", site / "pyproject.toml")
     kept = _lint(site)
     assert kept.returncode == 0, kept.stdout[-4000:] + kept.stderr[-2000:]
-    assert "3 kept, 0 broken" in kept.stdout
+    assert "4 kept, 0 broken" in kept.stdout
+    assert _cycles(site) == []
 
     # the same check on a copy where the store reaches up into the session: it must fail and name the import
     low = site / "hg_dagger" / "store" / "trainable.py"
@@ -32,3 +58,113 @@ def test_import_contracts_hold_and_catch_an_upward_import(tmp_path):
     broken = _lint(site)
     assert broken.returncode != 0
     assert "hg_dagger.store.trainable -> hg_dagger.control.session" in broken.stdout
+    assert "No cycles are allowed in hg_dagger." in broken.stdout  # store -> control -> store, between packages
+
+
+def test_import_cycles_are_caught(tmp_path):
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                    str(site), str(REPO)], check=True, capture_output=True, timeout=300)
+    shutil.copy(REPO / "pyproject.toml", site / "pyproject.toml")
+    # the segment reads the store that reads it: a cycle inside hg_dagger.store, no layer crossed
+    low = site / "hg_dagger" / "store" / "segment.py"
+    low.write_text(low.read_text() + "\n\ndef _cycle():\n    from hg_dagger.store import store  # noqa\n")
+    broken = _lint(site)
+    assert broken.returncode != 0
+    assert "No cycles are allowed in hg_dagger.store." in broken.stdout
+    assert "Layers point down" in broken.stdout and "KEPT" in broken.stdout
+    # a module importing its own package's __init__, which imports it: no siblings involved, the graph walk finds it
+    student = site / "hg_dagger" / "policy" / "student.py"
+    student.write_text(student.read_text() + "\n\ndef _cycle():\n    import hg_dagger.policy  # noqa\n")
+    cycles = _cycles(site)
+    assert any(c.startswith("hg_dagger.policy.student -> hg_dagger.policy -> ") for c in cycles), cycles
+    assert any("hg_dagger.store.segment" in c and "hg_dagger.store.store" in c for c in cycles), cycles
+
+
+# ---------------------------------------------------------------------- private names stay in their module
+
+def _source_roots() -> dict[str, Path]:
+    """setup.py's package -> folder mapping (hg_dagger, ui/ -> hg_dagger.ui, devices/ -> hg_dagger.devices)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    roots = next(ast.literal_eval(n.value) for n in tree.body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "ROOTS")
+    return {name: REPO / folder for name, folder in roots.items()}
+
+
+def _modules(roots: dict[str, Path]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under the roots (a nested root wins over its parent)."""
+    found: dict[str, Path] = {}
+    for name, folder in sorted(roots.items(), key=lambda kv: len(kv[0])):
+        for f in sorted(folder.rglob("*.py")):
+            parts = list(f.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([name, *parts])] = f
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_crossings(roots: dict[str, Path]) -> list[str]:
+    """``from X import _name`` and ``X._name`` where X is another of our modules, as "module:line what"."""
+    modules = _modules(roots)
+    top = sorted(roots, key=len)[0]
+    found = []
+    for mod, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(), str(path))
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        bound: dict[str, str] = {}  # a local name bound to one of our modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+                source = ".".join(p for p in (base, node.module or "") if p)
+                if source not in modules:
+                    continue
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif _private(alias.name) and source != mod:
+                        found.append(f"{mod}:{node.lineno} from {source} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules and alias.asname:  # import a.b as x: x is a.b
+                        bound[alias.asname] = alias.name
+                    elif alias.name in modules:  # import a.b: a is bound, a.b reached through it
+                        bound[alias.name.partition(".")[0]] = top
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                target = ".".join([bound[value.id], *reversed(chain)])
+                if target in modules and target != mod:
+                    found.append(f"{mod}:{node.lineno} {target}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    crossings = private_crossings(_source_roots())
+    assert not crossings, "private names used outside their module (make them public or move them):\n" + \
+        "\n".join(crossings)
+
+
+def test_private_crossings_are_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("_hidden = 1\n\n\ndef _helper():\n    return _hidden\n")
+    (pkg / "sub" / "high.py").write_text(
+        "import pkg.low as low_mod\nfrom pkg import low\nfrom .. import low as again\nfrom pkg.low import _hidden\n"
+        "from ..low import _helper as h\n\nx = low._helper() + low_mod._hidden + again._hidden + _hidden + h()\n")
+    (pkg / "sub" / "fine.py").write_text("from pkg.low import __doc__\nfrom pkg import low\n\ny = low.__name__\n")
+    found = private_crossings({"pkg": pkg})
+    assert sorted(f.partition(" ")[2] for f in found) == sorted([
+        "from pkg.low import _hidden", "from pkg.low import _helper",
+        "pkg.low._helper", "pkg.low._hidden", "pkg.low._hidden"])
+    assert all(f.startswith("pkg.sub.high:") for f in found)

@@ -5,7 +5,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import hg_dagger
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
 
 REPO = Path(__file__).resolve().parent.parent
 

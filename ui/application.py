@@ -20,6 +20,7 @@ from PyQt6 import QtCore, QtWidgets
 
 from hg_dagger.control import live
 from hg_dagger.control.loop import ControlLoop, ControlProcess
+from hg_dagger.ui import settings as saved
 from hg_dagger.ui.rounds import read_training_summary, training_summary
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class OperatorApp(QtCore.QObject):
     def __init__(self, opts: AppOptions, settings: QtCore.QSettings | None = None):
         super().__init__()
         self.opts = opts
-        self.settings = settings or QtCore.QSettings("hg-dagger", "hg-dagger")
+        self.settings = settings if settings is not None else saved.app_settings()
         self.loop: ControlProcess | ControlLoop | None = None
         self.window = None
         self.student_path = ""  # chosen in start(), once the task is known
@@ -148,7 +149,7 @@ class OperatorApp(QtCore.QObject):
         o = replace(o, operator=o.operator or "device", device=o.device or "keyboard",
                     mode=o.mode or ("student_only" if o.operator == "none" else "human_gated"))
         if o.quit_when_done or (o.name and o.task):
-            return replace(o, task=o.task or s.value("start/task", "fetch_pick_place", type=str),
+            return replace(o, task=o.task or saved.text(s, "start/task", "") or "fetch_pick_place",
                            name=o.name or o.operator)
         from hg_dagger.ui.start_dialog import StartDialog
 

@@ -35,6 +35,7 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, LatestSlot, Quit, Snapshot
+from hg_dagger.ui import settings as saved
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
 from hg_dagger.ui.device_panel import DevicePanel
 from hg_dagger.ui.gate import GateLight, HandoverBanner
@@ -114,10 +115,6 @@ class ReviewEscape(QObject):
         return True
 
 
-def app_settings() -> QSettings:
-    return QSettings("hg-dagger", "hg-dagger")
-
-
 class MainWindow(QMainWindow):
     """Camera view left, plots right, gate light, banner and e-stop on top, controls and panels below; the
     review workspace on a second page (``review_store``), the gate light, banner and e-stop staying in view."""
@@ -130,10 +127,10 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("hg-dagger")
         self.slot, self.commands = slot, commands
-        self.settings = settings if settings is not None else app_settings()
+        self.settings = settings if settings is not None else saved.app_settings()
         self._quit_sent = False
 
-        sound = self.settings.value("ui/sound", True, type=bool)
+        sound = saved.flag(self.settings, "ui/sound", True)
         self.banner = HandoverBanner(sound_enabled=sound)
         self.banner.declined.connect(lambda: self.commands.put(DeclineRequest()))
         self.gate = GateLight()
@@ -309,20 +306,19 @@ class MainWindow(QMainWindow):
     # ---- lifetime ----------------------------------------------------------------------------
     def _restore(self) -> None:
         s = self.settings
-        geometry = s.value("window/geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
+        geometry = saved.blob(s, "window/geometry")
+        if geometry is None or not saved.restored(s, "window/geometry", self.restoreGeometry(geometry)):
             self.resize(1400, 900)
         self._split_restored = False
         self._view_narrowed = False
         for split in (self.split_main, self.split_view, self.plots):
-            state = s.value(f"window/{split.objectName()}")
-            if state is not None:
-                split.restoreState(state)
+            key = f"window/{split.objectName()}"
+            state = saved.blob(s, key)
+            if state is not None and saved.restored(s, key, split.restoreState(state)):
                 self._split_restored = True
+                if split is self.plots:
+                    self.plots.user_sized = True
         self._user_split = self._split_restored  # the person's own layout is never changed for them
-        self.plots.user_sized = s.value(f"window/{self.plots.objectName()}") is not None
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)

@@ -26,6 +26,7 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.config import CONFIG_DIR
+from hg_dagger.ui import settings as saved
 from hg_dagger.ui import style
 
 RECENT_STORES = 8
@@ -84,25 +85,25 @@ class StartDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("hg-dagger: start a session")
         self.setMinimumWidth(520)
-        self.settings = settings if settings is not None else QSettings("hg-dagger", "hg-dagger")
+        self.settings = settings if settings is not None else saved.app_settings()
         s = self.settings
-        self.operator = QLineEdit(s.value("start/operator", "", type=str))
+        self.operator = QLineEdit(saved.text(s, "start/operator"))
         self.operator.setPlaceholderText("a pseudonym, e.g. op-07 (stored with every episode)")
         self.task = QComboBox()
         self.task.addItems(tasks if tasks is not None else task_names())
-        i = self.task.findText(task or s.value("start/task", "", type=str))  # the command line's task wins
+        i = self.task.findText(task or saved.text(s, "start/task"))  # the command line's task wins
         if i >= 0:
             self.task.setCurrentIndex(i)
         self.backend = QComboBox()
         for value, label in BACKENDS:
             self.backend.addItem(label, value)
-        i = self.backend.findData(s.value("start/backend", "embedded", type=str))
+        i = self.backend.findData(saved.text(s, "start/backend", "embedded"))
         self.backend.setCurrentIndex(max(0, i))
-        self.host = QLineEdit(s.value("start/host", "127.0.0.1", type=str))
+        self.host = QLineEdit(saved.text(s, "start/host", "127.0.0.1"))
         self.port = QSpinBox()
         self.port.setRange(1, 65535)
-        self.port.setValue(s.value("start/port", 7557, type=int))
-        self.token = QLineEdit(s.value("start/token_file", "", type=str))
+        self.port.setValue(saved.number(s, "start/port", 7557, 1, 65535))
+        self.token = QLineEdit(saved.text(s, "start/token_file"))
         self.student = QLineEdit()
         self.student.setPlaceholderText("optional: the newest student for this task, or a first one")
         self.store = QComboBox()
@@ -140,10 +141,7 @@ class StartDialog(QDialog):
         self._backend_changed()
 
     def recent_stores(self) -> list[str]:
-        v = self.settings.value("start/recent_stores", [])
-        if isinstance(v, str):  # QSettings hands back a one-element list as a plain string
-            v = [v]
-        return [str(x) for x in (v or []) if x]
+        return saved.texts(self.settings, "start/recent_stores")
 
     def _backend_changed(self) -> None:
         bridge = self.backend.currentData() == "bridge"
@@ -189,7 +187,7 @@ class StartDialog(QDialog):
             s.setValue("start/token_file", c.token_file)
         if c.store:
             recent = [c.store] + [x for x in self.recent_stores() if x != c.store]
-            s.setValue("start/recent_stores", recent[:RECENT_STORES])
+            saved.store_texts(s, "start/recent_stores", recent[:RECENT_STORES])
         s.sync()
         super().accept()
 

@@ -1,14 +1,18 @@
-"""hg-dagger dataset build|ls|show|diff|check|export: immutable dataset versions (hg_dagger.datasets.versions)."""
+"""hg-dagger dataset build|ls|show|diff|check|export: immutable dataset versions (hg_dagger.datasets: manifest, repository, build, read)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from hg_dagger.contract.enums import Usage
+
 ROOT_HELP = "dataset folder (default: the folder 'datasets' beside the first --store)"
 
 
 def register(sub) -> None:
+    from hg_dagger.cli.export import add_format_options
+
     d = sub.add_parser("dataset", help="versioned datasets: build dataset_v(N+1) = v_N + new authorized samples, "
                                        "with usage classes, leak-free splits and lineage; list, show, diff, check")
     dsub = d.add_subparsers(dest="dataset_command", metavar="ACTION")
@@ -74,8 +78,9 @@ def register(sub) -> None:
     e.add_argument("--format", required=True, choices=("lerobot", "ods", "rlinf"))
     e.add_argument("--out", required=True, metavar="DIR", help="output folder (new or empty)")
     e.add_argument("--usage", nargs="+", default=["trainable"],
-                   choices=("trainable", "replay_only", "evaluation_only", "audit_only"),
+                   choices=[u.value for u in Usage],
                    help="episodes with a sample of these usage classes (default: trainable)")
+    add_format_options(e)
     e.add_argument("--root", help=ROOT_HELP)
     e.add_argument("--store", action="append", default=[], help="find the folder beside this store")
     e.add_argument("--quiet", action="store_true")
@@ -84,7 +89,7 @@ def register(sub) -> None:
 
 
 def _root(args):
-    from hg_dagger.datasets.versions import default_root, root_of
+    from hg_dagger.datasets.repository import default_root, root_of
 
     ref = getattr(args, "ref", None)
     if args.root is None and not args.store and ref and ref.endswith(".json"):
@@ -93,7 +98,8 @@ def _root(args):
 
 
 def _config(args):
-    from hg_dagger.datasets.versions import DatasetConfig, load, load_config, versions
+    from hg_dagger.datasets.manifest import DatasetConfig, load_config
+    from hg_dagger.datasets.repository import load, versions
 
     root = _root(args)
     if args.config:
@@ -123,7 +129,9 @@ def _config(args):
 
 
 def _build(args) -> int:
-    from hg_dagger.datasets.versions import build, diff, load
+    from hg_dagger.datasets.build import build
+    from hg_dagger.datasets.manifest import diff
+    from hg_dagger.datasets.repository import load
 
     root, cfg = _config(args)
     m, written = build(args.name, args.store, root=root, config=cfg, version=args.version, author=args.author,
@@ -145,7 +153,8 @@ def _build(args) -> int:
 
 
 def _ls(args) -> int:
-    from hg_dagger.datasets.versions import manifest_path, names, read_manifest, versions
+    from hg_dagger.datasets.manifest import read_manifest
+    from hg_dagger.datasets.repository import manifest_path, names, versions
 
     root = _root(args)
     if args.name is None:
@@ -158,7 +167,7 @@ def _ls(args) -> int:
         return 0
     vs = versions(root, args.name)
     if not vs:
-        from hg_dagger.datasets.versions import DatasetError
+        from hg_dagger.datasets.manifest import DatasetError
 
         raise DatasetError(f"dataset {args.name!r}: no versions under {root}")
     for v in vs:
@@ -171,7 +180,7 @@ def _ls(args) -> int:
 
 
 def _show(args) -> int:
-    from hg_dagger.datasets.versions import chain, load
+    from hg_dagger.datasets.repository import chain, load
 
     root = _root(args)
     m = load(root, args.ref)
@@ -196,7 +205,8 @@ def _show(args) -> int:
 
 
 def _diff(args) -> int:
-    from hg_dagger.datasets.versions import diff, load
+    from hg_dagger.datasets.manifest import diff
+    from hg_dagger.datasets.repository import load
 
     root = _root(args)
     d = diff(load(root, args.a), load(root, args.b))
@@ -212,7 +222,9 @@ def _diff(args) -> int:
 
 
 def _check(args) -> int:
-    from hg_dagger.datasets.versions import DatasetError, check, load
+    from hg_dagger.datasets.manifest import DatasetError
+    from hg_dagger.datasets.read import check
+    from hg_dagger.datasets.repository import load
 
     m = load(_root(args), args.ref)
     problems = check(m, stores=not args.no_stores)
@@ -227,16 +239,17 @@ def _check(args) -> int:
 
 
 def _export(args) -> int:
-    from hg_dagger.datasets import export_lerobot, export_ods, export_rlinf
-    from hg_dagger.datasets.versions import export_items, load
+    from hg_dagger.cli.export import check_format_options, write_export
+    from hg_dagger.datasets.read import export_items
+    from hg_dagger.datasets.repository import load
 
+    check_format_options(args)
     m = load(_root(args), args.ref)
     items = export_items(m, args.usage)
     if not items:
-        from hg_dagger.datasets.versions import DatasetError
+        from hg_dagger.datasets.manifest import DatasetError
 
         raise DatasetError(f"{m.ref}: no sample of usage {', '.join(args.usage)} to export")
-    fn = {"lerobot": export_lerobot, "ods": export_ods, "rlinf": export_rlinf}[args.format]
-    summary = fn(items, args.out, progress=not args.quiet)
+    summary = write_export(items, args)
     print(f"{m.ref}: {summary.line()}")
     return 0

@@ -22,6 +22,27 @@ def register(sub) -> None:
     p.add_argument("--task", metavar="T", help="only episodes of this task id")
     p.add_argument("--episodes", nargs="+", metavar="ID",
                    help="these episodes, in this order (default: every complete episode of the store)")
+    add_format_options(p)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_export)
+
+
+def _export(args) -> int:
+    from hg_dagger.datasets import select
+    from hg_dagger.store import EpisodeStore
+
+    check_format_options(args)
+    store = EpisodeStore.open(args.store)
+    items = select(store, task_id=args.task, episodes=args.episodes)
+    summary = write_export(items, args)
+    print(json.dumps(summary.__dict__, indent=2) if args.json else summary.line())
+    return 0
+
+
+def add_format_options(p) -> None:
+    """The options of one export format (--labels, --video: lerobot; --layout: ods), shared by `export` and
+    `dataset export`."""
     p.add_argument("--labels", choices=("all", "trainable"), default="all",
                    help="lerobot: all = every step with the label information per frame (default); trainable = only "
                    "the labels training may use, each run of them one episode, action = the label target")
@@ -31,28 +52,24 @@ def register(sub) -> None:
     p.add_argument("--layout", choices=("padded", "ragged"), default="padded",
                    help="ods: padded = one row per episode, padded to the longest (default); ragged = episodes "
                    "packed end to end into rows, each its own continuity stretch")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_export)
 
 
-def _export(args) -> int:
-    from hg_dagger.datasets import export_lerobot, export_ods, export_rlinf, select
-    from hg_dagger.store import EpisodeStore
-
-    store = EpisodeStore.open(args.store)
-    items = select(store, task_id=args.task, episodes=args.episodes)
+def check_format_options(args) -> None:
+    """An option of another format than --format is refused by name (it would silently do nothing)."""
     from hg_dagger.datasets.source import ExportError
 
     for flag, value, default, fmt in (("--labels", args.labels, "all", "lerobot"), ("--video", args.video, None, "lerobot"),
                                       ("--layout", args.layout, "padded", "ods")):
         if value != default and args.format != fmt:
             raise ExportError(f"{flag} is for --format {fmt}")
+
+
+def write_export(items, args):
+    """Export ``items`` as ``args.format`` into ``args.out`` with that format's options; the summary."""
+    from hg_dagger.datasets import export_lerobot, export_ods, export_rlinf
+
     if args.format == "lerobot":
-        summary = export_lerobot(items, args.out, progress=not args.quiet, labels=args.labels, video=args.video)
-    elif args.format == "ods":
-        summary = export_ods(items, args.out, progress=not args.quiet, layout=args.layout)
-    else:
-        summary = export_rlinf(items, args.out, progress=not args.quiet)
-    print(json.dumps(summary.__dict__, indent=2) if args.json else summary.line())
-    return 0
+        return export_lerobot(items, args.out, progress=not args.quiet, labels=args.labels, video=args.video)
+    if args.format == "ods":
+        return export_ods(items, args.out, progress=not args.quiet, layout=args.layout)
+    return export_rlinf(items, args.out, progress=not args.quiet)

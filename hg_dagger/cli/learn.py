@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.learn import executor
 
 
@@ -51,7 +52,7 @@ def register(sub) -> None:
     a.add_argument("--store", help="episode store (default: OUT/store)")
     a.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     a.add_argument("--iterations", type=int)
-    a.add_argument("--mode", choices=("expert_demo", "dagger_sync", "dagger_async", "human_gated"))
+    a.add_argument("--mode", choices=[m.value for m in CollectionMode if m is not CollectionMode.EVAL])
     a.add_argument("--num-envs", type=int)
     a.add_argument("--seed", type=int)
     a.add_argument("--quiet", action="store_true")

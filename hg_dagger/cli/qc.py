@@ -18,7 +18,8 @@ def register(sub) -> None:
 
 
 def _qc(args) -> int:
-    from hg_dagger.review.qc import format_json, load_qc_config, run_qc
+    from hg_dagger.review.qc import format_json, run_qc
+    from hg_dagger.review.qc_config import load_qc_config
 
     cfg = load_qc_config(args.config)
     summary = run_qc(args.store, config=cfg, episodes=args.episode, write=not args.dry_run, progress=not args.quiet)

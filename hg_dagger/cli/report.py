@@ -46,18 +46,26 @@ def _report(args) -> int:
         print(f"... and {len(void) - MAX_LISTED} more window(s) whose approval authorizes nothing (report.json)")
     print(f"intervention rate {_pct(f['intervention_rate'])}, recovery success {_pct(f['recovery_success_rate'])}, "
           f"e-stops {f['estops']}")
+    from hg_dagger.review.recall import describe
+
+    gr = report["gate_recall"]
+    if gr["episodes"]:
+        print(f"gates: {describe(gr)}")
+        for r in gr["rounds"]:
+            if r["gate_miss"]:
+                print(f"round {r['round']}: {describe(r)}")
     print(f"wrote {paths['json']} and {paths['html']}")
     return 0
 
 
 def _dataset_report(args) -> int:
-    from hg_dagger.datasets import versions as dv
     from hg_dagger.datasets.report import dataset_report, render_dataset_html
+    from hg_dagger.datasets.repository import default_root, load, root_of
     from hg_dagger.review.report import write_report
 
-    root = dv.root_of(args.dataset) if args.datasets_root is None and args.store is None and \
-        args.dataset.endswith(".json") else dv.default_root(args.datasets_root, [args.store] if args.store else [])
-    report = dataset_report(dv.load(root, args.dataset), root)
+    root = root_of(args.dataset) if args.datasets_root is None and args.store is None and \
+        args.dataset.endswith(".json") else default_root(args.datasets_root, [args.store] if args.store else [])
+    report = dataset_report(load(root, args.dataset), root)
     paths = write_report(report, args.out)
     paths["html"].write_text(render_dataset_html(report))
     d, f = report["dataset"], report["figures"]

@@ -88,6 +88,9 @@ def _run(args) -> int:
     if args.executor == "ray" and (cfg.robot is not None or cfg.operator.type == "device"):
         raise ConfigError("--executor ray runs simulated envs with the synthetic or expert operator; a robot or a "
                           "device operator runs with --executor local")
+    from hg_dagger.policy import one_inference_thread
+
+    one_inference_thread()  # this process is the control loop
     with executor.from_args(args) as ex:
         summary = run_gated(cfg, args.store, student_path=args.student, progress=not args.quiet, executor=ex)
     d = summary.as_dict()

@@ -6,7 +6,8 @@ Codes are part of the on-disk format: never renumber, only append.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, StrEnum
+from typing import Self
 
 
 class CodedEnum(str, Enum):
@@ -17,7 +18,7 @@ class CodedEnum(str, Enum):
         return list(type(self)).index(self)
 
     @classmethod
-    def from_code(cls, code: int):
+    def from_code(cls, code: int) -> Self:
         members = list(cls)
         if not 0 <= int(code) < len(members):
             raise ValueError(f"{int(code)} is not a valid {cls.__name__} code (0..{len(members) - 1})")
@@ -97,6 +98,10 @@ class Split(str, Enum):
     HOLDOUT = "holdout"
 
 
+# Splits whose episodes training never sees (evaluation's): the one list the dataset builder, the split rules and
+# the trainer's offline hold-out all read.
+HELD_OUT_SPLITS: tuple[Split, ...] = (Split.VAL, Split.TEST, Split.HOLDOUT)
+
 class ActionAlignment(str, Enum):
     """Which observation an action answers; declared per task."""
 
@@ -170,3 +175,13 @@ class LabelTarget(CodedEnum):
     NONE = "none"
     APPLIED_ACTION = "applied_action"
     EXPERT_ACTION = "expert_action"
+
+
+class Usage(StrEnum):
+    """What a dataset version lets one of its samples be used for (a manifest sample's ``usage``). A StrEnum, so
+    a manifest holds the plain value and text shows it as written (docs/datasets.md, "Usage classes")."""
+
+    TRAINABLE = "trainable"
+    REPLAY_ONLY = "replay_only"
+    EVALUATION_ONLY = "evaluation_only"
+    AUDIT_ONLY = "audit_only"

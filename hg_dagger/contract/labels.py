@@ -32,11 +32,11 @@ stands, and keeps the window out of training whatever is decided later.
 from __future__ import annotations
 
 import enum
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from hg_dagger.contract.enums import (
     EXCLUDING_FLAGS,
@@ -47,6 +47,7 @@ from hg_dagger.contract.enums import (
     ReplayStatus,
     ReviewStatus,
 )
+from hg_dagger.contract.model import FrozenModel
 from hg_dagger.contract.schema import CorrectionWindow, ExpertCertification, QCResult, ReviewDecision
 
 _HUMAN = ActionSource.HUMAN.code
@@ -70,8 +71,12 @@ CERTIFICATION_METHODS: dict[str, str] = {
 
 
 def pseudonym_key(name: str) -> str:
-    """A pseudonym as compared by the independence rules: case and whitespace do not tell two people apart."""
-    return "".join(str(name).split()).casefold()
+    """A pseudonym as compared by the independence rules: case, whitespace, invisible format characters (a
+    zero-width space, a soft hyphen) and compatibility forms (fullwidth letters) do not tell two people apart,
+    so the operator cannot pass for someone else by a spelling that looks the same."""
+    text = unicodedata.normalize("NFKC", str(name))
+    return unicodedata.normalize("NFKC", "".join(c for c in text if not c.isspace()
+                                                 and unicodedata.category(c) != "Cf").casefold())
 
 
 def certification_problem(c: ExpertCertification, *, operator: str = "", policy_version: str = "") -> str | None:
@@ -215,14 +220,12 @@ class TrainingBlock(enum.IntFlag):
 
     @classmethod
     def names(cls, bits: int) -> list[str]:
-        return [b.name.lower() for b in cls if bits & b]
+        return [(b.name or "").lower() for b in cls if bits & b]
 
 
-class TrainingRule(BaseModel):
+class TrainingRule(FrozenModel):
     """What a trainable label needs, besides the label rules, to reach training. The defaults are the
     contract's; switching one off is for experiments and is recorded with the run that did it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     require_review: bool = True  # windows: approved and training-authorized (or a counting certification)
     require_qc: bool = True  # human windows: QC ran and passed; any failed QC result stops its labels
@@ -289,7 +292,7 @@ class TrainingSelection:
         """Labels, allowed labels, and labels stopped by each reason (a label may count under several)."""
         out = {"labels": int(self.labels.sum()), "allowed": int(self.allowed.sum())}
         for b in TrainingBlock:
-            out[b.name.lower()] = int(((self.blocks & int(b)) != 0).sum())
+            out[(b.name or "").lower()] = int(((self.blocks & int(b)) != 0).sum())
         return out
 
 

@@ -7,10 +7,10 @@ exporters and docs/data-format.md all follow it. Bump SCHEMA_VERSION on any chan
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from hg_dagger.contract.clock import NO_TIME
 from hg_dagger.contract.enums import (
@@ -25,6 +25,7 @@ from hg_dagger.contract.enums import (
     ReviewStatus,
     Split,
 )
+from hg_dagger.contract.model import StrictModel
 
 SCHEMA_VERSION = "1.0"
 SUPPORTED_SCHEMA_VERSIONS = ("1.0",)
@@ -34,7 +35,9 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-class _Model(BaseModel):
+class _Model(StrictModel):
+    """Contract records: strict, and re-validated when a field is assigned."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
 
 
@@ -69,7 +72,7 @@ class FieldSpec(_Model):
         return arr
 
 
-def _f(name, dtype, shape=(), fill=None, description=""):
+def _f(name: str, dtype: str, shape: tuple[int, ...] = (), fill: Any = None, description: str = "") -> FieldSpec:
     return FieldSpec(name=name, dtype=dtype, shape=shape, fill=fill, description=description)
 
 
@@ -160,7 +163,7 @@ class CorrectionWindow(_Model):
     outcome: RecoveryOutcome = RecoveryOutcome.NONE
 
     @model_validator(mode="after")
-    def _bounds(self):
+    def _bounds(self) -> Self:
         if self.handover_end < self.handover_start:
             raise ValueError(f"window {self.window_id}: handover_end {self.handover_end} < handover_start {self.handover_start}")
         if self.parent_step_id > self.handover_start:
@@ -188,7 +191,7 @@ class ExpertCertification(_Model):
     executability_verified: bool
 
     @model_validator(mode="after")
-    def _bounds(self):
+    def _bounds(self) -> Self:
         if self.step_end < self.step_start:
             raise ValueError(f"certification {self.cert_id}: step_end < step_start")
         return self
@@ -227,7 +230,7 @@ class ReplayCheck(_Model):
     t_wall: str = ""  # ISO time of the check, for audit only
 
     @model_validator(mode="after")
-    def _complete(self):
+    def _complete(self) -> Self:
         if self.status == ReplayStatus.REPLAY_MISMATCH and (self.first_divergent_step is None or not self.key):
             raise ValueError("a replay_mismatch needs first_divergent_step and key")
         if self.status != ReplayStatus.REPLAY_MISMATCH and self.first_divergent_step is not None:

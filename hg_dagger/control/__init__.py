@@ -2,7 +2,10 @@
 monitor, and the session that runs one tick (obs -> student -> gates -> handover -> operator -> mapping
 -> safety -> env.step -> recorder)."""
 
-from hg_dagger.control.gates import GateConfig, GateEngine, GateInputs, calibrate_threshold
+from hg_dagger.control.gate_scores import GateInputs
+from hg_dagger.control.gate_specs import GateConfig
+from hg_dagger.control.gate_thresholds import calibrate_threshold
+from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import HandoverConfig, HandoverMachine
 from hg_dagger.control.limits import ActionLimits, StateBox
 from hg_dagger.control.safety import SafetyConfig, SafetyMonitor

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from hg_dagger.contract.clock import NO_TIME
 from hg_dagger.contract.enums import ActionSource, ControlState, EndReason, RecoveryOutcome, StepFlag
+from hg_dagger.contract.model import StrictModel
 from hg_dagger.contract.schema import CorrectionWindow, new_id
 
 AUTO = ControlState.AUTONOMOUS.code
@@ -51,18 +52,14 @@ _GATE_TRIGGER = 2
 _GATE_WARN = 1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class AutoReturn(_Strict):
+class AutoReturn(StrictModel):
     enabled: bool = True
     agree_ticks: int = Field(default=5, ge=1)
     agree_tol: float = Field(default=0.15, gt=0, description="largest per-dim |policy - operator| (raw units) that counts as agreement")
     require_confident: bool = True
 
 
-class HandoverConfig(_Strict):
+class HandoverConfig(StrictModel):
     wait: Literal["auto", "pause", "hold", "policy"] = Field(
         default="hold", description="while a request waits for the person: pause the simulator (nothing is stepped "
         "or recorded), hold position (stepped and recorded; on a robot its clock runs), or keep the policy running; "

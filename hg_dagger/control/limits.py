@@ -10,14 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from hg_dagger.contract.model import StrictModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StateBox(_Strict):
+class StateBox(StrictModel):
     """Bounds on a state predicted one step ahead: ``obs[obs_key][:, index] + gain * action[:, action_index]``.
 
     With a delta-position action this is a workspace box on the end effector; with joint-delta actions
@@ -42,7 +40,7 @@ class StateBox(_Strict):
         return self
 
 
-class ActionLimits(_Strict):
+class ActionLimits(StrictModel):
     """The feasible set of raw actions: per-dim bounds (velocity for delta actions), per-tick change
     (acceleration) and state boxes (workspace, joints)."""
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -25,48 +24,12 @@ import numpy as np
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import ActionSource, ControlState, EndReason
 from hg_dagger.control import live
+from hg_dagger.control.loop_health import HealthWindow, sleep_until
 from hg_dagger.errors import HgDaggerError
 
 log = logging.getLogger(__name__)
 
-_WINDOW = 256  # ticks in the health window
 DEFAULT_EPISODE_GAP_S = 2.0  # a live front end's pause before a queued episode begins (run config episode_gap_s)
-
-
-class _Health:
-    """Sliding-window loop figures; updated in the control thread only."""
-
-    def __init__(self, target_hz: float):
-        self.target_hz = target_hz
-        self.starts: deque[int] = deque(maxlen=_WINDOW)
-        self.jitter: deque[float] = deque(maxlen=_WINDOW)
-        self.busy: deque[float] = deque(maxlen=_WINDOW)
-        self.latency: deque[float] = deque(maxlen=_WINDOW)
-        self.missed = 0
-        self.ticks = 0
-
-    def tick(self, start_ns: int, scheduled_ns: int, busy_ns: int) -> None:
-        self.starts.append(start_ns)
-        self.jitter.append(abs(start_ns - scheduled_ns) / 1e6)
-        self.busy.append(busy_ns / 1e6)
-        self.ticks += 1
-
-    def snapshot(self, rec_queue: int, rec_dropped: int) -> live.LoopHealth:
-        hz = 0.0
-        if len(self.starts) >= 2:
-            span = (self.starts[-1] - self.starts[0]) / 1e9
-            hz = (len(self.starts) - 1) / span if span > 0 else 0.0
-        lat = np.asarray(self.latency, np.float64)
-        recent = list(self.jitter)[-max(2, int(self.target_hz)):]
-        return live.LoopHealth(
-            target_hz=self.target_hz, achieved_hz=hz,
-            jitter_p99_ms=float(np.percentile(self.jitter, 99)) if self.jitter else 0.0,
-            jitter_recent_max_ms=max(recent) if recent else 0.0,
-            missed_ticks=self.missed,
-            latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
-            latency_p99_ms=float(np.percentile(lat, 99)) if lat.size else float("nan"),
-            tick_ms_p99=float(np.percentile(self.busy, 99)) if self.busy else 0.0,
-            recorder_queue=rec_queue, recorder_dropped=rec_dropped, ticks=self.ticks)
 
 
 class ControlLoop:
@@ -83,7 +46,7 @@ class ControlLoop:
         self.slot = slot if slot is not None else live.LatestSlot(_loading(store))
         self.commands = commands if commands is not None else live.CommandQueue()
         self.session = None
-        self.health: _Health | None = None  # from the first tick on
+        self.health: HealthWindow | None = None  # from the first tick on
         self.error: str = ""
         self.summary: dict[str, Any] | None = None  # the session's RunSummary once the loop has ended
         self._stop = threading.Event()
@@ -141,12 +104,14 @@ class ControlLoop:
         from hg_dagger.control.store_actions import StoreActions
 
         self.actions = StoreActions(self.store or _store_url(s.rec), s.operator_name)
-        _single_threaded_torch()
+        from hg_dagger.policy import one_inference_thread  # lazily: the app's window process needs no torch
+
+        one_inference_thread()
         self._warm_up()
         m = s.mapping
         hz = float(self._rate_hz or m.control_hz)
         period = int(round(1e9 / hz))
-        self.health = _Health(hz)
+        self.health = HealthWindow(hz)
         t0 = time.monotonic_ns()
         k = 0
         try:
@@ -154,7 +119,7 @@ class ControlLoop:
                 scheduled = t0 + k * period
                 now = time.monotonic_ns()
                 if now < scheduled:
-                    _sleep_until(scheduled)
+                    sleep_until(scheduled)
                 start = time.monotonic_ns()
                 self._one_tick()
                 busy = time.monotonic_ns() - start
@@ -461,16 +426,6 @@ def _store_url(rec) -> str:
     return str(getattr(store, "url", "")) if store is not None else ""
 
 
-def _single_threaded_torch() -> None:
-    """One intra-op thread for the student: a batch of one is fastest that way, and a second thread
-    waiting on a busy core turns a 0.3 ms act() into tens of milliseconds at p99."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-
-
 def _row_obs(s) -> dict[str, np.ndarray] | None:
     """The watched row's observation without camera images: what a person or an operator model reads."""
     if s.obs is None:
@@ -482,18 +437,6 @@ def _row_obs(s) -> dict[str, np.ndarray] | None:
 def _t(v) -> int | None:
     v = int(v)
     return None if v == NO_TIME else v
-
-
-def _sleep_until(t_ns: int) -> None:
-    """Sleep to ``t_ns`` (monotonic): coarse sleep, then a short spin for the last half millisecond."""
-    while True:
-        left = t_ns - time.monotonic_ns()
-        if left <= 0:
-            return
-        if left > 1_500_000:
-            time.sleep((left - 1_000_000) / 1e9)
-        elif left > 200_000:
-            time.sleep(0.0001)
 
 
 def _describe(exc: BaseException) -> str:

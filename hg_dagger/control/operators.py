@@ -132,9 +132,14 @@ class DeviceOperator(Operator):
     def _answering(self, r: int, dev) -> bool:
         return True
 
+    def _rows_to_read(self, state) -> Any:
+        """The rows whose device is read this tick (every row here; the synthetic operators skip idle ones)."""
+        return range(self.n)
+
     def poll(self, obs, state, active) -> OperatorTick:
         tick = OperatorTick.empty(self.n, self.mapping.action_dim)
-        for r, dev in enumerate(self.devices):
+        for r in self._rows_to_read(state):
+            dev = self.devices[r]
             if dev is None:
                 tick.device_ok[r] = False
                 continue
@@ -218,13 +223,28 @@ class SyntheticOperators(DeviceOperator):
         ]
         super().__init__(devices, mapping, name)
         self.person_available = availability > 0
+        self._connected = np.ones(num_envs, bool)
+        self._read_rows = np.zeros(0, np.int64)
+
+    def _rows_to_read(self, state) -> Any:
+        # a row neither requested nor watched by its operator would read nothing and change nothing: its device
+        # counts as answering when connected (what _read and _answering would conclude), the loop skips it
+        watching = np.fromiter((d.watching for d in self.devices), bool, self.n)
+        read = watching | (state == REQUESTED)
+        self._connected[:] = [d.connected for d in self.devices]
+        self._read_rows = np.flatnonzero(read)
+        return self._read_rows.tolist()
 
     def poll(self, obs, state, active) -> OperatorTick:
         want = np.flatnonzero(active & ((state == REQUESTED) | (state == HUMAN)))
         self._planner_raw[:] = np.nan
         if want.size:
             self._planner_raw[want] = _query(self.expert, obs, want, self.mapping)[0][want]
-        return super().poll(obs, state, active)
+        tick = super().poll(obs, state, active)
+        idle = np.ones(self.n, bool)
+        idle[self._read_rows] = False
+        tick.device_ok[idle] = self._connected[idle]
+        return tick
 
     def _read(self, r, dev, obs, state):
         requested = bool(state[r] == REQUESTED)

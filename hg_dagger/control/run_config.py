@@ -5,20 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hg_dagger import config as config_io
-from hg_dagger.control.gates import GateConfig
+from hg_dagger.contract.model import StrictModel
+from hg_dagger.control.gate_specs import GateConfig
 from hg_dagger.control.handover import HandoverConfig
 from hg_dagger.control.safety import SafetyConfig
 from hg_dagger.errors import ConfigError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class OperatorConfig(_Strict):
+class OperatorConfig(StrictModel):
     """Who answers a handover request."""
 
     type: Literal["synthetic", "expert", "device"] = "synthetic"
@@ -35,7 +32,7 @@ class OperatorConfig(_Strict):
     device: str | None = None
 
 
-class RobotConfig(_Strict):
+class RobotConfig(StrictModel):
     """Run on a robot behind ``hg-dagger bridge serve`` instead of a local simulator.
 
     The token stays out of the config: it comes from ``token_file`` or the environment variable
@@ -67,7 +64,7 @@ class RobotConfig(_Strict):
         return f"{self.host}:{self.port}"
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     """configs/run/<name>.yaml (kind: run): one human-gated collection run."""
 
     task: str

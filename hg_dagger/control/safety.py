@@ -13,15 +13,14 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.limits import ActionLimits, CompiledLimits
 from hg_dagger.errors import ConfigError
 
 
-class SafetyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SafetyConfig(StrictModel):
     enabled: bool = True
     limits: ActionLimits = Field(default_factory=ActionLimits)
     hold_action: list[float | None] | None = Field(

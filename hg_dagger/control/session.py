@@ -1,7 +1,8 @@
-"""The session: one control tick, batched over the env's rows, the run loop around it, and the controls
-a live front end calls between ticks.
+"""The session: the gated-handover arbiter of the rollout engine (control.engine), one control tick batched
+over the env's rows, and the run loop around it; the controls a live front end calls between ticks are in
+control.session_controls, episode begin and end in control.session_episodes.
 
-    act -> poll operators -> gates -> handover -> choose command -> safety -> env.step -> record -> episode ends
+    act -> poll operators -> gates -> handover -> choose command -> safety_stage -> env.step -> cut -> record
 
 Everything here stays in memory: the recorder's ``put`` is an O(1) hand-off to its writer thread.
 The session records action_source, control_state, step_flags, correction windows and events; the store
@@ -14,23 +15,33 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import (
-    ActionSource,
-    CollectionMode,
     ControlState,
     EndReason,
     EventKind,
     StepFlag,
 )
-from hg_dagger.contract.schema import EpisodeEnd, Event
+from hg_dagger.contract.schema import Event
+from hg_dagger.control.engine import (
+    Engine,
+    EpisodeRows,
+    Samples,
+    StudentOnly,
+    Tick,
+    clamp_values,
+    cut,
+    end_reason,
+    safety_stage,
+)
 from hg_dagger.control.episodes import EpisodeWriter
-from hg_dagger.control.gates import GateEngine, GateInputs
+from hg_dagger.control.gate_scores import GateInputs
+from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import (
     AUTO,
     EXPERT,
@@ -45,9 +56,8 @@ from hg_dagger.control.handover import (
     HandoverMachine,
     RequestEnd,
     TickInputs,
-    resolve_wait,
 )
-from hg_dagger.control.operators import ExpertOperator, NoOperator, Operator, OperatorTick
+from hg_dagger.control.operators import Operator, OperatorTick
 from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay importable from here
     OperatorConfig,
     RobotConfig,
@@ -56,25 +66,12 @@ from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay
     load_run_config,
 )
 from hg_dagger.control.safety import SafetyMonitor
-from hg_dagger.envs.base import fault_flags
+from hg_dagger.control.session_controls import BUTTONS, MODES, SessionControls  # noqa: F401 - importable here
+from hg_dagger.control.session_episodes import SessionEpisodes
+from hg_dagger.envs.base import StepResult
 from hg_dagger.errors import ConfigError, EnvError, HgDaggerError
 
 log = logging.getLogger(__name__)
-
-_BUILD = ("build_session", "make_run_env", "run_gated")
-
-
-def __getattr__(name: str):
-    """build_session, make_run_env and run_gated live in control.build; kept importable from here."""
-    if name in _BUILD:
-        from hg_dagger.control import build
-
-        return getattr(build, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-MODES = ("human_gated", "expert", "student_only", "teleop")
-BUTTONS = ("takeover", "return")
 
 
 @dataclass
@@ -126,7 +123,7 @@ class TickView:
     paused: bool  # the simulator waited for the person: nothing was applied or recorded
 
 
-class Session:
+class Session(SessionControls, SessionEpisodes):
     """Runs a student on a VecEnv with gates, handover, an operator and the safety monitor, and records
     every step, event and correction window to a store recorder."""
 
@@ -234,150 +231,6 @@ class Session:
             return None
         return max(0.0, (min(self._queued.values()) - now_ns()) / 1e9)
 
-    # ---- controls (call them from the thread that ticks) ------------------------------------
-
-    def estop(self, source: str = "app", reason: str = "") -> None:
-        """Emergency stop from the keyboard, the app's button or any other thread."""
-        self.safety.request_estop(source, reason)
-
-    def clear_estop(self, by: str) -> None:
-        """The explicit reset a latched e-stop needs before ``start`` works again; recorded with who did it."""
-        if not self.safety.estopped:
-            return
-        note = f"estop cleared by {by}"
-        rows = [r for r in range(self.n) if self.eids[r] is not None]
-        for r in rows:
-            self._event(r, EventKind.NOTE, now_ns(), note, by)
-        if not rows:
-            self.summary.notes.append(note)
-        self.safety.clear_estop()
-        self.summary.stopped_by = ""
-
-    def resume(self, by: str) -> None:
-        """The explicit action a robot hold needs (the app's resume button): the robot resumes and every open
-        episode records who resumed it. A hold is never lifted by the session itself."""
-        if not self.robot_hold:
-            return
-        robot_resume = getattr(self.env, "resume", None)
-        if robot_resume is not None:
-            robot_resume(by=by)
-        values = {"resumed_by": by, "after": self.robot_hold}
-        rows = [r for r in range(self.n) if self.eids[r] is not None]
-        for r in rows:
-            self._event(r, EventKind.NOTE, now_ns(), f"robot resumed by {by}", "operator", values)
-        if not rows:
-            self.summary.notes.append(f"robot resumed by {by}")
-        self.robot_hold = ""
-
-    def decline(self) -> bool:
-        """The person lets the student go on: every waiting request ends as declined on the next tick. False
-        (and nothing happens) when no request waits."""
-        if not ((self.machine.state == REQUESTED) & self.writer.active()).any():
-            return False
-        self._decline = True
-        return True
-
-    def hold_starts(self, hold: bool) -> None:
-        """While held, episodes queued to begin wait (a running one goes on); released, they begin when due."""
-        self.starts_held = bool(hold)
-
-    def press(self, button: str) -> None:
-        """The app's take-over / hand-back buttons: count as that operator button on the next tick."""
-        if button not in BUTTONS:
-            raise HgDaggerError(f"unknown operator button {button!r}: expected one of {', '.join(BUTTONS)}")
-        self._pressed.add(button)
-
-    def end_episode(self, row: int, reason: EndReason, success: bool) -> None:
-        """End ``row``'s episode now (operator abort, verdict, reset) and begin the next one if any remain."""
-        self._end_now(row, EndReason(reason), bool(success))
-
-    def discard_episode(self, row: int, reason: str, *, final: bool = True) -> str:
-        """End ``row``'s episode as an operator abort, discarded: kept on disk, never trainable. ``final``: the
-        quality flag "discarded" (no undo); otherwise the caller keeps it out of training with a label layer
-        (control.store_actions, undoable). Returns the episode id."""
-        eid = self.eids[row]
-        if eid is None:
-            raise HgDaggerError(f"no open episode in env row {row} to discard")
-        self._event(row, EventKind.NOTE, now_ns(), reason or "discarded", "operator",
-                    {"discarded": True, "undoable": not final})
-        self._end_now(row, EndReason.OPERATOR_ABORT, False, flags=["discarded"] if final else None)
-        return eid
-
-    def close_all(self, reason: str) -> None:
-        """Stop without losing data: every open episode ends as an operator abort; no new one begins."""
-        self._target = self._started
-        self._queued.clear()
-        t = now_ns()
-        for r in range(self.n):
-            if self.eids[r] is not None:
-                self._event(r, EventKind.NOTE, t, reason, "operator")
-                self._end(r, EndReason.OPERATOR_ABORT, False)
-
-    def add_episodes(self, episodes: int) -> None:
-        """Record ``episodes`` more while running (rows pick them up as their episodes end)."""
-        self._target += int(episodes)
-
-    def set_operator(self, operator: Operator) -> None:
-        """Who answers from the next episode begin on (the mode decides whether gates ask it)."""
-        if operator.n != self.n:
-            raise ConfigError(f"the operator answers {operator.n} envs, the env has {self.n}")
-        if operator.role == "human":
-            self._pending["person"] = operator
-        self._pending["operator"] = operator
-
-    def set_student(self, student) -> None:
-        """Act with ``student`` from the next episode begin on; its policy_version goes in EpisodeStart."""
-        self._pending["student"] = student
-
-    def set_mode(self, mode: str) -> None:
-        """human_gated | expert | student_only | teleop, from the next episode begin on."""
-        if mode not in MODES:
-            raise HgDaggerError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
-        if mode == "expert" and self.expert is None:
-            from hg_dagger.experts import make_expert
-
-            self.expert = make_expert(self.mapping.task_id, kind="planner", mapping=self.mapping)
-        self._pending["mode"] = mode
-
-    def set_device(self, name: str) -> None:
-        """Switch the person's device (a name in configs/devices or a path) from the next episode on."""
-        from hg_dagger.control.operators import DeviceOperator
-        from hg_dagger.devices import make_device
-
-        if self.n != 1:
-            raise HgDaggerError(f"a live device drives one env; the env has {self.n}")
-        dev = make_device(name)
-        dev.connect()
-        self.set_operator(DeviceOperator([dev], self.mapping, self.operator.name))
-
-    def key(self, key: str, down: bool) -> None:
-        """A key event from the app's window, for the in-window keyboard device."""
-        person = self._pending.get("person", self._person)
-        if person is not None:
-            person.key(key, down)
-
-    def release_keys(self) -> None:
-        person = self._pending.get("person", self._person)
-        if person is not None:
-            person.release_keys()
-
-    def poll_idle(self) -> None:
-        """Between episodes: keep the device live for the operator's panel; its e-stop button still stops."""
-        t = (self._pending.get("operator") or self.operator).poll_idle()
-        if t.estop_by:
-            self.safety.request_estop(t.estop_by, "device e-stop button")
-
-    def device_state(self):
-        from hg_dagger.control.live import DeviceState
-
-        return DeviceState(**(self._pending.get("operator") or self.operator).device_state(0))
-
-    def close_operators(self) -> None:
-        seen = set()
-        for op in (self.operator, self._person, self._pending.get("operator"), self._pending.get("person")):
-            if op is not None and id(op) not in seen:
-                seen.add(id(op))
-                op.close()
 
     # ---- calibration -----------------------------------------------------------------------
 
@@ -398,21 +251,15 @@ class Session:
         return bool((getattr(self.student, "gate_thresholds", None) or {}).get("confidence"))
 
     def calibrate(self, steps: int) -> dict[str, float] | None:
-        """Run the student alone for ``steps`` env steps (not recorded; the safety monitor still applies)
-        and set the confidence gate's thresholds by the quantile rule."""
-        obs, _ = self.env.reset(seed=self.seed + 10_000)
-        self.safety.reset(np.arange(self.n))
-        samples = []
-        for _ in range(max(1, steps // self.n)):
-            out = self.student.act(obs)
-            samples.append(np.asarray(out.uncertainty, np.float32))
-            res = self.safety.apply(out.action, obs)
-            r = self.env.step(res.applied)
-            self.safety.commit(res.applied)
-            self.safety.reset(np.flatnonzero(r.info.get("episode_start", np.zeros(self.n, bool))))
-            obs = r.obs
+        """Run the student alone for ``steps`` env steps through the rollout engine (not recorded; the safety
+        monitor applies) and set the confidence gate's thresholds by the quantile rule."""
+        samples = Samples()
+        ticks = max(1, steps // self.n)
+        engine = Engine(self.env, self.student, StudentOnly(), self.safety,
+                        rows=EpisodeRows(self.n, base_seed=self.seed + 10_000), sinks=[samples])
+        engine.run(episodes=None, stop=lambda: engine.ticks >= ticks)
         self.obs = None  # the run starts from a fresh reset
-        cal = self.gates.calibrate(np.concatenate(samples))
+        cal = self.gates.calibrate(np.concatenate(samples.values))
         if cal is not None and cal.get("refused"):
             self.notice = cal["refused"]
             log.warning("%s", cal["refused"])
@@ -486,24 +333,22 @@ class Session:
             self.summary.paused_ticks += 1
             self._view(step, out, t_policy, op, d, g, None, None, d.source)
             return
-        res, source, flags = self._safety(command, flags, d, active, t_policy)
-        result = self._step_env(res.applied, t_policy)
+        tick = Tick(obs=self.obs, t_obs=self.t_obs, active=active, policy=out, t_policy=t_policy, command=command,
+                    source=d.source.copy(), control_state=d.state, flags=flags, operator=op,
+                    expert_action=op.expert_action, expert_valid=op.expert_valid)
+        self._safety(tick, d)
+        result = self._step_env(tick.applied, t_policy)
         if result is None:  # the robot refused: the action never moved it, nothing to record
             return
         acted = active.copy()
         if self.count_acting:  # holding for the person is no step of the episode
             acted &= ~((d.state == REQUESTED) & (d.source == SRC_HOLD))
         self.acted += acted
-        if self.step_limit is not None:  # this step is the cut row's last: truncated like a horizon
-            cut = acted & (self.acted >= self.step_limit)
-            if cut.any():
-                result = replace(result, truncated=np.asarray(result.truncated, bool) | cut)
-        t_apply, flags = self._after_step(result, flags)
-        self._record(out, op, d, res.applied, source, flags, t_apply, t_policy, active, result)
-        self._view(step, out, t_policy, op, d, g, res.applied, t_apply, source)
-        term, trunc = np.asarray(result.terminated, bool), np.asarray(result.truncated, bool)
-        success = np.asarray(result.info.get("success", np.zeros(self.n, bool)), bool)
-        self._episode_ends(d.state == SAFE_STOP, term, trunc, success, active, result)
+        tick.env = cut(result, np.where(acted, self.acted, 0), self.step_limit)  # the cut row's last step: truncated
+        self._after_step(tick)
+        self._record(tick)
+        self._view(step, out, t_policy, op, d, g, tick.applied, result.t_action_apply, tick.source)
+        self._episode_ends(d.state == SAFE_STOP, tick.env, active)
 
     def _act(self):
         """The student (it keeps computing during human control)."""
@@ -576,22 +421,19 @@ class Session:
             target[hold] = self.safety.hold()[hold]
         return self.machine.smooth(target, self.safety.prev, self.safety.prev_ok)
 
-    def _safety(self, command, flags, d, active, t_ns: int):
-        res = self.safety.apply(command, self.obs)
-        source = d.source.copy()
+    def _safety(self, tick: Tick, d) -> None:
+        """The engine's safety stage (action conversion, the monitor, CLAMPED, the safety controller's source)."""
+        command_source = d.source
         # a blended (or ramped) hand-back step applies the controller's mix of the last applied action and the
         # policy's, not the policy's action: it is recorded as the controller's (context only, never a label)
-        source[((flags & StepFlag.INTERPOLATED) != 0) & (source == SRC_POLICY)] = SRC_HOLD
-        source[res.changed] = SRC_HOLD
-        flags = flags | np.where(res.changed, StepFlag.CLAMPED, 0).astype(np.uint16)
-        flags |= np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)
-        for r in np.flatnonzero(res.changed & active):
-            names = [name for name, hit in res.reasons if hit[r]]
-            self._event(int(r), EventKind.SAFETY_CLAMP, t_ns, "+".join(names), "safety",
-                        {"command": command[r].tolist(), "applied": res.applied[r].tolist(),
-                         "command_source": ActionSource.from_code(int(d.source[r])).value})
+        tick.source[((tick.flags & StepFlag.INTERPOLATED) != 0) & (tick.source == SRC_POLICY)] = SRC_HOLD
+
+        def on_clamp(r: int, names: str, t: Tick) -> None:
+            self._event(r, EventKind.SAFETY_CLAMP, t.t_policy, names, "safety", clamp_values(t, r, command_source))
             self.summary.safety_clamps += 1
-        return res, source, flags
+
+        safety_stage(self.safety, self.mapping, tick, on_clamp)
+        tick.flags = tick.flags | np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)
 
     def _step_env(self, applied, t_ns: int):
         try:
@@ -608,10 +450,11 @@ class Session:
         self.safety.commit(applied)
         return result
 
-    def _after_step(self, result, flags):
-        """Stamp t_action_apply and flag late steps, and steps whose observation the env reported stale or
-        missing (info "sensor_loss" of the reply that delivered it); both are excluded from labels."""
-        t_apply = np.asarray(result.info.get("t_action_apply", np.full(self.n, now_ns())), np.int64)
+    def _after_step(self, tick: Tick) -> None:
+        """Flag late steps, and steps whose observation the env reported stale or missing (info "sensor_loss" of
+        the reply that delivered it); both are excluded from labels."""
+        result = tick.env
+        t_apply = result.t_action_apply
         self.machine.note_applied(t_apply)
         self._window_events(t_apply)
         resumed = result.info.get("robot_resumed")  # the bridge's explicit resume_on_reconnect flag lifted a hold
@@ -622,26 +465,26 @@ class Session:
                                 {"resumed_by": resumed})
         if self.latency_budget_ns is not None:
             late = (t_apply - self.t_obs) > self.latency_budget_ns
-            flags |= np.where(late, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
+            tick.flags = tick.flags | np.where(late, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
         sensor_loss = self._env_info.get("sensor_loss")
         if sensor_loss is not None:
-            flags |= np.where(np.asarray(sensor_loss, bool), StepFlag.SENSOR_LOSS, 0).astype(np.uint16)
-        return t_apply, flags
+            tick.flags = tick.flags | np.where(np.asarray(sensor_loss, bool), StepFlag.SENSOR_LOSS, 0).astype(np.uint16)
 
-    def _record(self, out, op: OperatorTick, d, applied, source, flags, t_apply, t_policy, active, result) -> None:
-        info, n = result.info, self.n
-        success = np.asarray(info.get("success", np.zeros(n, bool)), bool)
-        term, trunc = np.asarray(result.terminated, bool), np.asarray(result.truncated, bool)
-        align = info.get("alignment_error_ms")
-        transport = info.get("transport_ns")
-        human_cmd = ((source == SRC_HUMAN) | (d.state == HUMAN)) & np.isfinite(op.raw).all(axis=1)
+    def _record(self, tick: Tick) -> None:
+        """The episode writer's sink: one step per active row."""
+        env, op, source = tick.env, tick.operator, tick.source
+        out = tick.policy
+        align = env.info.get("alignment_error_ms")
+        transport = env.info.get("transport_ns")
+        human_cmd = ((source == SRC_HUMAN) | (tick.control_state == HUMAN)) & np.isfinite(op.raw).all(axis=1)
         cols = {
-            "t_obs": self.t_obs, "t_action_apply": t_apply, "policy_action": np.asarray(out.action, np.float32),
+            "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply,
+            "policy_action": np.asarray(out.action, np.float32),
             "policy_confidence": np.asarray(out.confidence, np.float32),
             "policy_uncertainty": np.asarray(out.uncertainty, np.float32),
-            "applied_action": applied, "action_source": source, "control_state": d.state, "step_flags": flags,
-            "reward": np.asarray(result.reward, np.float32), "terminated": term, "truncated": trunc, "success": success,
-            **{f"obs/{k}": v for k, v in self.obs.items()},
+            "applied_action": tick.applied, "action_source": source, "control_state": tick.control_state,
+            "step_flags": tick.flags, "reward": env.reward, "terminated": env.terminated, "truncated": env.truncated,
+            "success": env.success, **{f"obs/{k}": v for k, v in tick.obs.items()},
         }
         if align is not None:  # a row's stamps come from two replies (t_obs, t_action_apply): keep the worse bound
             align = np.asarray(align, np.float32)
@@ -649,12 +492,13 @@ class Session:
         if transport is not None:
             cols["transport_ns"] = np.asarray(transport, np.int64)
         if self.operator.records_expert_labels:
-            cols.update(expert_action=op.expert_action, expert_valid=op.expert_valid, expert_used=source == SRC_EXPERT)
-        shared = {"t_policy": t_policy, "inference_ns": int(out.inference_ns), "valid": True}
-        rows = np.flatnonzero(active)
+            cols.update(expert_action=tick.expert_action, expert_valid=tick.expert_valid,
+                        expert_used=source == SRC_EXPERT)
+        shared = {"t_policy": tick.t_policy, "inference_ns": int(out.inference_ns), "valid": True}
+        rows = np.flatnonzero(tick.active)
         self.writer.write(rows, cols, shared, only=(human_cmd, {"human_command": op.raw, "t_device": op.t_device}))
         self.summary.steps += int(rows.size)
-        self.summary.human_steps += int((active & ((source == SRC_HUMAN) | (source == SRC_EXPERT))).sum())
+        self.summary.human_steps += int((tick.active & ((source == SRC_HUMAN) | (source == SRC_EXPERT))).sum())
 
     def _view(self, step, out, t_policy, op: OperatorTick, d, g, applied, t_apply, source) -> None:
         """Publish the tick as ``last`` (reusing the tick's arrays)."""
@@ -679,115 +523,6 @@ class Session:
             progress=progress if progress is not None else np.full(n, np.nan), t_request=t_request,
             t_handover=t_handover, paused=applied is None)
 
-    # ---- episodes --------------------------------------------------------------------------
-
-    def refresh_obs(self) -> bool:
-        """Sample the observation again just before a tick (live loops): over the bridge, the robot's state
-        now; for a simulator, frozen between ticks, the same state stamped now. The env's signals of the
-        last step stay. False when the env cannot observe without stepping (the last step's obs stays), or
-        when the robot cannot be reached: then it holds on its own heartbeat timeout, and so does the session."""
-        try:
-            got = self.env.observe()
-        except EnvError as exc:
-            if getattr(exc, "code", None) != "unreachable" or not self.running:
-                raise
-            if not self.robot_hold:
-                self._robot_held(str(exc), now_ns())
-            return False
-        if got is None:
-            return False
-        obs, info = got
-        self.obs = {k: np.array(v, copy=True) for k, v in obs.items()}
-        self.t_obs = np.asarray(info["t_obs"], np.int64).copy()
-        align = info.get("alignment_error_ms")
-        if align is not None:
-            self.t_obs_align_ms = np.asarray(align, np.float32).copy()
-        self._env_info = {**self._env_info, **{k: info[k] for k in ("estop", "sensor_loss") if k in info}}
-        return True
-
-    def _take_obs(self, obs, info, rows: np.ndarray) -> None:
-        self.obs = {k: np.array(v, copy=True) for k, v in obs.items()}
-        t = info.get("t_obs")
-        self.t_obs = np.asarray(t, np.int64).copy() if t is not None else np.full(self.n, now_ns(), np.int64)
-        align = info.get("alignment_error_ms")
-        self.t_obs_align_ms = None if align is None else np.asarray(align, np.float32).copy()
-        sig = info.get("signals") or {}
-        self.signals = {k: np.asarray(v, np.float64).copy() for k, v in sig.items()}
-        for v in self.signals.values():  # signals of an episode that just ended say nothing about the new one
-            v[rows] = np.nan
-        self.succeeding = np.asarray(info.get("success", np.zeros(self.n, bool)), bool).copy()
-        self.succeeding[rows] = False
-        self._env_info = info
-
-    def _begin(self, r: int, *, seed: int | None) -> None:
-        if self._started >= self._target:
-            self.eids[r] = None
-            return
-        self._apply_pending()
-        gate_config = {
-            **self.gates.describe(),
-            "policy_version": self.student.version,
-            "person_available": bool(self.person_available),
-            "thresholds_from": self.threshold_source,
-            "operator": {"kind": self.operator.kind, "name": self.operator.name},
-            "handover": self.machine.cfg.model_dump(mode="json"),
-            "safety": self.safety.config.model_dump(mode="json"),
-            **self.gate_config_extra,
-        }
-        if self.mode in ("student_only", "teleop"):
-            gate_config["session_mode"] = self.mode
-        mode = CollectionMode.EVAL if self.mode == "student_only" else CollectionMode.HUMAN_GATED
-        self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=seed, scene=self.scene,
-                          operator=self.operator.name, gate_config=gate_config, iteration=self.iteration,
-                          extra=dict(self.episode_extra))
-        self._started += 1
-        self.summary.episode_ids.append(self.eids[r])
-        self.acted[r] = 0
-        self.machine.reset([r])
-        self.gates.rearm([r], grace="reset", step=0)
-        self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})
-        if self.mode == "teleop":  # a person drives from the first step: one window over the episode
-            t = now_ns()
-            self.machine.start_in_control([r], step=0, t_ns=t, reason="teleop")
-            self._event(r, EventKind.HANDOVER_START, t, "teleop", self.operator.kind)
-
-    def _apply_pending(self) -> None:
-        """Operator, student and mode changes take effect at an episode begin while no other row is in one."""
-        if not self._pending or any(e is not None for e in self.eids):
-            return
-        p, self._pending = self._pending, {}
-        if "student" in p:
-            self.student = p["student"]
-            self._adopt_student_thresholds()
-        if "person" in p:
-            if self._person is not None and self._person is not p["person"] and self._person is not self.operator:
-                self._person.close()
-            self._person = p["person"]
-        mode = p.get("mode", self.mode)
-        if mode == "expert":
-            op = self.operator if self.operator.role == "expert" else ExpertOperator(self.expert, self.mapping, self.n)
-        elif mode == "student_only":
-            op = NoOperator(self.n, self.mapping, "student")
-        else:
-            op = self._person if self._person is not None else p.get("operator", self.operator)
-            if op.role != "human":
-                raise HgDaggerError(f"mode {mode!r} needs a person's device: choose one first")
-        if op is not self.operator and self.operator is not self._person and self.operator.kind == "device":
-            self.operator.close()
-        self.operator, self.mode = op, mode
-        self._gating = mode in ("human_gated", "expert")
-        cfg = self._waiting(self._base_handover, op)
-        if mode == "teleop":  # the person keeps control until the episode ends
-            cfg = cfg.model_copy(update={"return_on_release": False,
-                                         "auto_return": cfg.auto_return.model_copy(update={"enabled": False})})
-        m = self.machine
-        if cfg != m.cfg or m.operator != op.role or m.operator_name != op.name:
-            self.machine = HandoverMachine(cfg, num_envs=self.n, action_dim=m.a, step_dt=m.step_dt,
-                                           operator=op.role, operator_name=op.name)
-
-    def _waiting(self, cfg, operator):
-        """The handover config with ``wait: auto`` made concrete for this env and operator (resolve_wait)."""
-        return resolve_wait(cfg, world_clock=self._world_clock, num_envs=self.n, person=operator.kind == "device")
 
     def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None:
         """Each window as it closes becomes a WINDOW_CLOSED event: a run killed before the episode's commit still
@@ -809,20 +544,16 @@ class Session:
         self.writer.event(r, Event(kind=kind, step=int(self.ep_step[r]), t_ns=int(t_ns), reason=reason,
                                    source=source, values=values or {}))
 
-    def _episode_ends(self, stopped, term, trunc, success, active, result) -> None:
+    def _episode_ends(self, stopped, result: StepResult, active) -> None:
         """End finished episodes, reset their rows with fresh seeds and begin the next ones."""
-        info = result.info
+        term, trunc, success = result.terminated, result.truncated, result.success
         ended = (term | trunc | stopped) & active
         for r in np.flatnonzero(ended):
             r = int(r)
-            if stopped[r]:
-                reason = EndReason.SAFETY_STOP
-            elif term[r]:
-                reason = EndReason.SUCCESS if success[r] else EndReason.FAILURE
-            else:
-                reason = EndReason.TIMEOUT
+            reason = EndReason.SAFETY_STOP if stopped[r] else end_reason(bool(term[r]), bool(success[r]))
             self._end(r, reason, bool(success[r]))
-        new_episode = np.asarray(info.get("episode_start", term | trunc), bool)
+        new_episode = result.episode_start
+        info = {**result.info, "t_obs": result.t_obs, "success": result.success}  # what the next tick observes
         if self.safety.estopped:
             self._stop_all()
             self._take_obs(result.obs, info, new_episode)
@@ -830,126 +561,6 @@ class Session:
                 self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
             return
         self._restart([int(r) for r in np.flatnonzero(ended)], result.obs, info, new_episode)
-
-    def _restart(self, ended: list[int], obs, info, restarted: np.ndarray, *, wait: bool = True) -> None:
-        """Reset ended rows that start a new episode with a seed of their own (recorded for replay). With a pause
-        between episodes (``episode_gap_s``) or starts held, the rows are queued instead (``_start_due``)."""
-        n = self.n
-        begin = ended[: max(0, self._target - self._started - len(self._queued))]
-        if begin and wait and (self.starts_held or self.episode_gap_s > 0):
-            due = now_ns() + int(self.episode_gap_s * 1e9)
-            self._queued.update(dict.fromkeys(begin, due))
-            begin = []
-        obs_next, info_next = obs, info
-        restarted = restarted.copy()
-        if begin:
-            seeds = [self.seed + self._started + k for k in range(len(begin))]
-            obs_next, reset_info = self.env.reset(seed=seeds, env_ids=begin)
-            rows = np.zeros(n, bool)
-            rows[begin] = True
-            t_now = np.full(n, now_ns(), np.int64)
-            info_next = {**info, "t_obs": np.where(rows, reset_info.get("t_obs", t_now), info.get("t_obs", t_now))}
-            for key in ("estop", "sensor_loss"):  # the reset rows' fault flags are the reset's
-                if key in reset_info or key in info:
-                    info_next[key] = np.where(rows, fault_flags(reset_info, key, n), fault_flags(info, key, n))
-            if "alignment_error_ms" in reset_info:
-                info_next["alignment_error_ms"] = np.where(rows, reset_info["alignment_error_ms"],
-                                                           info.get("alignment_error_ms", reset_info["alignment_error_ms"]))
-            restarted |= rows
-        self._take_obs(obs_next, info_next, restarted)
-        self.safety.reset(np.flatnonzero(restarted))
-        for r in begin:
-            self._begin(r, seed=self.seed + self._started)
-
-    def _end_now(self, row: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None:
-        """An operator-driven end between ticks: end the row's episode, then begin the next as the env would (a
-        reset begins the next at once; other ends keep the pause between episodes)."""
-        if self.eids[row] is None:
-            raise HgDaggerError(f"no open episode in env row {row}")
-        self._end(row, reason, success, flags)
-        self._restart([row], self.obs, self._info_now(), np.zeros(self.n, bool), wait=reason != EndReason.ENV_RESET)
-
-    def _info_now(self) -> dict[str, Any]:
-        info = {**self._env_info, "t_obs": self.t_obs, "signals": self.signals}
-        if self.t_obs_align_ms is not None:
-            info["alignment_error_ms"] = self.t_obs_align_ms
-        return info
-
-    def _start_due(self) -> None:
-        """Begin the queued episodes whose pause is over (unless starts are held, or the run stopped)."""
-        if not self._queued or self.starts_held or self.summary.stopped_by or self.safety.estopped:
-            return
-        t = now_ns()
-        rows = sorted(r for r, due in self._queued.items() if due <= t)
-        for r in rows:
-            del self._queued[r]
-        if rows:
-            self._restart(rows, self.obs, self._info_now(), np.zeros(self.n, bool), wait=False)
-
-    def _stop_all(self, why: str = "estop") -> None:
-        """E-stop (or a robot hold nobody can resume): end every open episode as a safety stop, open no new ones."""
-        self.summary.stopped_by = why
-        self.summary.estops += int(why == "estop")
-        self._queued.clear()
-        for r in range(self.n):
-            if self.eids[r] is not None:
-                self._end(r, EndReason.SAFETY_STOP, False)
-        self._target = self._started
-
-    def _robot_held(self, message: str, t_ns: int) -> None:
-        """The robot holds (the link to it was lost): each open episode records it and stays open, and nothing
-        is stepped until a person calls ``resume``; a headless ``run`` ends instead."""
-        self.robot_hold = message
-        for r in range(self.n):
-            if self.eids[r] is not None:
-                self._event(r, EventKind.HEARTBEAT_LOSS, t_ns, message, "bridge",
-                            {"robot_state": "hold",
-                             "control_state": ControlState.from_code(int(self.machine.state[r])).value})
-
-    def _held_tick(self) -> None:
-        """A tick while the robot holds: nothing is stepped or recorded; the device's and the app's e-stops
-        still stop the run (and latch the robot's e-stop)."""
-        self.poll_idle()
-        if not self.safety.estopped:
-            return
-        t = now_ns()
-        for r in range(self.n):
-            if self.eids[r] is not None:
-                self._event(r, EventKind.ESTOP, t, self.safety.estop_reason or "estop", self.safety.estop_source or "",
-                            {"from_state": ControlState.from_code(int(self.machine.state[r])).value})
-        self._stop_all()
-        self.robot_hold = ""
-        if hasattr(self.env, "estop"):
-            try:
-                self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
-            except EnvError as exc:  # the link is still down: the robot holds on its heartbeat timeout meanwhile
-                log.warning("could not latch the robot's e-stop: %s", exc)
-
-    def _robot_refused(self, message: str, t_ns: int) -> None:
-        """The robot refused to move (its own e-stop or safe stop): an e-stop from the bridge."""
-        self.safety.request_estop("bridge", message)
-        for r in range(self.n):
-            if self.eids[r] is not None:
-                self._event(r, EventKind.ESTOP, t_ns, message, "bridge",
-                            {"from_state": ControlState.from_code(int(self.machine.state[r])).value})
-        self._stop_all()
-
-    def _end(self, r: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None:
-        eid = self.eids[r]
-        num = int(self.ep_step[r])
-        windows, outcome = self.machine.finish(r, episode_id=eid, num_steps=num, success=success, end_reason=reason)
-        self._window_events(None, num_steps=num)
-        self._request_events(self.machine.take_requests(), now_ns())
-        flags = list(flags or [])
-        if self.safety.estopped:
-            flags.append("estop")
-        self.writer.end(r, EpisodeEnd(end_reason=reason, task_success=success, recovery_outcome=outcome,
-                                      num_steps=num, quality_flags=flags), windows, self.operator.certify(eid, windows))
-        self.summary.episodes += 1
-        self.summary.successes += int(success)
-        self.summary.windows += len(windows)
-        self.ended_ids[r] = eid
-        self.operator.release(r)
 
     # ---- events ----------------------------------------------------------------------------
 

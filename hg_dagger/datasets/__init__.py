@@ -8,10 +8,10 @@ online-DAgger shard (LeRobot v2.1 layout, trainable labels only).
 Formats and columns: docs/datasets.md, "Exports".
 """
 
-from hg_dagger.datasets.export_lerobot import ExportSummary, export_lerobot
+from hg_dagger.datasets.export_lerobot import export_lerobot
 from hg_dagger.datasets.export_ods import export_ods, load_ods
 from hg_dagger.datasets.export_rlinf import export_rlinf
-from hg_dagger.datasets.source import ExportError, ExportItem, select
+from hg_dagger.datasets.source import ExportError, ExportItem, ExportSummary, select
 
 __all__ = ["ExportError", "ExportItem", "ExportSummary", "export_lerobot", "export_ods", "export_rlinf", "load_ods",
            "select"]

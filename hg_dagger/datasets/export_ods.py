@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.contract import SCHEMA_VERSION
-from hg_dagger.datasets.export_lerobot import ExportSummary
 from hg_dagger.datasets.source import (
     ExportError,
     ExportItem,
-    _info,
+    ExportSummary,
     abandon_output,
     common_fps,
+    episode_info,
     finish_output,
     obs_fields,
     read_episodes,
@@ -71,7 +71,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
     items = list(items)
     if not items:
         raise ExportError("nothing to export: no episodes were given")
-    infos = [_info(it) for it in items]  # fails before anything is written
+    infos = [episode_info(it) for it in items]  # fails before anything is written
     t_max = max(i.num_steps for i in infos)
     places = _places([i.num_steps for i in infos], t_max, ragged=layout == "ragged")
     n_rows = places[-1][0] + 1

@@ -22,11 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.contract import SCHEMA_VERSION, LabelTarget
-from hg_dagger.datasets.export_lerobot import ExportSummary, _encode_pngs, _pa, _Stats
+from hg_dagger.datasets.feature_stats import FeatureStats
+from hg_dagger.datasets.parquet import encode_pngs, pyarrow_modules
 from hg_dagger.datasets.source import (
     EpisodeData,
     ExportError,
     ExportItem,
+    ExportSummary,
     abandon_output,
     check_frames,
     common_fps,
@@ -48,7 +50,7 @@ def export_rlinf(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: fl
     """Write the trainable runs of the episodes of ``items`` (in that order) as one shard at ``out`` (a new or
     empty folder; RLinf looks for shards at ``<data_path>/rank_<r>/id_<n>``). Written into a temporary sibling and
     renamed into place at the end. An export without a single trainable step is an error."""
-    pa, pq = _pa()
+    pa, pq = pyarrow_modules()
     final, tmp = start_output(out)
     try:
         summary = _write(pa, pq, items, tmp, fps=fps, robot_type=robot_type, progress=progress)
@@ -104,13 +106,13 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
                             pa.array(np.ascontiguousarray(v).reshape(-1)), v.shape[1]))
                     else:
                         name = next(n for n, c in cams.items() if c == f.name)
-                        arrays.append(pa.array([{"bytes": b, "path": None} for b in _encode_pngs(ep.arrays[name][lo:hi])],
+                        arrays.append(pa.array([{"bytes": b, "path": None} for b in encode_pngs(ep.arrays[name][lo:hi])],
                                                type=f.type))
                 e = len(episodes)
                 path = root / DATA_PATH.format(episode_chunk=e // CHUNKS_SIZE, episode_index=e)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="snappy")
-                stats = _Stats()
+                stats = FeatureStats()
                 for col, v in cols.items():
                     stats.add(col, v)
                 for name, col in cams.items():

@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract import ActionSource, CollectionMode, LabelMask, RecoveryOutcome, TrainingBlock
-from hg_dagger.datasets.versions import USAGES, Manifest, _Stores, manifest_path, read_manifest, versions
+from hg_dagger.contract.enums import Usage
+from hg_dagger.datasets.manifest import USAGES, Manifest, read_manifest
+from hg_dagger.datasets.read import OpenStores
+from hg_dagger.datasets.repository import manifest_path, versions
 
 _HUMAN = ActionSource.HUMAN.code
 _CONTEXT = LabelMask.CONTEXT_ONLY.code
@@ -23,7 +26,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
-    opened = _Stores()
+    opened = OpenStores()
     by_ep: dict[str, list] = defaultdict(list)
     for s in manifest.samples:
         by_ep[s.key].append(s)
@@ -45,8 +48,8 @@ def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
         src = st.read_steps(e.episode_id, ["action_source"])["action_source"]
         n = len(src)
         human = int((src == _HUMAN).sum())
-        trainable = sum(b - a for s in samples if s.usage == "trainable" for a, b in s.runs)
-        trainable_human = sum(int((src[a:b] == _HUMAN).sum()) for s in samples if s.usage == "trainable"
+        trainable = sum(b - a for s in samples if s.usage == Usage.TRAINABLE for a, b in s.runs)
+        trainable_human = sum(int((src[a:b] == _HUMAN).sum()) for s in samples if s.usage == Usage.TRAINABLE
                               for a, b in s.runs)
         steps.update(total=n, human=human, context=int((layer.mask == _CONTEXT).sum()))
         if e.mode == CollectionMode.HUMAN_GATED.value:
@@ -54,7 +57,7 @@ def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
         labels.update(labels=sum(s.labels for s in samples if s.kind != "episode"), allowed=trainable,
                       human_allowed=trainable_human)
         for s in samples:
-            if s.usage != "trainable":
+            if s.usage != Usage.TRAINABLE:
                 for b in s.blocks:
                     labels[b] += s.labels
         if layer.windows and n:
@@ -85,7 +88,7 @@ def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
             break
         m = manifest if v == manifest.version else read_manifest(manifest_path(root, manifest.name, v))
         per_version.append({"version": f"v{v}", "samples": len(m.samples),
-                            "trainable": m.summary.get("usage", {}).get("trainable", 0),
+                            "trainable": m.summary.get("usage", {}).get(Usage.TRAINABLE, 0),
                             "trainable_steps": m.summary.get("trainable_steps", 0),
                             "added": m.summary.get("added", 0), "changed": m.summary.get("changed", 0)})
     return {

@@ -147,7 +147,7 @@ def read_groups(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = No
     n = 0
     row_bytes: dict[tuple[int, str], int] = {}
     for item in items:
-        info = _info(item)
+        info = episode_info(item)
         key = (id(item.store), info.segment_id)
         if key not in row_bytes:
             row_bytes[key] = _row_bytes(item.store, info)
@@ -162,7 +162,8 @@ def read_groups(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = No
         yield list(_read_group(group, obs_keys, allowed))
 
 
-def _info(item: ExportItem) -> EpisodeInfo:
+def episode_info(item: ExportItem) -> EpisodeInfo:
+    """The episode's info, or an ExportError naming the episode when its store cannot read it."""
     try:
         info = item.store.info(item.episode_id)
     except StoreError as exc:
@@ -369,3 +370,24 @@ def check_frames(episode_index: np.ndarray, frame_index: np.ndarray, index: np.n
         bad = int(np.flatnonzero(timestamp != want)[0])
         raise ContractError(f"{where}: episode {int(episode_index[bad])} timestamp {float(timestamp[bad])!r} != "
                             f"frame_index / fps at row {bad}")
+
+
+@dataclass
+class ExportSummary:
+    """What an export wrote."""
+
+    out: str
+    format: str
+    episodes: int
+    frames: int
+    tasks: int
+    fps: float
+    files: int
+    trainable_frames: int = 0
+    bytes: int = 0
+    columns: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{self.format} export: {self.episodes} episodes, {self.frames} frames ({self.trainable_frames} "
+                f"trainable), {self.tasks} task(s), fps {self.fps:g}, {self.files} files, "
+                f"{self.bytes / 1e6:.1f} MB -> {self.out}")

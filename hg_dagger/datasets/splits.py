@@ -23,12 +23,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from hg_dagger.contract.enums import HELD_OUT_SPLITS, Split
+from hg_dagger.contract.model import FrozenModel
 from hg_dagger.errors import ConfigError, HgDaggerError
 
-SPLITS = ("train", "val", "test", "holdout")
-HELD_OUT = ("val", "test", "holdout")
+SPLITS = tuple(s.value for s in Split if s is not Split.UNASSIGNED)  # what a split rule assigns
+HELD_OUT = tuple(s.value for s in HELD_OUT_SPLITS)
 Dimension = Literal["task", "scene", "object", "operator", "day"]
 
 
@@ -36,10 +38,8 @@ class SplitError(HgDaggerError):
     """A split config that cannot be satisfied by the episodes at hand, or a leak between splits."""
 
 
-class Period(BaseModel):
+class Period(FrozenModel):
     """Recording days ``[start, end)`` (UTC, the day a segment was recorded); an open side is unbounded."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     start: _dt.date | None = None
     end: _dt.date | None = None
@@ -51,12 +51,10 @@ class Period(BaseModel):
         return (self.start is None or d >= self.start) and (self.end is None or d < self.end)
 
 
-class Holdout(BaseModel):
+class Holdout(FrozenModel):
     """Episodes matching any entry go to the ``holdout`` split, with their whole group; none may train.
     ``operators`` is the unseen-operator holdout, ``failure_modes`` (gate reasons of windows) the
     unseen-failure-mode one."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks: tuple[str, ...] = ()
     scenes: tuple[str, ...] = ()
@@ -70,10 +68,8 @@ class Holdout(BaseModel):
         return not (self.tasks or self.scenes or self.objects or self.operators or self.failure_modes or self.period)
 
 
-class SplitConfig(BaseModel):
+class SplitConfig(FrozenModel):
     """How a dataset's episodes are split. Fixed for a dataset name: every version uses its first's."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     val_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="share of groups in val")
     test_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="share of groups in test")
@@ -197,7 +193,7 @@ def assign_splits(items: Iterable[SplitItem], config: SplitConfig,
             (split, via), = old.items()
             for k in new:
                 held = holdout_match(item_by_key[k], config.holdout)
-                if held and split != "holdout":
+                if held and split != Split.HOLDOUT:
                     raise SplitError(f"episode {_eid(k, item_by_key)} ({held}) must be held out, but its group is "
                                      f"already in {split} through episode {_eid(via, item_by_key)}")
                 out[k] = Assignment(split, f"group of {_eid(via, item_by_key)} (in {split} since an earlier version)")
@@ -205,7 +201,7 @@ def assign_splits(items: Iterable[SplitItem], config: SplitConfig,
         reason = next((r for r in (holdout_match(item_by_key[k], config.holdout) for k in sorted(new)) if r), None)
         if reason:
             for k in new:
-                out[k] = Assignment("holdout", reason)
+                out[k] = Assignment(Split.HOLDOUT.value, reason)
             continue
         recorded = sorted({item_by_key[k].recorded for k in new} & set(HELD_OUT)) if config.keep_recorded else []
         if recorded:
@@ -247,8 +243,8 @@ def _split_by_hash(fresh, members, config: SplitConfig, out: dict[str, Assignmen
     what = f"group ({', '.join(config.isolate)})" if config.isolate else "episode"
     chosen: dict[str, str] = {}
     for h, root in sorted(fresh):
-        chosen[root] = "val" if h < v else "test" if h < v + t else "train"
-    wanted = ["train"] + [s for s, f in (("val", v), ("test", t)) if f > 0]
+        chosen[root] = (Split.VAL if h < v else Split.TEST if h < v + t else Split.TRAIN).value
+    wanted = [Split.TRAIN.value] + [s.value for s, f in ((Split.VAL, v), (Split.TEST, t)) if f > 0]
     old = {a.split for a in inherited.values()}
     if fresh:
         for s in wanted:
@@ -266,7 +262,7 @@ def _split_by_hash(fresh, members, config: SplitConfig, out: dict[str, Assignmen
                                  "episodes or isolate fewer dimensions")
             chosen[donor] = s
     for root, split in chosen.items():
-        why = f"hash of the {what}" + ("" if split == "train" else f" ({split} share)")
+        why = f"hash of the {what}" + ("" if split == Split.TRAIN else f" ({split} share)")
         for k in members[root]:
             if k not in inherited:
                 out[k] = Assignment(split, why)
@@ -301,11 +297,11 @@ def leaks(placed: Iterable[Placed], config: SplitConfig, earlier: Mapping[str, t
             out.append(f"episode {p.episode.episode_id}: in split {seen.split} (sample {seen.sample_id}) and split "
                        f"{p.split} (sample {p.sample_id})")
         episodes.setdefault(k, p)
-        if p.trainable and p.split != "train":
+        if p.trainable and p.split != Split.TRAIN:
             out.append(f"episode {p.episode.episode_id}: sample {p.sample_id} is trainable in split {p.split}; "
                        "held-out samples never train")
         held = holdout_match(p.episode, config.holdout)
-        if held and p.split != "holdout":
+        if held and p.split != Split.HOLDOUT:
             out.append(f"episode {p.episode.episode_id}: {held} is in split {p.split}, must be in split holdout")
         for dim in config.isolate:
             for v in p.episode.values(dim):

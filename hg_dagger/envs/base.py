@@ -8,7 +8,7 @@ same mapping (hg_dagger.envs.mapping).
 
 Auto-reset is explicit. When row i finishes inside step(), step() resets it and returns the fresh
 episode's first observation in ``obs[i]``; the observation that ended the episode is in
-``info["final_obs"][key][i]`` and ``info["episode_start"][i]`` is True. So the pre-action
+``final_obs[key][i]`` of the StepResult and its ``episode_start[i]`` is True. So the pre-action
 observation of every stored step is always ``obs`` from the previous call, for that row.
 """
 
@@ -28,21 +28,25 @@ Obs = dict[str, np.ndarray]
 
 @dataclass
 class StepResult:
+    """One step of every row. What every backend must report is a typed field; ``info`` holds the optional rest:
+    "alignment_error_ms" float32 [N], "transport_ns" int64 [N], "signals" dict of [N] arrays, and the robot
+    faults "estop" (the robot is e-stopped or refuses motion for that row) and "sensor_loss" (that row's
+    observation is stale or missing), bool [N], absent meaning all False (also in reset info)."""
+
     obs: Obs  # [N, ...] per key; rows that auto-reset hold the new episode's first obs
     reward: np.ndarray  # float32 [N]
     terminated: np.ndarray  # bool [N]
     truncated: np.ndarray  # bool [N]
+    success: np.ndarray  # bool [N] task success after this step (of the episode that just stepped)
+    final_obs: Obs  # the obs that ended the episode, valid in rows where terminated | truncated
+    episode_start: np.ndarray  # bool [N] the row was auto-reset: obs[i] starts a new episode
+    t_obs: np.ndarray  # int64 [N] when obs was sampled (monotonic ns, our clock)
+    t_action_apply: np.ndarray  # int64 [N] when the action was applied (monotonic ns, our clock)
     info: dict[str, Any] = field(default_factory=dict)
-    # info keys every backend fills:
-    #   "success": bool [N]          task success after this step (of the episode that just stepped)
-    #   "final_obs": Obs             obs that ended the episode, valid in rows where terminated|truncated
-    #   "episode_start": bool [N]    row was auto-reset: obs[i] starts a new episode
-    #   "t_obs": int64 [N]           when obs was sampled (monotonic ns, our clock)
-    #   "t_action_apply": int64 [N]  when the action was applied (monotonic ns, our clock)
-    # optional: "alignment_error_ms": float32 [N], "transport_ns": int64 [N], "signals": dict
-    # robot faults (step and reset info; absent means all False):
-    #   "estop": bool [N]            the robot is e-stopped or refuses motion for that row
-    #   "sensor_loss": bool [N]      that row's observation is stale (its timestamp did not advance) or missing
+
+    @property
+    def ended(self) -> np.ndarray:
+        return self.terminated | self.truncated
 
 
 class VecEnv(ABC):

@@ -16,7 +16,6 @@ from hg_dagger.envs import make_env
 from hg_dagger.envs.base import StepResult, VecEnv
 from hg_dagger.errors import EnvError
 
-INFO_KEYS = ("success", "final_obs", "episode_start", "t_obs", "t_action_apply")
 FAULT_KEYS = ("estop", "sensor_loss")  # optional; when present, bool [N]
 VIEW_SIZE = 64
 
@@ -29,19 +28,16 @@ def _expect(cond: bool, what: str, task: str) -> None:
 def _check_step(env: VecEnv, res: StepResult, label: str) -> None:
     n, t = env.num_envs, env.task_id
     env.mapping.check_obs(res.obs, num_envs=n, where=f"check-env {t} ({label})")
-    for name, arr, dtype in (("reward", res.reward, np.float32), ("terminated", res.terminated, bool), ("truncated", res.truncated, bool)):
+    typed = (("reward", res.reward, np.float32), ("terminated", res.terminated, bool), ("truncated", res.truncated, bool),
+             ("success", res.success, bool), ("episode_start", res.episode_start, bool),
+             ("t_obs", res.t_obs, np.int64), ("t_action_apply", res.t_action_apply, np.int64))
+    for name, arr, dtype in typed:
         _expect(isinstance(arr, np.ndarray) and arr.shape == (n,) and arr.dtype == dtype, f"{label}: {name} must be {np.dtype(dtype)}[{n}], got {getattr(arr, 'dtype', type(arr))}{list(getattr(arr, 'shape', []))}", t)
-    missing = [k for k in INFO_KEYS if k not in res.info]
-    _expect(not missing, f"{label}: info lacks {missing}", t)
-    for k in ("success", "episode_start"):
-        _expect(res.info[k].shape == (n,) and res.info[k].dtype == bool, f"{label}: info[{k!r}] must be bool[{n}]", t)
-    for k in ("t_obs", "t_action_apply"):
-        _expect(res.info[k].shape == (n,) and res.info[k].dtype == np.int64, f"{label}: info[{k!r}] must be int64[{n}]", t)
     for k in FAULT_KEYS:
         if k in res.info:
             v = np.asarray(res.info[k])
             _expect(v.shape == (n,) and v.dtype == bool, f"{label}: info[{k!r}] must be bool[{n}]", t)
-    env.mapping.check_obs(res.info["final_obs"], num_envs=n, where=f"check-env {t} ({label}) final_obs")
+    env.mapping.check_obs(res.final_obs, num_envs=n, where=f"check-env {t} ({label}) final_obs")
     for k, v in res.info.get("signals", {}).items():
         _expect(np.asarray(v).shape == (n,), f"{label}: signal {k!r} must have shape ({n},)", t)
     flat = env.mapping.flatten_obs(res.obs)
@@ -105,11 +101,11 @@ def _check_auto_reset(task: str, *, seed: int, log: Callable[[str], None]) -> No
     with make_env(mapping, num_envs=1, seed=seed) as env:
         zero = mapping.clip_raw(np.zeros((1, mapping.action_dim), np.float32))
         first = env.step(zero)
-        _expect(not first.info["episode_start"][0] and not first.truncated[0], "an episode ended before its horizon", task)
+        _expect(not first.episode_start[0] and not first.truncated[0], "an episode ended before its horizon", task)
         last = env.step(zero)
         _expect(bool(last.truncated[0] or last.terminated[0]), "the episode did not end at its horizon", task)
-        _expect(bool(last.info["episode_start"][0]), "an auto-reset row is not marked episode_start", task)
+        _expect(bool(last.episode_start[0]), "an auto-reset row is not marked episode_start", task)
         _check_step(env, last, "auto-reset")
-        fresh = any(not np.array_equal(last.obs[k], last.info["final_obs"][k]) for k in last.obs)
+        fresh = any(not np.array_equal(last.obs[k], last.final_obs[k]) for k in last.obs)
         _expect(fresh, "after auto-reset the row still holds the final observation", task)
     log("auto-reset: final_obs delivered, fresh row marked episode_start")

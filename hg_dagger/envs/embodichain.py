@@ -152,15 +152,11 @@ class EmbodiChainEnv(VecEnv):
             obs = self._to_numpy(fresh)
             t_obs[rows] = now_ns()
         success = info.get("success", None) if hasattr(info, "get") else None
-        info_out = {
-            "success": self._np(success, bool) if success is not None else np.zeros(self.num_envs, bool),
-            "final_obs": final_obs,
-            "episode_start": done,
-            "t_obs": t_obs,
-            "t_action_apply": np.full(self.num_envs, t_apply, dtype=np.int64),
-        }
         self._last_obs = obs
-        return StepResult(obs, self._np(reward, np.float32), terminated, truncated, info_out)
+        return StepResult(obs, self._np(reward, np.float32), terminated, truncated,
+                          success=self._np(success, bool) if success is not None else np.zeros(self.num_envs, bool),
+                          final_obs=final_obs, episode_start=done, t_obs=t_obs,
+                          t_action_apply=np.full(self.num_envs, t_apply, dtype=np.int64))
 
     def close(self) -> None:
         env, self.env = getattr(self, "env", None), None
@@ -204,10 +200,9 @@ class LearningVecEnvAdapter:
         a = action.detach().cpu().numpy() if hasattr(action, "detach") else np.asarray(action)
         a = self.env.check_action(a)  # refuse NaN/shape before converting
         res = self.env.step(self.mapping.policy_to_raw(a))
-        info = dict(res.info)
-        info["final_obs"] = self._t(self.mapping.flatten_obs(res.info["final_obs"]))
-        for key in ("success", "episode_start"):
-            info[key] = self._t(res.info[key])
+        info = {**res.info, "final_obs": self._t(self.mapping.flatten_obs(res.final_obs)),
+                "success": self._t(res.success), "episode_start": self._t(res.episode_start),
+                "t_obs": res.t_obs, "t_action_apply": res.t_action_apply}
         return (
             self._t(self.mapping.flatten_obs(res.obs)),
             self._t(res.reward),

@@ -16,22 +16,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hg_dagger import config
 from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
 from hg_dagger.contract.enums import ActionAlignment
+from hg_dagger.contract.model import FrozenModel
 from hg_dagger.errors import ConfigError, EnvError
 
 TASKS_DIR = config.CONFIG_DIR / "tasks"
 BACKENDS = ("toy", "fetch", "metaworld", "embodichain")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Normalize(_Strict):
+class Normalize(FrozenModel):
     """Flattened value v becomes (v - mean) / std before a policy sees it."""
 
     mean: list[float]
@@ -45,7 +42,7 @@ class Normalize(_Strict):
         return v
 
 
-class ObsKey(_Strict):
+class ObsKey(FrozenModel):
     """One observation key as the env delivers it (per row, without the batch dim)."""
 
     name: str = Field(min_length=1)
@@ -92,7 +89,7 @@ class ObsKey(_Strict):
         return self
 
 
-class Affine(_Strict):
+class Affine(FrozenModel):
     """raw = offset + scale * x, per raw dimension (a single value broadcasts)."""
 
     scale: list[float] = Field(default_factory=lambda: [1.0])
@@ -106,7 +103,7 @@ class Affine(_Strict):
         return v
 
 
-class RawAction(_Strict):
+class RawAction(FrozenModel):
     """The canonical raw action space: what env.step takes and what is stored as applied_action."""
 
     names: list[str] = Field(min_length=1)  # one per dim; for joint actions in joint order
@@ -139,7 +136,7 @@ class ExpertAction(Affine):
     """How a planner/expert's native output maps to raw (identity if it already speaks raw)."""
 
 
-class HumanAction(_Strict):
+class HumanAction(FrozenModel):
     """HumanCommand.motion (x, y, z, roll, pitch, yaw, gripper in [-1, 1]) -> raw action.
 
     raw[i] = offset[i] + scale[i] * motion[axes[i]]; an axis of null leaves raw[i] at offset[i].
@@ -161,7 +158,7 @@ class HumanAction(_Strict):
         return v
 
 
-class ReplayTolerance(_Strict):
+class ReplayTolerance(FrozenModel):
     """How closely a replayed episode must reproduce its stored observations (``hg-dagger replay``).
 
     Not part of the mapping's hash or episode metadata: a tolerance judges recorded data, it does not change it."""
@@ -172,14 +169,14 @@ class ReplayTolerance(_Strict):
     keys: dict[str, float] = Field(default_factory=dict)  # per observation key absolute tolerance overrides
 
 
-class Joints(_Strict):
+class Joints(FrozenModel):
     """Joint ordering of a joint-space observation key."""
 
     names: list[str] = Field(min_length=1)
     obs_key: str | None = None  # observation key whose last dim is ordered like names
 
 
-class ExportNames(_Strict):
+class ExportNames(FrozenModel):
     """How exports name the observation for other trainers: the state the policy sees (every flattened key, in
     flatten order) goes out as one vector with a name per dimension, and the goal keys as the environment state
     (LeRobot's ``observation.state`` / ``observation.environment_state``)."""
@@ -188,7 +185,7 @@ class ExportNames(_Strict):
     names: dict[str, list[str]] = Field(default_factory=dict)  # per-dimension names of a key (default: key_0 ...)
 
 
-class TaskMapping(_Strict):
+class TaskMapping(FrozenModel):
     """One task: backend, timing, observation layout and the action conversions (see docs/envs.md)."""
 
     task_id: str = Field(pattern=r"^[a-z0-9_]+$")

@@ -478,15 +478,8 @@ class MujocoRowsEnv(VecEnv):
             self._t[rows] = 0
             self._reset_signals(rows)
         self._last_obs = obs
-        info = {
-            "success": success,
-            "final_obs": final_obs,
-            "episode_start": done,
-            "t_obs": t_obs,
-            "t_action_apply": t_apply,
-            "signals": signals,
-        }
-        return StepResult(obs, reward, terminated, truncated, info)
+        return StepResult(obs, reward, terminated, truncated, success=success, final_obs=final_obs, episode_start=done,
+                          t_obs=t_obs, t_action_apply=t_apply, info={"signals": signals})
 
     def hold(self) -> None:
         """Hold position in every row (``pin_arm``): the hand's mocap target goes where the hand is (corrected

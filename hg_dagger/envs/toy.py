@@ -183,12 +183,6 @@ class ToyReachEnv(VecEnv):
             self._sample(rows, [None] * len(rows))
             obs = self._obs()
         n = self.num_envs
-        info = {
-            "success": success,
-            "final_obs": final_obs,
-            "episode_start": done,
-            "t_obs": np.full(n, now_ns(), dtype=np.int64),
-            "t_action_apply": np.full(n, t_apply, dtype=np.int64),
-            "signals": {"progress": -dist},
-        }
-        return StepResult(obs, (-dist).astype(np.float32), terminated, truncated, info)
+        return StepResult(obs, (-dist).astype(np.float32), terminated, truncated, success=success,
+                          final_obs=final_obs, episode_start=done, t_obs=np.full(n, now_ns(), dtype=np.int64),
+                          t_action_apply=np.full(n, t_apply, dtype=np.int64), info={"signals": {"progress": -dist}})

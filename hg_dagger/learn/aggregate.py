@@ -17,19 +17,17 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from hg_dagger.contract import Split, TrainingRule
+from hg_dagger.contract.enums import HELD_OUT_SPLITS
+from hg_dagger.contract.model import StrictModel
 from hg_dagger.errors import ContractError
 from hg_dagger.store.trainable import EpisodeLabels
 
-HELD_OUT_SPLITS = (Split.VAL, Split.TEST, Split.HOLDOUT)
 
-
-class ReplayConfig(BaseModel):
+class ReplayConfig(StrictModel):
     """How labels aggregate across iterations and how batches are drawn."""
-
-    model_config = ConfigDict(extra="forbid")
 
     capacity: int | None = Field(default=None, gt=0, description="max trainable rows held; whole episodes are evicted")
     retention: Literal["fifo", "random"] = "fifo"  # which episodes leave first when over capacity

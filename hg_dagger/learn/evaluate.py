@@ -1,6 +1,7 @@
 """Student-only evaluation: closed-loop rollouts and offline action prediction on held-out windows.
 
-Closed-loop evaluation builds nothing but the env and the student: no expert, no device, no gate.
+Closed-loop evaluation builds nothing but the env, the student and the task's safety monitor (the rollout
+engine, control.engine, student-only): no expert, no device, no gate, no operator.
 Seeds are fixed, so two evaluations of one policy see the same initial states.
 
 Definitions (docs/learning.md): an episode succeeds when the task's success condition holds at its
@@ -18,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from tqdm import tqdm
 
 from hg_dagger.contract import LabelMask
+from hg_dagger.contract.model import StrictModel
 
 
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EvalConfig(StrictModel):
     episodes: int = Field(default=20, gt=0)
     num_envs: int = Field(default=10, gt=0)
     seed: int = 100_000  # far from collection seeds: evaluation states are not training states
@@ -34,88 +34,31 @@ class EvalConfig(BaseModel):
 
 
 def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, trace: list | None = None,
-                seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """Roll the student alone in ``env`` until ``config.episodes`` episodes finished.
+                seeds: Sequence[int] | None = None, safety=None) -> dict[str, Any]:
+    """Roll the student alone in ``env`` (the rollout engine, student-only) until ``config.episodes`` episodes
+    finished, its actions through the task's safety monitor as in a session (``safety``: a SafetyConfig).
 
     Episode k starts from a reset with seed ``config.seed + k`` (or ``seeds[k]``, an executor's share), in
     whichever row is free: its result does not depend on how episodes are spread over rows or workers.
-    ``trace`` (a list), when given, receives (obs, action) of every step, for audits and tests.
+    ``trace`` (a list), when given, receives (obs, applied action) of every step, for audits and tests.
     """
-    n = env.num_envs
+    from hg_dagger.control.engine import Engine, EpisodeRows, EvalStats, StudentOnly, Trace, task_safety
+    from hg_dagger.control.safety import SafetyMonitor
+
     seeds = [int(s) for s in seeds] if seeds is not None else [config.seed + k for k in range(config.episodes)]
-    want = len(seeds)
-    started = min(n, want)
-    # rows past the episodes wanted idle from seeds of their own (never recorded)
-    obs, info = env.reset(seed=[seeds[i] if i < started else seeds[-1] + 1 + i for i in range(n)])
-    max_steps = config.max_steps or env.mapping.horizon
-    index = [i if i < started else None for i in range(n)]
-    running = np.arange(n) < started
-    t = np.zeros(n, dtype=np.int64)
-    progress_hist: list[list[float]] = [[] for _ in range(n)]
-    scene = [None] * n
-    initial = np.full(n, np.nan)
-    episodes: list[dict[str, Any]] = []
-
-    def start_row(i, info_now):
-        t[i] = 0
-        progress_hist[i] = []
-        sid = info_now.get("scene_id")
-        scene[i] = None if sid is None else str(np.asarray(sid)[i])
-
-    for i in range(n):
-        start_row(i, info)
-    bar = tqdm(total=want, desc="eval", disable=not progress, leave=False)
-    steps = 0
-    while len(episodes) < want:
-        out = student.act(obs)
-        action = env.mapping.clip_raw(out.action)
-        if trace is not None:
-            trace.append(({k: v.copy() for k, v in obs.items()}, action.copy()))
-        res = env.step(action)
-        steps += 1
-        t += 1
-        prog = res.info.get("signals", {}).get("progress")
-        if prog is not None:
-            for i in np.flatnonzero(running):
-                if not progress_hist[i]:
-                    initial[i] = float(prog[i])
-                progress_hist[i].append(float(prog[i]))
-        done = res.terminated | res.truncated | (t >= max_steps)
-        for i in np.flatnonzero(done & running):
-            success = bool(res.info["success"][i])
-            hist = progress_hist[i]
-            first_fail = None
-            if not success:
-                first_fail = int(np.argmax(hist)) + 1 if hist else int(t[i])
-            episodes.append({"index": index[i], "seed": seeds[index[i]], "success": success, "length": int(t[i]),
-                             "first_failure_step": first_fail, "scene": scene[i],
-                             "initial_progress": float(initial[i]) if hist else None, "return": None})
-            bar.update(1)
-            running[i] = started < want
-            index[i] = started if running[i] else None
-            started += int(running[i])
-        # the next episode in a row starts from its own seeded reset (an env's auto-reset draws an unrecorded
-        # seed); an idle row stopped early by max_steps is reset unseeded
-        again = np.flatnonzero(done & running)
-        idle = np.flatnonzero(done & ~running & ~(res.terminated | res.truncated))
-        info_now = res.info
-        for rows, seed in ((again, [seeds[index[i]] for i in again]), (idle, None)):
-            if len(rows):
-                new_obs, new_info = env.reset(seed=seed, env_ids=rows)
-                mask = np.zeros(n, dtype=bool)
-                mask[rows] = True
-                res.obs = {k: np.where(_rows_mask(mask, v), new_obs[k], res.obs[k]) for k, v in res.obs.items()}
-                if seed is not None:
-                    info_now = new_info
-        for i in np.flatnonzero(done):
-            start_row(i, info_now if i in again else res.info)
-        obs = res.obs
-    bar.close()
-    return summarize(sorted(episodes, key=lambda e: e["index"]), steps=steps)
-
-
-def _rows_mask(rows: np.ndarray, like: np.ndarray) -> np.ndarray:
-    return rows.reshape((-1,) + (1,) * (like.ndim - 1))
+    stats = EvalStats(env.num_envs, seeds)
+    bar = tqdm(total=len(seeds), desc="eval", disable=not progress, leave=False)
+    stats.on_episode = lambda: bar.update(1)
+    monitor = SafetyMonitor(safety if safety is not None else task_safety(env.mapping.task_id),
+                            num_envs=env.num_envs, action_dim=env.mapping.action_dim)
+    sinks = [stats] if trace is None else [stats, Trace(trace)]
+    rows = EpisodeRows(env.num_envs, seeds=seeds, limit=config.max_steps or env.mapping.horizon)
+    engine = Engine(env, student, StudentOnly(), monitor, rows=rows, sinks=sinks)
+    try:
+        engine.run(episodes=len(seeds))
+    finally:
+        bar.close()
+    return summarize(sorted(stats.episodes, key=lambda e: e["index"]), steps=engine.ticks)
 
 
 def summarize(episodes: list[dict[str, Any]], *, steps: int = 0) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hg_dagger.contract.enums import CollectionMode
+
 
 def _duration(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
@@ -91,7 +93,7 @@ class RoundReporter:
         train = row.get("train") or {}
         loss = train.get("loss_last")
         parts = [f"round {it + 1}/{self.iterations}"]
-        if row.get("mode") != "human_gated":
+        if row.get("mode") != CollectionMode.HUMAN_GATED:
             parts.append(f"beta {row.get('beta', float('nan')):.3f}")
         parts += [
             f"labels {int((row.get('replay') or {}).get('labels', 0)):,}",

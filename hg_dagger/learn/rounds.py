@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hg_dagger.contract.enums import CollectionMode
+
 log = logging.getLogger(__name__)
 
 Report = Callable[[str, float], None]  # (stage text, fraction 0..1 of that stage)
@@ -28,8 +30,24 @@ Report = Callable[[str, float], None]  # (stage text, fraction 0..1 of that stag
 
 @dataclass(frozen=True)
 class Progress:
+    """A message from the job's process: how far its current stage is."""
+
     stage: str
     fraction: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The job's last message when it succeeded: what ``fn`` returned."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The job's last message when it raised: one line for our errors, else the traceback."""
+
+    message: str
 
 
 class BackgroundJob:
@@ -50,16 +68,16 @@ class BackgroundJob:
         out = []
         while True:
             try:
-                kind, payload = self._q.get_nowait()
+                msg = self._q.get_nowait()
             except queue.Empty:
                 break
-            if kind == "progress":
-                self.last = Progress(*payload)
-                out.append(self.last)
-            elif kind == "result":
-                self.result, self.done = payload, True
-            elif kind == "error":
-                self.error, self.done = payload, True
+            if isinstance(msg, Progress):
+                self.last = msg
+                out.append(msg)
+            elif isinstance(msg, Finished):
+                self.result, self.done = msg.result, True
+            elif isinstance(msg, Failed):
+                self.error, self.done = msg.message, True
         if not self.done and not self._proc.is_alive() and self._q.empty():
             self._proc.join(1)
             self.done = True
@@ -86,15 +104,15 @@ class BackgroundJob:
 
 def _child(fn, kwargs, q) -> None:
     def report(stage: str, fraction: float) -> None:
-        q.put(("progress", (stage, float(fraction))))
+        q.put(Progress(stage, float(fraction)))
 
     try:
-        q.put(("result", fn(report=report, **kwargs)))
+        q.put(Finished(fn(report=report, **kwargs)))
     except Exception as exc:  # noqa: BLE001 - sent to the parent as text
         from hg_dagger.errors import HgDaggerError
 
         msg = str(exc) if isinstance(exc, HgDaggerError) else f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        q.put(("error", msg))
+        q.put(Failed(msg))
 
 
 def _stepper(report: Report, stage: str) -> Callable[[int, int], None]:
@@ -131,75 +149,6 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
             "gate_calibration": result["gate_calibration"], "calibration": []}
 
 
-def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | None = None) -> dict[str, Any]:
-    """Calibrate the confidence gate for a freshly trained student and store the thresholds in its checkpoint,
-    so every session with this student starts from them (policy.checkpoint). The samples are the student's
-    uncertainty on the store's autonomous states (``autonomous_uncertainty``); the rule and rate are the task's
-    gate config's (the run config's ``gates``, else configs/gates/<task>.yaml). Returns what was stored and a
-    one-line message; with too few samples, or samples that cannot set a gate, nothing is stored and a session
-    falls back to its own start-up calibration."""
-    from hg_dagger.control.gates import CalibrationRefused, quantile_thresholds
-    from hg_dagger.control.run_config import load_gate_config, load_run_config
-    from hg_dagger.policy.checkpoint import store_gate_thresholds
-
-    ref = gates if gates is not None else load_run_config(None, task).gates
-    conf = next((g for g in load_gate_config(ref, task).gates if g.type == "confidence" and g.enabled), None)
-    if conf is None or conf.calibration is None:
-        return {"thresholds": None, "message": f"task {task}: no calibrated confidence gate; nothing to store"}
-    unc = autonomous_uncertainty(store, checkpoint, task)
-    if len(unc) < conf.calibration.min_samples:
-        return {"thresholds": None, "message": f"confidence gate not calibrated: {len(unc)} samples, "
-                f"{conf.calibration.min_samples} needed"}
-    try:
-        thr = quantile_thresholds(unc, conf.calibration)
-    except CalibrationRefused as exc:
-        return {"thresholds": None, "message": f"confidence gate not calibrated: {exc}"}
-    thresholds = {"confidence": thr}
-    store_gate_thresholds(checkpoint, thresholds)
-    return {"thresholds": thresholds, "message": f"confidence gate calibrated for the student: warn {thr['warn']:.3g}, "
-            f"trigger {thr['trigger']:.3g} (uncertainty p50 {thr['uncertainty']['p50']:.3g}, "
-            f"p90 {thr['uncertainty']['p90']:.3g}, max {thr['uncertainty']['max']:.3g})"}
-
-
-def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps: int = 5000,
-                           min_steps: int = 500) -> list[float]:
-    """The student's uncertainty on the newest states where a policy acted on its own (human-gated
-    episodes, action_source policy): the samples the confidence gate's quantile rule needs. With fewer
-    than ``min_steps`` of those (an early round), the other recorded states of the task fill up."""
-    import numpy as np
-
-    from hg_dagger.contract import ActionSource, CollectionMode
-    from hg_dagger.envs import load_mapping
-    from hg_dagger.policy import Student
-    from hg_dagger.store import EpisodeStore
-    from hg_dagger.store.trainable import flatten_td
-
-    mapping = load_mapping(task)
-    student = Student.load(checkpoint, mapping)
-    st = EpisodeStore.open(store, mode="r")
-    keys = list(mapping.obs_spec())
-    out: list[np.ndarray] = []
-    n = 0
-    infos = [i for i in st.episodes() if i.complete and i.start.task.task_id == task
-             and i.start.mode != CollectionMode.EVAL]
-    gated = [i for i in infos if i.start.mode == CollectionMode.HUMAN_GATED]
-    for policy_only in (True, False):
-        for info in reversed(gated if policy_only else infos):
-            flat = flatten_td(st.load(info.episode_id, fields=[f"obs/{k}" for k in keys] + ["action_source"]))
-            src = flat["action_source"]
-            rows = src == ActionSource.POLICY.code if policy_only else src != ActionSource.POLICY.code
-            if not rows.any():
-                continue
-            u = student.act({k: flat[f"obs/{k}"][rows] for k in keys}).uncertainty
-            out.append(np.asarray(u, np.float32))
-            n += int(rows.sum())
-            if n >= max_steps:
-                break
-        if n >= min_steps:
-            break
-    return [float(x) for x in np.concatenate(out)[:max_steps]] if out else []
-
-
 def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, steps: int = 600, seed: int = 0,
                       report: Report) -> dict[str, Any]:
     """A first student: ``demos`` planner demonstrations recorded into ``store`` (expert_demo, BC-only),
@@ -227,7 +176,7 @@ def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, st
     with make_env(mapping, num_envs=min(4, demos), seed=seed) as env:
         rec = st.recorder()
         try:
-            collector = Collector(env, expert, rec, mode="expert_demo", seed=seed, certify=True)
+            collector = Collector(env, expert, rec, mode=CollectionMode.EXPERT_DEMO.value, seed=seed, certify=True)
             collector.set_policy(Student.create(mapping, seed=seed), iteration=0, beta=1.0)
             collector.run(episodes=demos, reset_seed=seed, on_episode=on_episode)
         finally:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from hg_dagger.contract.model import StrictModel
 
 
-class BetaSchedule(BaseModel):
+class BetaSchedule(StrictModel):
     """constant: beta0 always; exponential: beta0 * decay**i; linear: beta0 -> beta_min over ``steps`` iterations."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["constant", "exponential", "linear"] = "exponential"
     beta0: float = Field(default=1.0, ge=0.0, le=1.0)

@@ -2,7 +2,8 @@
 
 The trainer sees nothing but a Replay (hg_dagger.learn.aggregate), which holds only rows whose
 label mask is TRAINABLE with their label target; so invalid expert outputs and non-trainable rows
-cannot reach the loss. The loss is the mean squared error in the normalized policy action space,
+cannot reach the loss. The loss is the mean squared error in the normalized policy action space (a GMM
+head's negative log-likelihood there, ``kind: mlp_gmm``),
 each ensemble member seeing its own bootstrap weights over a shared batch, optionally
 upweighting correction rows (IWR-style, ``ReplayConfig.intervention_weight``).
 """
@@ -19,11 +20,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from tqdm import tqdm
 
+from hg_dagger.contract.model import StrictModel
 from hg_dagger.errors import ConfigError, ContractError
 from hg_dagger.learn.aggregate import Replay, ReplayConfig, held_out
+from hg_dagger.learn.gate_calibration import calibrate_student
 from hg_dagger.policy import Student
 from hg_dagger.policy.checkpoint import read_checkpoint
 from hg_dagger.store.trainable import load_labels
@@ -31,17 +34,13 @@ from hg_dagger.store.trainable import load_labels
 log = logging.getLogger(__name__)
 
 
-class StudentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class StudentConfig(StrictModel):
     kind: str = "mlp"
     ensemble: int = Field(default=5, ge=1)
     hidden: tuple[int, ...] = (256, 256)
 
 
-class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TrainConfig(StrictModel):
     steps: int = Field(default=2000, gt=0, description="gradient steps per training round")
     batch_size: int = Field(default=256, gt=0)
     lr: float = Field(default=1e-3, gt=0)
@@ -181,8 +180,7 @@ class Trainer:
                     on_batch(rows)
                 idx = torch.from_numpy(rows)
                 images = {key: v[idx] for key, v in data["images"].items()}
-                pred = net(data["state"][idx], images)  # [K, B, A]
-                err = ((pred - z_target[idx].unsqueeze(0)) ** 2).mean(-1)  # [K, B]
+                err = net.member_loss(data["state"][idx], images, z_target[idx])  # [K, B]: MSE, or a GMM's NLL
                 w = data["weight"][idx].unsqueeze(0).expand(k, -1)
                 if cfg.bootstrap and k > 1:
                     w = w * torch.poisson(torch.ones(k, len(rows)), generator=self._gen)
@@ -381,9 +379,7 @@ def train_from_store(
                          on_batch=on_batch)
     ckpt = trainer.save(out / "student.pt")
     result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected)
-    from hg_dagger.learn.rounds import calibrate_student  # the gate's thresholds belong to the student
-
-    result["gate_calibration"] = calibrate_student(str(store_url), str(ckpt), task)
+    result["gate_calibration"] = calibrate_student(str(store_url), str(ckpt), task)  # the student's own gate
     (out / "train.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -416,15 +412,16 @@ def _new_trainer(mapping, student_cfg, train_cfg, replay_cfg, resume, warm_start
 
 def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, train_cfg, replay_cfg, resume,
                       progress, on_step, warm_start) -> dict[str, Any]:
-    """`train --dataset NAME@vN`: exactly the version's trainable samples (hg_dagger.datasets.versions); the
+    """`train --dataset NAME@vN`: exactly the version's trainable samples (hg_dagger.datasets.read); the
     dataset version is recorded in train.json, in the checkpoint and beside the manifest."""
-    from hg_dagger.datasets import versions as dv
+    from hg_dagger.datasets.read import episode_labels
+    from hg_dagger.datasets.repository import default_root, load, record_training, root_of
 
-    root = dv.root_of(ref) if root is None and store_url is None and str(ref).endswith(".json") else \
-        dv.default_root(root, [store_url] if store_url else [])
-    manifest = dv.load(root, ref)
+    root = root_of(ref) if root is None and store_url is None and str(ref).endswith(".json") else \
+        default_root(root, [store_url] if store_url else [])
+    manifest = load(root, ref)
     keys = list(mapping.obs_spec())
-    labels = dv.episode_labels(manifest, keys, task=mapping.task_id, mapping_hash=mapping.hash)
+    labels = episode_labels(manifest, keys, task=mapping.task_id, mapping_hash=mapping.hash)
     by_id = {e.episode_id: e for e in labels}
     replay_cfg = (replay_cfg or ReplayConfig()).model_copy(update={"authorization": manifest.config.selection.rule})
 
@@ -450,7 +447,7 @@ def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, tr
     info = {"dataset": manifest.ref, "dataset_hash": manifest.hash}
     result = trainer.fit(log_path=out / "loss.jsonl", progress=progress, info=info, on_batch=on_batch)
     ckpt = trainer.save(out / "student.pt", dataset=info)
-    dv.record_training(root, manifest, result["version"], str(ckpt))
+    record_training(root, manifest, result["version"], str(ckpt))
     result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected,
                   dataset={"name": manifest.name, "version": manifest.version, "ref": manifest.ref,
                            "hash": manifest.hash, "root": str(root)})

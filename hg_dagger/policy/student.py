@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +20,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from hg_dagger.errors import ConfigError
+from hg_dagger.errors import ConfigError, ContractError
+from hg_dagger.policy.checkpoint_file import check_mapping, first_line, read_checkpoint, save_checkpoint
+from hg_dagger.policy.heads import GMMHead, split_kind
 
-KINDS = ("mlp", "cnn")
+KINDS = ("mlp", "cnn", "mlp_gmm", "cnn_gmm")  # <encoder>[_<head>]: heads beyond MSE live in policy/heads.py
+
+
+def one_inference_thread() -> None:
+    """One intra-op thread for a control loop's student: its batches are small, so a second thread gains nothing,
+    and one waiting on a core that another thread holds (the recorder, the env) turns a 1 ms act() into tens of
+    milliseconds. Set by the loops that own their process (the app's control process, `hg-dagger run`)."""
+    torch.set_num_threads(1)
 
 
 @dataclass
@@ -123,7 +133,11 @@ class StudentNet(nn.Module):
         for key in spec.image_keys:
             self.encoders[key] = ConvEncoder(spec.image_shape, spec.cnn_channels, spec.cnn_features)
             n_in += spec.cnn_features
-        self.head = EnsembleMLP(spec.ensemble, n_in, spec.hidden, spec.action_dim)
+        if split_kind(spec.kind)[1] == "gmm":
+            self.head = GMMHead(EnsembleMLP(spec.ensemble, n_in, spec.hidden, GMMHead.width(spec.action_dim)),
+                                spec.action_dim)
+        else:
+            self.head = EnsembleMLP(spec.ensemble, n_in, spec.hidden, spec.action_dim)
         self.register_buffer("obs_mean", torch.zeros(spec.state_dim))
         self.register_buffer("obs_std", torch.ones(spec.state_dim))
         self.register_buffer("act_mean", torch.zeros(spec.action_dim))
@@ -139,6 +153,14 @@ class StudentNet(nn.Module):
     def forward(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """Normalized per-member predictions [K, N, A]."""
         return self.head(self.features(state, images))
+
+    def member_loss(self, state: torch.Tensor, images: dict[str, torch.Tensor], z_target: torch.Tensor) -> torch.Tensor:
+        """Per-member, per-row training loss [K, B] against normalized targets [B, A]: the squared error, or
+        the mixture's negative log-likelihood for a GMM head."""
+        x = self.features(state, images)
+        if isinstance(self.head, GMMHead):
+            return self.head.nll(x, z_target)
+        return ((self.head(x) - z_target.unsqueeze(0)) ** 2).mean(-1)
 
 
 @dataclass
@@ -180,10 +202,11 @@ class Student:
             raise ConfigError(f"student ensemble must be >= 1, got {ensemble}")
         spec_obs = mapping.obs_spec()
         images = image_keys_of(spec_obs)
-        if kind == "mlp" and images:
+        encoder = split_kind(kind)[0]
+        if encoder == "mlp" and images:
             images = []  # a state-only student on a camera task ignores the cameras
-        if kind == "cnn" and not images:
-            raise ConfigError(f"student kind 'cnn' needs a camera observation; task {mapping.task_id} has none "
+        if encoder == "cnn" and not images:
+            raise ConfigError(f"student kind {kind!r} needs a camera observation; task {mapping.task_id} has none "
                               f"(keys: {', '.join(spec_obs)})")
         shapes = {tuple(spec_obs[k][0]) for k in images}
         if len(shapes) > 1:
@@ -196,14 +219,30 @@ class Student:
         return cls(mapping, spec, seed=seed)
 
     @classmethod
-    def load(cls, path, mapping) -> Student:
-        from hg_dagger.policy.checkpoint import load_student
-
-        return load_student(path, mapping)
+    def load(cls, source: str | os.PathLike | bytes, mapping) -> Student:
+        """A Student from a checkpoint file or snapshot bytes; refuses a different mapping."""
+        where = "<bytes>" if isinstance(source, bytes) else str(source)
+        data = read_checkpoint(source)
+        check_mapping(data, mapping, where=where)
+        try:
+            student = cls(mapping, StudentSpec.from_dict(data["spec"]), seed=data["seed"], round=data["round"])
+        except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+            raise ConfigError(f"{where}: corrupt student checkpoint (stored spec unusable: {first_line(exc)})") from None
+        try:
+            student.net.load_state_dict(data["state_dict"])
+        except RuntimeError as exc:
+            raise ConfigError(f"{where}: weights do not match the stored architecture "
+                              f"({' '.join(str(exc).split())[:300]})") from None
+        student.lineage = list(data["lineage"])
+        student.weights_changed()
+        if student.version != data["version"]:
+            raise ContractError(f"{where}: weights hash to {student.version}, the file says {data['version']} "
+                                f"(corrupt?)")
+        stored = (data.get("extra") or {}).get("gate_thresholds")
+        student.gate_thresholds = dict(stored) if isinstance(stored, dict) else {}
+        return student
 
     def save(self, path, **extra) -> None:
-        from hg_dagger.policy.checkpoint import save_checkpoint
-
         save_checkpoint(path, self, **extra)
 
     # ------------------------------------------------------------------ identity

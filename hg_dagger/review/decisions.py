@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from hg_dagger.contract.labels import (
     current_review,
     is_operator,
     operator_rejected,
+    pseudonym_key,
     review_problem,
 )
 from hg_dagger.contract.schema import CorrectionWindow, ReviewDecision
@@ -129,8 +131,9 @@ def _current(layer: LabelLayer, window_id: str) -> ReviewDecision | None:
     return current_review(layer.reviews, window_id)
 
 
-def _row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str] | None = None,
-         reviewers: list[str] | None = None) -> WindowRow:
+def window_row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str] | None = None,
+               reviewers: list[str] | None = None) -> WindowRow:
+    """A window's review row (the one definition, shared by the review list and the console's review tab)."""
     operator = w.operator or info.start.operator
     d = _current(layer, w.window_id)
     if certified is None:
@@ -177,10 +180,10 @@ def list_windows(store: EpisodeStore | str | os.PathLike, filters: WindowFilter 
         certified = certified_windows(layer.windows, layer.certifications, operator=info.start.operator,
                                       policy_version=info.start.policy_version)
         for w in layer.windows:
-            row = _row(info, layer, w, certified, roster)
+            row = window_row(info, layer, w, certified, roster)
             if want is not None and row.status != want:
                 continue
-            if f.operator is not None and row.operator != f.operator:
+            if f.operator is not None and pseudonym_key(row.operator) != pseudonym_key(f.operator):
                 continue
             rows.append(row)
     return rows
@@ -278,6 +281,7 @@ def decide(store: EpisodeStore | str | os.PathLike, window_id: str, status: Revi
     reason = (reason or "").strip()
     if not reviewer:
         raise ReviewError(f"{st.url}: a reviewer (pseudonym) is required")
+    _check_pseudonym(st, "reviewer", reviewer)
     if status == ReviewStatus.PENDING:
         raise ReviewError(f"{st.url}: 'pending' is not a decision (approve, reject or needs_fix)")
     if status != ReviewStatus.APPROVED and authorize:
@@ -309,6 +313,7 @@ def flag_by_operator(store: EpisodeStore | str | os.PathLike, window_id: str, op
     reason = (reason or "").strip()
     if not operator:
         raise ReviewError(f"{st.url}: the operator's pseudonym is required to flag a correction")
+    _check_pseudonym(st, "operator", operator)
     st.refresh()
     row = find_window(st, window_id)
     if not is_operator(operator, row.operator):
@@ -322,6 +327,19 @@ def flag_by_operator(store: EpisodeStore | str | os.PathLike, window_id: str, op
 
 
 OPERATOR_AUTHOR = "operator:"  # author prefix of the layers flag_by_operator writes
+
+
+_INVISIBLE = ("Cc", "Cf", "Co", "Cn", "Zl", "Zp")  # control, format, private, unassigned; line and paragraph breaks
+
+
+def _check_pseudonym(st: EpisodeStore, role: str, name: str) -> None:
+    """A pseudonym is one line of visible text: a control character (a newline, an escape) would break every
+    one-line listing it appears in, and an invisible one (a zero-width space) would make two pseudonyms look
+    the same."""
+    bad = next((c for c in name if unicodedata.category(c) in _INVISIBLE), None)
+    if bad is not None:
+        raise ReviewError(f"{st.url}: {role} {name!r} holds the invisible or control character {bad!r} "
+                          f"(U+{ord(bad):04X}); a pseudonym is one line of visible text")
 
 
 def _now() -> str:

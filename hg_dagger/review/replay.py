@@ -302,7 +302,7 @@ def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb
                 if first is not None and view is None:
                     break
             result = env.step(actions[t : t + 1])
-            outcome = {"reward": result.reward, "success": result.info.get("success"),
+            outcome = {"reward": result.reward, "success": result.success,
                        "terminated": result.terminated, "truncated": result.truncated}
             for key in OUTCOMES if first is None else ():
                 if key not in rec or outcome[key] is None:

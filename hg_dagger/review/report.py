@@ -36,6 +36,7 @@ from hg_dagger.contract import (
 )
 from hg_dagger.contract.labels import review_problem, window_operator
 from hg_dagger.errors import HgDaggerError
+from hg_dagger.review.recall import recall_figures
 from hg_dagger.store import EpisodeStore
 from hg_dagger.store.trainable import selection
 
@@ -66,6 +67,7 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
     requests: Counter = Counter()  # how handover requests ended (request_end events): answered, declined, expired
     waits: list[float] = []
     rounds: dict[str, Counter] = defaultdict(Counter)
+    round_infos: dict[str, list] = defaultdict(list)  # for gate recall per round
     buckets: dict[str, dict[str, Counter]] = {"operator": defaultdict(Counter), "scene": defaultdict(Counter)}
     for info in tqdm(infos, desc="report", unit="ep", disable=not progress):
         layer = st.labels(info.episode_id)
@@ -119,12 +121,15 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
                 "labels": int(in_w.sum()), "allowed": int(sel.allowed[s:e].sum()), "stopped_by": dict(stopped),
             })
         key = f"{info.start.iteration}:{info.start.policy_version or '-'}"
+        round_infos[key].append(info)
         rounds[key].update(episodes=1, steps=n, labels_allowed=int(sel.allowed.sum()), human_steps=human,
                            successes=int(info.end.task_success))
         for name, value in (("operator", info.start.operator or "(none)"), ("scene", info.start.task.scene_id or "-")):
             buckets[name][value].update(episodes=1, steps=n, human_steps=human, labels_allowed=int(sel.allowed.sum()),
                                         successes=int(info.end.task_success))
     tried = sum(v for k, v in recoveries.items() if k != RecoveryOutcome.NONE.value)
+    recall = recall_figures(infos)
+    by_round = sorted(round_infos.items(), key=lambda kv: int(kv[0].split(":")[0]))
     return {
         "report_version": REPORT_VERSION,
         "store": st.url,
@@ -146,7 +151,12 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
             "estops": estops,
             "first_failure_position_mean": round(float(np.mean(first_failure)), 4) if first_failure else None,
             "success_rate": _ratio(sum(i.end.task_success for i in infos), len(infos)),
+            "gate_recall": recall["recall"],
+            "gate_precision": recall["precision"],
         },
+        # failed student episodes some gate asked for before the failure, requests that preceded one, and
+        # rounds whose student failed while no gate asked (docs/gates.md, "Gate recall")
+        "gate_recall": {**recall, "rounds": [{"round": k, **recall_figures(v)} for k, v in by_round]},
         "corrections_per_gate_reason": dict(gate_reasons.most_common()),
         "recovery_outcomes": dict(recoveries),
         "rounds": [{"round": k, **v} for k, v in sorted(rounds.items(), key=lambda kv: int(kv[0].split(":")[0]))],
@@ -239,6 +249,7 @@ img{{max-width:100%}} .muted{{color:#777}}</style></head><body>
 ({report['incomplete_episodes']} incomplete) &middot; generated {report['generated']} &middot; rule: {html.escape(rule)}</p>
 {_table(figs, ["figure", "value"])}
 {plots}
+{_recall_html(report)}
 <h2>Correction windows</h2>
 {_table(wins, ["window", "episode", "task", "operator", "source", "gate_reason", "handover", "outcome", "review",
                "authorized", "reviewer", "review_problem", "certified", "qc_passed", "replay_status", "labels",
@@ -246,6 +257,20 @@ img{{max-width:100%}} .muted{{color:#777}}</style></head><body>
 {buckets}
 </body></html>
 """
+
+
+def _recall_html(report: dict[str, Any]) -> str:
+    gr = report.get("gate_recall") or {}
+    rows = [{**r, "missed_episodes": ", ".join(r["missed_episodes"])} for r in gr.get("rounds", []) if r["episodes"]]
+    if not rows:
+        return ""
+    misses = "".join(f"<p><b>Gate miss in round {html.escape(r['round'])}</b>: the student failed in "
+                     f"{r['failed']} episode(s) and no gate asked: {html.escape(r['missed_episodes'])}</p>"
+                     for r in rows if r["gate_miss"])
+    return ("<h2>Gate recall per round (human-gated episodes)</h2><p class='muted'>recall: failed episodes in which a "
+            "gate asked before the failure; precision: requests that came before a failure (docs/gates.md)</p>"
+            + _table(rows, ["round", "episodes", "failed", "caught", "recall", "requests", "requests_before_failure",
+                            "precision", "gate_miss", "missed_episodes"]) + misses)
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:

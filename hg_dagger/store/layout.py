@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.store import Store
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from hg_dagger.contract.schema import FieldSpec
 from hg_dagger.errors import StoreError
+from hg_dagger.store.codecs import FrameFilterCodec
 
 FORMAT = "hg_dagger.episode_store"
 FORMAT_VERSION = 1
@@ -38,8 +41,12 @@ IMAGES_PER_SHARD_CHUNKS = 16
 LOG_RECORDS_PER_CHUNK = 1024
 
 # Chosen by measurement (benchmarks/bench_recorder.py --codecs, docs/data-format.md): zstd level 1 on chunks of
-# consecutive frames compresses rendered 128x128 frames ~15x, within 5% of level 3 at ~30% less CPU, and
-# decodes fastest; the frame checksum catches corrupt chunks.
+# consecutive frames, each chunk first through the predictor its first frame calls for (hg_dagger.store.codecs): the
+# row-median filter for noisy frames (zstd alone cost 1.8x PNG on them), none for rendered ones (their exact repeats
+# pack best as they are): below PNG's bytes on both, lossless, at a few hundred MB/s. Segments written with zstd
+# alone or with the every-chunk row-median filter read as before: zarr.json names the codecs.
+# The frame checksum catches corrupt chunks.
+IMAGE_FILTER = FrameFilterCodec()
 IMAGE_CODEC = ZstdCodec(level=1, checksum=True)
 NUMERIC_CODEC = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
 LOG_CODEC = ZstdCodec(level=3, checksum=True)
@@ -71,16 +78,18 @@ def field_array_kwargs(spec: FieldSpec) -> dict[str, Any]:
     shape = tuple(spec.shape)
     if spec.image:
         n = frames_per_chunk(spec)
-        chunks, shards, codec = (n, *shape), (n * IMAGES_PER_SHARD_CHUNKS, *shape), IMAGE_CODEC
+        chunks, shards = (n, *shape), (n * IMAGES_PER_SHARD_CHUNKS, *shape)
+        filtered = len(shape) >= 2 and spec.np_dtype.kind == "u"
+        compressors: list[Any] = [IMAGE_FILTER, IMAGE_CODEC] if filtered else [IMAGE_CODEC]
     else:
-        chunks, shards, codec = (ROWS_PER_CHUNK, *shape), (ROWS_PER_SHARD, *shape), NUMERIC_CODEC
+        chunks, shards, compressors = (ROWS_PER_CHUNK, *shape), (ROWS_PER_SHARD, *shape), [NUMERIC_CODEC]
     return dict(
         name=data_path(spec.name),
         shape=(0, *shape),
         dtype=spec.np_dtype,
         chunks=chunks,
         shards=shards,
-        compressors=[codec],
+        compressors=compressors,
         fill_value=array_fill(spec),
         attributes={"field": spec.model_dump(mode="json")},
         config=WRITE_CONFIG,
@@ -97,22 +106,23 @@ def log_array_kwargs() -> dict[str, Any]:
                 config=WRITE_CONFIG)
 
 
-def create_arrays(group: zarr.Group, kwargs: list[dict[str, Any]]) -> list[zarr.Array]:
+def create_arrays(group: zarr.Group, kwargs: list[dict[str, Any]]) -> list[zarr.Array[Any]]:
     """Create many arrays in one round of concurrent writes (one by one costs ~20 ms each)."""
     agroup = group._async_group
 
-    async def _all():
+    async def _all() -> list[Any]:
         return await asyncio.gather(*(agroup.create_array(**kw) for kw in kwargs))
 
     return [zarr.Array(a) for a in sync(_all())]
 
 
-def gather(coros) -> list:
+def gather(coros: Iterable[Awaitable[Any]]) -> list[Any]:
     """Run coroutines (zarr async array operations) concurrently and wait for all."""
-    async def _all():
+    async def _all() -> list[Any]:
         return await asyncio.gather(*coros)
 
-    return sync(_all())
+    result: list[Any] = sync(_all())
+    return result
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,7 +130,7 @@ def gather(coros) -> list:
 # ------------------------------------------------------------------------------------------------
 
 
-def local_path(url: str | os.PathLike) -> Path | None:
+def local_path(url: str | os.PathLike[str]) -> Path | None:
     """The local file system path of a store URL (a plain path or file://), None for other fsspec URLs."""
     s = os.fspath(url)
     if s.startswith("file://"):
@@ -128,7 +138,7 @@ def local_path(url: str | os.PathLike) -> Path | None:
     return None if "://" in s else Path(s)
 
 
-def open_zarr_store(url: str | os.PathLike, *, read_only: bool):
+def open_zarr_store(url: str | os.PathLike[str], *, read_only: bool) -> Store:
     """A local path (or file:// URL) becomes a LocalStore, whose writes are atomic renames; anything else goes
     through fsspec (memory://, s3://, ...), whose object puts are atomic by nature."""
     local = local_path(url)
@@ -141,7 +151,7 @@ def open_zarr_store(url: str | os.PathLike, *, read_only: bool):
         raise StoreError(f"{url}: cannot open this URL as an episode store ({exc})") from exc
 
 
-def put_bytes(store, key: str, data: bytes, *, exclusive: bool = False) -> bool:
+def put_bytes(store: Store, key: str, data: bytes, *, exclusive: bool = False) -> bool:
     """Write one raw object; with exclusive=True returns False instead of overwriting an existing one."""
     buf = default_buffer_prototype().buffer.from_bytes(data)
     if not exclusive:
@@ -154,16 +164,17 @@ def put_bytes(store, key: str, data: bytes, *, exclusive: bool = False) -> bool:
     except FileExistsError:
         return False
     # Stores without an atomic create-if-absent: treat a concurrent winner as a lost race.
-    return sync(store.get(key, default_buffer_prototype())).to_bytes() == data
+    got = sync(store.get(key, default_buffer_prototype()))
+    return got is not None and got.to_bytes() == data
 
 
-def get_bytes(store, key: str) -> bytes | None:
+def get_bytes(store: Store, key: str) -> bytes | None:
     buf = sync(store.get(key, default_buffer_prototype()))
     return None if buf is None else buf.to_bytes()
 
 
-def list_dir(store, prefix: str) -> list[str]:
-    async def _collect():
+def list_dir(store: Store, prefix: str) -> list[str]:
+    async def _collect() -> list[str]:
         return [k async for k in store.list_dir(prefix)]
 
     return sorted(sync(_collect()))

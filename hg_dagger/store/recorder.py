@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, NoReturn, Protocol
 
 import numpy as np
 
@@ -34,8 +34,18 @@ from hg_dagger.store.labels import LabelLayer
 from hg_dagger.store.layout import array_fill
 from hg_dagger.store.segment import SegmentWriter
 
-if TYPE_CHECKING:
-    from hg_dagger.store.store import EpisodeStore
+
+class RecordTarget(Protocol):
+    """What a recorder needs of its store (an ``EpisodeStore``, which builds it and so sits above this module)."""
+
+    url: str
+
+    @property
+    def root(self) -> Any: ...
+
+    def has_episode(self, episode_id: str, *, refresh: bool = True) -> bool: ...
+
+    def invalidate(self) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +63,15 @@ class RecorderStats:
     max_queue: int = 0
 
 
+_LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
+
+
 @dataclass(eq=False)
 class _Episode:
     eid: str
     start: EpisodeStart
     fields: dict[str, FieldSpec]
-    key: tuple
+    key: tuple[Any, ...]
     step_bytes: int = 0
     capacity: int = 0  # queue length at which put() drops or blocks, for this episode's step size
     next_step: int = 0  # control side: number of put() calls so far
@@ -69,15 +82,12 @@ class _Episode:
     # writer side
     segment: SegmentWriter | None = None
     ordinal: int = -1
-    pending: list = field(default_factory=list)  # (step_number, dict)
+    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (step_number, dict)
     flushed_next: int = 0  # next step number to be written
-    dropped_steps: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-    end_msg: tuple | None = None
-    label_cols: dict = field(default_factory=lambda: {k: [] for k in _LABEL_INPUTS})
-
-
-_LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
+    dropped_steps: list[int] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    end_msg: tuple[Any, ...] | None = None
+    label_cols: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in _LABEL_INPUTS})
 
 
 class Recorder:
@@ -89,7 +99,7 @@ class Recorder:
 
     def __init__(
         self,
-        store: EpisodeStore,
+        store: RecordTarget,
         *,
         flush_interval_s: float = 0.5,
         queue_steps: int = 8192,
@@ -106,10 +116,10 @@ class Recorder:
         self.queue_bytes = int(queue_bytes)
         self.on_full = on_full
         self.stats = RecorderStats()
-        self._q: deque = deque()
+        self._q: deque[tuple[Any, ...]] = deque()
         self._episodes: dict[str, _Episode] = {}
         self._seen: set[str] = set()
-        self._segments: dict[tuple, SegmentWriter] = {}
+        self._segments: dict[tuple[Any, ...], SegmentWriter] = {}
         self._fatal: Exception | None = None
         self._closing = False
         self._closed = False
@@ -209,7 +219,7 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -222,7 +232,7 @@ class Recorder:
         if self._closing:
             raise StoreError("recorder is closed")
 
-    def _raise_for(self, eid: str, ep: _Episode | None):
+    def _raise_for(self, eid: str, ep: _Episode | None) -> NoReturn:
         self._check_alive()
         if ep is None and eid in self._seen:
             raise ContractError(f"episode {eid}: already ended")
@@ -238,7 +248,7 @@ class Recorder:
     def _run(self) -> None:
         last_flush = time.monotonic()
         dirty = False
-        records: list[dict] = []
+        records: list[dict[str, Any]] = []
         touched: list[_Episode] = []
         pending_bytes = 0
         try:
@@ -279,12 +289,12 @@ class Recorder:
                 "the ones in progress stay incomplete")
             self._fatal.__cause__ = exc
 
-    def _control(self, item: tuple, records: list[dict], touched: list[_Episode]) -> None:
+    def _control(self, item: tuple[Any, ...], records: list[dict[str, Any]], touched: list[_Episode]) -> None:
         kind, ep = item[0], item[1]
         if kind == "begin":
             seg = self._segments.get(ep.key)
             if seg is None:
-                seg = self._segments[ep.key] = SegmentWriter(self._store._root, ep.fields)
+                seg = self._segments[ep.key] = SegmentWriter(self._store.root, ep.fields)
             ep.segment, ep.ordinal = seg, seg.next_ordinal
             seg.next_ordinal += 1
             records.append({"seg": seg, "type": "begin", "ep": ep.ordinal, "start": ep.start.model_dump(mode="json")})
@@ -298,13 +308,13 @@ class Recorder:
             if not ep.pending:
                 touched.append(ep)
 
-    def _flush(self, records: list[dict], touched: list[_Episode]) -> None:
-        blocks: dict[SegmentWriter, list] = {}
+    def _flush(self, records: list[dict[str, Any]], touched: list[_Episode]) -> None:
+        blocks: dict[SegmentWriter, list[Any]] = {}
         for ep in touched:
             if ep.error is not None:
                 continue
             cols, steps = self._columns(ep)
-            if steps is not None and len(steps):
+            if steps is not None and len(steps) and ep.segment is not None:
                 blocks.setdefault(ep.segment, []).append((ep.ordinal, steps, cols))
             if ep.end_msg is not None and ep.error is None:
                 records.extend(self._commit_records(ep))
@@ -329,7 +339,7 @@ class Recorder:
                 ep.label_cols = {}
                 if ep.error is None:
                     self._episodes.pop(ep.eid, None)
-        self._store._invalidate()
+        self._store.invalidate()
 
     def _columns(self, ep: _Episode) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """Stack pending steps into columns; dropped step numbers become fill rows with valid=False.
@@ -343,10 +353,10 @@ class Recorder:
         n = stop - ep.flushed_next
         if n <= 0:
             return {}, None
-        rows: list = [None] * n
+        rows: list[dict[str, Any] | None] = [None] * n
         for num, s in pending:
             rows[num - ep.flushed_next] = s
-        cols: dict[str, np.ndarray] = {}
+        cols: dict[str, Any] = {}
         for name, spec in ep.fields.items():
             fill_row = np.full(spec.shape, array_fill(spec), spec.np_dtype)
             vals = [fill_row if s is None else s.get(name, fill_row) for s in rows]
@@ -375,7 +385,8 @@ class Recorder:
         ep.flushed_next += n
         return cols, steps
 
-    def _commit_records(self, ep: _Episode) -> list[dict]:
+    def _commit_records(self, ep: _Episode) -> list[dict[str, Any]]:
+        assert ep.end_msg is not None
         end, windows, certifications, total, dropped = ep.end_msg
         events = list(end.events) + [e for e in ep.events if e not in end.events]
         if dropped:
@@ -410,7 +421,7 @@ class Recorder:
         ]
 
 
-def _concat(parts: list) -> np.ndarray | list:
+def _concat(parts: list[Any]) -> Any:
     if len(parts) == 1:
         return parts[0]
     if isinstance(parts[0], list):  # camera frames stay a list of the arrays put() received
@@ -418,7 +429,7 @@ def _concat(parts: list) -> np.ndarray | list:
     return np.concatenate(parts)
 
 
-def _stack(vals: list, spec: FieldSpec) -> np.ndarray | list | None:
+def _stack(vals: list[Any], spec: FieldSpec) -> np.ndarray | list[Any] | None:
     """(n, *shape) array of spec's dtype, or None if any value has the wrong shape or an incompatible dtype.
     Image fields give a list of n frames instead: the writer copies each frame once, straight into its chunk."""
     if spec.image:
@@ -436,7 +447,7 @@ def _stack(vals: list, spec: FieldSpec) -> np.ndarray | list | None:
     return col
 
 
-def _frames(vals: list, spec: FieldSpec) -> list | None:
+def _frames(vals: list[Any], spec: FieldSpec) -> list[Any] | None:
     shape, dtype = tuple(spec.shape), spec.np_dtype
     out = []
     for v in vals:

@@ -233,7 +233,7 @@ class SegmentView:
             meta = dict(self.group.attrs).get(layout.SEGMENT_ATTR)
             if meta is None:
                 raise UncommittedSegment(segment_id, f"a group without the '{layout.SEGMENT_ATTR}' attribute")
-            fields = {d["name"]: FieldSpec.model_validate(d) for d in meta["fields"]}
+            fields: dict[str, FieldSpec] = {d["name"]: FieldSpec.model_validate(d) for d in meta["fields"]}
             committed_rows, committed_log = int(meta["committed_rows"]), int(meta["committed_log"])
             closed = bool(meta.get("closed", False))
         except StoreError:
@@ -390,9 +390,28 @@ def _all_fill(col: np.ndarray, fill) -> bool:
 
 
 def _discard(root: zarr.Group, path: str) -> None:
-    """Best effort: remove what a failed segment creation left (it is uncommitted either way; readers skip it)."""
+    """Best effort: remove what a failed segment creation left (it is uncommitted either way; readers skip it),
+    with the temporary file of a metadata write that the failure cut short beside it (zarr writes
+    ``zarr.json`` of the parent group through ``zarr.<id>.partial``)."""
+    parent, name = path.rsplit("/", 1)
+
+    def left() -> list[str]:
+        return [n for n in layout.list_dir(root.store, f"{parent}/")
+                if n == name or (n.startswith("zarr.") and n.endswith(".partial"))]
+
     try:
-        layout.sync(root.store.delete_dir(path))
+        # zarr's writes of the failed creation run in threads that may still be finishing (one failure does not
+        # wait for the others): remove, let them settle, and remove again what they wrote meanwhile
+        for _ in range(20):
+            for n in left():
+                if n == name:
+                    layout.sync(root.store.delete_dir(path))
+                else:
+                    layout.sync(root.store.delete(f"{parent}/{n}"))
+            time.sleep(0.05)
+            if not left():
+                return
+        log.warning("could not remove the uncommitted segment %s (still written to); readers skip it", path)
     except Exception as exc:  # noqa: BLE001 - the original failure is what the caller reports
         log.warning("could not remove the uncommitted segment %s (%s); readers skip it", path, _one_line(exc))
 

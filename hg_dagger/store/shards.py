@@ -27,17 +27,29 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.codecs.sharding import ShardingCodecIndexLocation
 from zarr.core.buffer import default_buffer_prototype
 
+from hg_dagger.store.codecs import (
+    FrameFilterCodec,
+    RowMedianCodec,
+    frame_filter_encode,
+    row_median_encode,
+    thread_buffer,
+)
+
 _EMPTY = np.iinfo(np.uint64).max  # index entry of a chunk that is not stored
 
 
 class FrameShardWriter:
-    """Appends rows to one sharded array whose chunks span whole rows (axis 0 only), codecs bytes + zstd."""
+    """Appends rows to one sharded array whose chunks span whole rows (axis 0 only), codecs bytes + zstd, with the
+    per-chunk frame filter between them, the row-median filter before them, or neither."""
 
     def __init__(self, arr: zarr.Array):
         if not self.supports(arr):
             raise ValueError(f"{arr.path}: codecs not supported by FrameShardWriter")
         (sharding,) = arr.metadata.codecs
-        zstd = sharding.codecs[1]
+        inner = list(sharding.codecs)
+        self._prepare = (row_median_encode if isinstance(inner[0], RowMedianCodec)
+                         else frame_filter_encode if any(isinstance(c, FrameFilterCodec) for c in inner) else None)
+        zstd = sharding.codecs[-1]
         self._arr = arr
         self._codec = numcodecs.Zstd(level=zstd.level, checksum=zstd.checksum)
         self.chunk_rows = sharding.chunk_shape[0]
@@ -54,7 +66,8 @@ class FrameShardWriter:
     @staticmethod
     def supports(arr: zarr.Array) -> bool:
         """True for the layout this writer reproduces exactly: one ShardingCodec over whole-row chunks with
-        [bytes, zstd] inside and the default [bytes(little), crc32c] index at the end, default chunk keys."""
+        [bytes, zstd], [bytes, frame_filter, zstd] or [row_median, bytes, zstd] inside and the default
+        [bytes(little), crc32c] index at the end, default chunk keys."""
         meta = arr.metadata
         if getattr(meta, "zarr_format", None) != 3 or len(meta.codecs) != 1:
             return False
@@ -67,8 +80,13 @@ class FrameShardWriter:
         index_ok = (len(sh.index_codecs) == 2 and isinstance(sh.index_codecs[0], BytesCodec)
                     and sh.index_codecs[0].endian is not None and sh.index_codecs[0].endian.value == "little"
                     and isinstance(sh.index_codecs[1], Crc32cCodec))
-        inner_ok = (len(sh.codecs) == 2 and isinstance(sh.codecs[0], BytesCodec)
-                    and isinstance(sh.codecs[1], ZstdCodec) and arr.dtype.itemsize == 1)
+        inner = list(sh.codecs)
+        if inner and isinstance(inner[0], RowMedianCodec):
+            inner = inner[1:]
+        elif len(inner) == 3 and isinstance(inner[1], FrameFilterCodec):
+            inner = [inner[0], inner[2]]
+        inner_ok = (len(inner) == 2 and isinstance(inner[0], BytesCodec)
+                    and isinstance(inner[1], ZstdCodec) and arr.dtype.itemsize == 1)
         keys_ok = meta.chunk_key_encoding.to_dict() == {"name": "default", "configuration": {"separator": "/"}}
         return rows_only and index_ok and inner_ok and keys_ok
 
@@ -76,8 +94,14 @@ class FrameShardWriter:
         return self._free.pop() if self._free else np.empty((self.chunk_rows, *self.row_shape), self.dtype)
 
     def _encode(self, chunk: np.ndarray) -> bytes:
-        """Runs in the encoder pool (zstd releases the GIL); the chunk buffer is reused afterwards."""
-        data = bytes(self._codec.encode(chunk))
+        """Runs in the encoder pool (numpy and zstd release the GIL); the chunk buffer is reused afterwards, and so is
+        the filtered copy (zstd has read it before this returns)."""
+        if self._prepare is None:
+            data = bytes(self._codec.encode(chunk))
+        else:
+            work = thread_buffer("shard chunk", chunk.nbytes + 1)  # room for the frame filter's predictor byte
+            out = work if self._prepare is frame_filter_encode else work[:chunk.nbytes].view(chunk.dtype).reshape(chunk.shape)
+            data = bytes(self._codec.encode(self._prepare(chunk, out=out)))
         if len(self._free) < self.chunks_per_shard:  # a bounded pool of buffers
             self._free.append(chunk)
         return data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 import os
@@ -13,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import zarr
 
-from hg_dagger.contract.enums import EndReason, LabelMask, LabelTarget, ReplayStatus
-from hg_dagger.contract.labels import certification_problem, derive_labels, label_violations, pseudonym_key
+from hg_dagger.contract.enums import EndReason, LabelMask, ReplayStatus
 from hg_dagger.contract.schema import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -29,7 +27,11 @@ from hg_dagger.contract.schema import (
 )
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import layout
+from hg_dagger.store.batches import rebatch, to_tensordict
 from hg_dagger.store.labels import LabelLayer
+from hg_dagger.store.layer_rules import LABEL_INPUTS, fill_column, new_layer
+from hg_dagger.store.recorder import Recorder
+from hg_dagger.store.roster import parse_roster, roster_names
 from hg_dagger.store.segment import EpisodeRecord, SegmentView, UncommittedSegment, read_many, read_rows
 
 if TYPE_CHECKING:
@@ -37,8 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _UNREAD = object()  # the reviewer roster is read on first use after each refresh
-
-LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,13 @@ class EpisodeStore:
                     self._damaged.append(problem)
         self._dirty = False
 
-    def _invalidate(self) -> None:
+    @property
+    def root(self):
+        """The store's zarr root group (segments are written under it)."""
+        return self._root
+
+    def invalidate(self) -> None:
+        """Forget the cached catalog: a recorder committed episodes, so the next read lists the segments again."""
         self._dirty = True
 
     def _catalog(self) -> dict[str, EpisodeRecord]:
@@ -328,7 +334,7 @@ class EpisodeStore:
         sel = slice(None) if steps is None else steps
         arrays["label_mask"] = layer.mask[sel]
         arrays["label_target"] = layer.target[sel]
-        return _tensordict(arrays)
+        return to_tensordict(arrays)
 
     # ------------------------------------------------------------------ label layers
 
@@ -397,15 +403,15 @@ class EpisodeStore:
             raise ContractError(f"episode {episode_id}: incomplete (never committed); it cannot be labelled")
         n = rec.end.num_steps
         raw = self.read_steps(episode_id, [f for f in LABEL_INPUTS if f in rec.segment.fields])
-        inputs = {k: raw.get(k, _fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
+        inputs = {k: raw.get(k, fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
         given = {"windows": windows, "certifications": certifications, "reviews": reviews, "qc": qc}
         while True:
             # the new layer directly follows the one its carried-over parts come from: a layer another writer
             # adds in between takes our number, and we merge again from it (nothing it holds is dropped)
             prev = self.labels(episode_id)
             kept = {k: (getattr(prev, k) if v is None else list(v)) for k, v in given.items()}
-            layer = self._new_layer(episode_id, rec, n, inputs, prev.version + 1, author, mask,
-                                    replay=prev.replay if replay is None else replay, **kept)
+            layer = new_layer(episode_id, rec.start, rec.end.quality_flags, n, inputs, prev.version + 1, author, mask,
+                              replay=prev.replay if replay is None else replay, **kept)
             key = f"{layout.LABELS}/{episode_id}/v{layer.version}.json"
             try:
                 stored = layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True)
@@ -418,37 +424,6 @@ class EpisodeStore:
                 self._labelled.add(episode_id)
             if stored:
                 return layer.version
-
-    def _new_layer(self, episode_id, rec, n, inputs, version, author, mask, *, windows, certifications, reviews, qc,
-                   replay) -> LabelLayer:
-        """A label layer checked against the bindings and the label rules (ContractError naming the episode)."""
-        _check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
-        _check_replay(episode_id, n, replay, ContractError)
-        who = {"operator": rec.start.operator, "policy_version": rec.start.policy_version}
-        for c in certifications:
-            if (why := certification_problem(c, **who)) is not None:
-                raise ContractError(f"episode {episode_id}: certification {c.cert_id} by {c.certifier!r} refused: {why}")
-        derived = derive_labels(**inputs, windows=windows, certifications=certifications, mode=rec.start.mode,
-                                quality_flags=rec.end.quality_flags, **who)
-        if mask is None:
-            new_mask, new_target = derived.mask, derived.target
-        else:
-            new_mask = np.asarray(mask)
-            if new_mask.shape != (n,):
-                raise ContractError(f"episode {episode_id}: mask has shape {new_mask.shape}, expected ({n},)")
-            if new_mask.dtype.kind not in "ui" or new_mask.min(initial=0) < 0 or new_mask.max(initial=0) >= len(LabelMask):
-                raise ContractError(f"episode {episode_id}: mask holds values that are not LabelMask codes")
-            new_mask = new_mask.astype(np.uint8)
-            bad = label_violations(episode_id=episode_id, label_mask=new_mask, **inputs, windows=windows,
-                                   certifications=certifications, mode=rec.start.mode,
-                                   quality_flags=rec.end.quality_flags, **who)
-            if bad:
-                raise ContractError(f"mask breaks the label rules: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
-            trainable = new_mask == LabelMask.TRAINABLE.code
-            new_target = np.where(trainable, derived.target, LabelTarget.NONE.code).astype(np.uint8)
-        return LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
-                          certifications=certifications, reviews=reviews, qc=qc, replay=replay,
-                          created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
 
     def replay_check(self, episode_id: str) -> ReplayCheck | None:
         """The latest replay verification of an episode (from its latest label layer); None if never replayed."""
@@ -478,31 +453,14 @@ class EpisodeStore:
             meta = json.loads(layout.get_bytes(self._zstore, "zarr.json"))["attributes"][layout.STORE_ATTR]
         except Exception as exc:
             raise StoreError(f"{self.url}: root metadata unreadable ({_one_line(exc)})") from exc
-        names = meta.get("reviewers") if isinstance(meta, dict) else None
-        if names is None:
-            return None
-        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
-            raise StoreError(f"{self.url}: root attribute {layout.STORE_ATTR}.reviewers is not a list of reviewer "
-                             f"pseudonyms (got {names!r:.80}); set it with `hg-dagger store reviewers`")
-        return tuple(names)
+        return parse_roster(meta, self.url)
 
     def set_reviewers(self, reviewers: Iterable[str] | None) -> list[str] | None:
         """Declare the reviewer roster (pseudonyms, stripped, duplicates by case and whitespace dropped), or remove
         it with None. Returns the roster as stored. Takes effect for every later training selection, also on
         decisions made before: an authorization by someone off the roster authorizes nothing."""
         self._writable()
-        names: list[str] | None = None
-        if reviewers is not None:
-            names, seen = [], set()
-            for raw in reviewers:
-                name = " ".join(str(raw).split())
-                if not name:
-                    raise StoreError(f"{self.url}: an empty reviewer pseudonym cannot be on the roster")
-                if pseudonym_key(name) not in seen:
-                    seen.add(pseudonym_key(name))
-                    names.append(name)
-            if not names:
-                raise StoreError(f"{self.url}: a reviewer roster needs at least one pseudonym (or remove the roster)")
+        names = None if reviewers is None else roster_names(reviewers, self.url)
         try:
             root = zarr.open_group(self._zstore, mode="r+")
             meta = dict(dict(root.attrs)[layout.STORE_ATTR])
@@ -519,10 +477,8 @@ class EpisodeStore:
     # ------------------------------------------------------------------ writing and batches
 
     def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: str = "drop",
-                 queue_bytes: int = 256 << 20):
+                 queue_bytes: int = 256 << 20) -> Recorder:
         """A Recorder streaming new episodes into this store (see hg_dagger.store.recorder)."""
-        from hg_dagger.store.recorder import Recorder
-
         self._writable()
         self._catalog()  # ids known now are refused by begin_episode without touching the disk again
         return Recorder(self, flush_interval_s=flush_interval_s, queue_steps=queue_steps, on_full=on_full,
@@ -579,8 +535,11 @@ class EpisodeStore:
                 blocks.append((sid, rows[lo:lo + block_rows], meta[lo:lo + block_rows]))
         if shuffle:
             rng.shuffle(blocks)
-        carry: list[dict[str, np.ndarray]] = []
-        carried = 0
+        yield from rebatch(self._read_blocks(blocks, names, rng if shuffle else None), batch_size, drop_last=drop_last)
+
+    def _read_blocks(self, blocks, names: list[str], rng: np.random.Generator | None) -> Iterator[dict[str, np.ndarray]]:
+        """The fields of each row block, with its episode_index, step, label_mask and label_target (rows shuffled
+        within the block with ``rng``)."""
         for sid, rows, meta in blocks:
             seg = self._segs[sid]
             try:
@@ -589,68 +548,10 @@ class EpisodeStore:
                 raise StoreError(f"segment {sid}: fields unreadable ({_one_line(exc)})") from exc
             data["episode_index"], data["step"] = meta[:, 0], meta[:, 1]
             data["label_mask"], data["label_target"] = meta[:, 2].astype(np.uint8), meta[:, 3].astype(np.uint8)
-            if shuffle:
+            if rng is not None:
                 perm = rng.permutation(len(rows))
                 data = {k: v[perm] for k, v in data.items()}
-            carry.append(data)
-            carried += len(rows)
-            while carried >= batch_size:
-                merged = {k: np.concatenate([c[k] for c in carry]) for k in data} if len(carry) > 1 else carry[0]
-                yield _tensordict({k: v[:batch_size] for k, v in merged.items()})
-                rest = {k: v[batch_size:] for k, v in merged.items()}
-                carried -= batch_size
-                carry = [rest] if carried else []
-        if carried and not drop_last:
-            merged = {k: np.concatenate([c[k] for c in carry]) for k in carry[0]}
-            yield _tensordict(merged)
-
-
-def _check_bindings(episode_id, n, windows, certifications, reviews, qc, error) -> None:
-    """Windows, certifications, reviews and QC results must point at this episode, its steps and its windows."""
-    ids = set()
-    for w in windows:
-        if w.parent_episode_id != episode_id:
-            raise error(f"episode {episode_id}: window {w.window_id} belongs to episode {w.parent_episode_id}")
-        if w.handover_end > n or w.parent_step_id >= max(n, 1):
-            raise error(f"episode {episode_id}: window {w.window_id} [{w.handover_start}, {w.handover_end}) "
-                        f"outside the episode's {n} steps")
-        ids.add(w.window_id)
-    for c in certifications:
-        if c.episode_id != episode_id or c.step_end > n:
-            raise error(f"episode {episode_id}: certification {c.cert_id} does not fit this episode's {n} steps")
-    for r in reviews:
-        if r.window_id not in ids:
-            raise error(f"episode {episode_id}: review by {r.reviewer} names unknown window {r.window_id}")
-    for q in qc:
-        if q.episode_id != episode_id or (q.window_id is not None and q.window_id not in ids):
-            raise error(f"episode {episode_id}: QC result does not belong to this episode or its windows")
-
-
-def _check_replay(episode_id, n, replay: ReplayCheck | None, error) -> None:
-    """A replay check's divergent step must be one of the episode's steps."""
-    if replay is not None and replay.first_divergent_step is not None and replay.first_divergent_step >= max(n, 1):
-        raise error(f"episode {episode_id}: replay check diverges at step {replay.first_divergent_step}, "
-                    f"outside the episode's {n} steps")
-
-
-def _fill_column(spec: FieldSpec | None, name: str, n: int) -> np.ndarray:
-    if spec is None:
-        return np.full(n, {"valid": True}.get(name, 0))
-    return np.full(n, layout.array_fill(spec), spec.np_dtype)
-
-
-def _tensordict(arrays: dict[str, np.ndarray]) -> TensorDict:
-    import torch  # imported here: recording processes never pay for torch
-    from tensordict import TensorDict
-    n = len(next(iter(arrays.values()))) if arrays else 0
-    td = TensorDict({}, batch_size=[n])
-    for name, a in arrays.items():
-        if a.dtype == np.uint16:
-            a = a.astype(np.int32)
-        elif a.dtype == np.uint32:
-            a = a.astype(np.int64)
-        td.set(tuple(name.split("/")), torch.from_numpy(np.ascontiguousarray(a)))
-    return td
+            yield data
 
 
 def _nothing_committed(segment_id: str) -> str:

@@ -17,6 +17,7 @@ from hg_dagger.contract import LabelMask, LabelTarget, TrainingRule, TrainingSel
 from hg_dagger.contract.enums import INTERVENTION_SOURCES
 from hg_dagger.contract.labels import training_selection
 from hg_dagger.errors import ContractError
+from hg_dagger.store.store import EpisodeInfo, EpisodeStore
 
 _TRAINABLE = LabelMask.TRAINABLE.code
 _TARGET_FIELD = {LabelTarget.EXPERT_ACTION.code: "expert_action", LabelTarget.APPLIED_ACTION.code: "applied_action"}
@@ -85,7 +86,7 @@ def extract_labels(
     )
 
 
-def selection(store, info, rule: TrainingRule | None = None) -> TrainingSelection:
+def selection(store: EpisodeStore, info: EpisodeInfo, rule: TrainingRule | None = None) -> TrainingSelection:
     """The contract's training boundary (contract.training_selection) for a stored episode's latest label layer,
     under the store's reviewer roster."""
     layer = store.labels(info.episode_id)
@@ -95,7 +96,7 @@ def selection(store, info, rule: TrainingRule | None = None) -> TrainingSelectio
         policy_version=info.start.policy_version, rule=rule, reviewers=store.reviewers)
 
 
-def load_labels(store, info, obs_keys: Iterable[str], rule: TrainingRule | None = None) -> EpisodeLabels:
+def load_labels(store: EpisodeStore, info: EpisodeInfo, obs_keys: Iterable[str], rule: TrainingRule | None = None) -> EpisodeLabels:
     """The rows of a stored episode that may be trained on (EpisodeInfo from ``store.episodes()``): its
     trainable labels that pass the training boundary ``rule`` (the contract's defaults if None)."""
     keys = list(obs_keys)
@@ -109,7 +110,7 @@ def load_labels(store, info, obs_keys: Iterable[str], rule: TrainingRule | None 
     )
 
 
-def flatten_td(td) -> dict[str, np.ndarray]:
+def flatten_td(td: Any) -> dict[str, np.ndarray]:
     """A TensorDict (possibly nested, e.g. td["obs", "rgb"]) or dict as flat "a/b" -> numpy arrays."""
     out: dict[str, np.ndarray] = {}
     keys = td.keys(include_nested=True, leaves_only=True) if hasattr(td, "batch_size") else td.keys()

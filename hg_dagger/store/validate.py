@@ -7,8 +7,9 @@ committed) are not violations; their steps are still checked.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -23,11 +24,16 @@ from hg_dagger.contract.enums import (
     StepFlag,
 )
 from hg_dagger.contract.labels import certification_problem, is_operator, label_violations, window_operator
-from hg_dagger.contract.schema import step_fields
+from hg_dagger.contract.schema import EpisodeStart, step_fields
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import layout
+from hg_dagger.store.labels import LabelLayer
+from hg_dagger.store.layer_rules import LABEL_INPUTS, check_bindings, check_replay, fill_column
 from hg_dagger.store.segment import SegmentView
-from hg_dagger.store.store import LABEL_INPUTS, EpisodeStore, _check_bindings, _check_replay, _fill_column
+from hg_dagger.store.store import EpisodeInfo, EpisodeStore
+
+Step = int | np.integer[Any] | None  # a step number as numpy's lookups give it
+Bad = Callable[[Step, str | None, str], None]
 
 TIME_FIELDS = ("t_obs", "t_policy", "t_action_apply", "t_device")
 ORDERED_TIMES = ("t_obs", "t_policy", "t_action_apply")
@@ -61,7 +67,7 @@ def validate_store(store: EpisodeStore | str, *, images: bool = True, progress: 
     out: list[Violation] = [Violation(eid, None, None, _strip(msg, eid)) for eid, msg in store.damaged]
     by_id = {i.episode_id: i for i in infos}
     window_owner: dict[str, str] = {}
-    by_seg: dict[str, list] = {}
+    by_seg: dict[str, list[EpisodeInfo]] = {}
     for info in infos:
         by_seg.setdefault(info.segment_id, []).append(info)
     bar = tqdm(total=len(infos), desc="validate", unit="ep", disable=not progress)
@@ -117,7 +123,7 @@ def _segment_columns(seg: SegmentView, out: list[Violation], images: bool) -> di
                         arr[lo:min(n, lo + step)]
                 cols[name] = None
             else:
-                cols[name] = arr[:n] if n else np.zeros((0, *spec.shape), spec.np_dtype)
+                cols[name] = np.asarray(arr[:n]) if n else np.zeros((0, *spec.shape), spec.np_dtype)
         except Exception as exc:
             out.append(Violation(None, None, name, f"segment {seg.segment_id}: data unreadable ({_one(exc)}); "
                                                    "episodes of this segment cannot be loaded"))
@@ -125,10 +131,11 @@ def _segment_columns(seg: SegmentView, out: list[Violation], images: bool) -> di
     return cols
 
 
-def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Violation]) -> None:
+def _check_episode(store: EpisodeStore, seg: SegmentView, info: EpisodeInfo, columns: dict[str, np.ndarray | None],
+                   by_id: dict[str, EpisodeInfo], window_owner: dict[str, str], out: list[Violation]) -> None:
     eid = info.episode_id
 
-    def bad(step, field, message):
+    def bad(step: Step, field: str | None, message: str) -> None:
         out.append(Violation(eid, None if step is None else int(step), field, message))
 
     rec = store._eps[eid]
@@ -210,7 +217,7 @@ def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Vio
 
     if not info.complete:
         return
-    inputs = {k: (col[k] if col.get(k) is not None else _fill_column(seg.fields.get(k), k, n)) for k in LABEL_INPUTS}
+    inputs = {k: (col[k] if col.get(k) is not None else fill_column(seg.fields.get(k), k, n)) for k in LABEL_INPUTS}
     try:
         versions = store.label_versions(eid)
     except HgDaggerError as exc:
@@ -229,7 +236,7 @@ def _check_episode(store, seg, info, columns, by_id, window_owner, out: list[Vio
         _check_independence(store, eid, start, bad)
 
 
-def _check_independence(store, eid, start, bad: Callable) -> None:
+def _check_independence(store: EpisodeStore, eid: str, start: EpisodeStart, bad: Bad) -> None:
     """A decision by the window's own operator (other than their rejection of it) breaks the rule that a reviewer
     is never the operator; the latest layer holds every decision, so only it is read."""
     try:
@@ -248,20 +255,21 @@ def _check_independence(store, eid, start, bad: Callable) -> None:
                                              "nothing")
 
 
-def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callable, quality_flags=()) -> None:
+def _check_layer(eid: str, v: int, layer: LabelLayer, n: int, inputs: dict[str, Any], col: dict[str, Any],
+                 start: EpisodeStart, window_owner: dict[str, str], bad: Bad, quality_flags: Iterable[str] = ()) -> None:
     where = f"label layer v{v}"
 
-    def collect(msg):
+    def collect(msg: str) -> _Collected:
         return _Collected(msg)
 
     try:
-        _check_bindings(eid, n, layer.windows, layer.certifications, layer.reviews, layer.qc, collect)
+        check_bindings(eid, n, layer.windows, layer.certifications, layer.reviews, layer.qc, collect)
     except _Collected as exc:
         bad(None, "labels", f"{where}: {_strip(str(exc), eid)}")
     try:
-        _check_replay(eid, n, layer.replay, collect)
+        check_replay(eid, n, layer.replay, collect)
     except _Collected as exc:
-        bad(layer.replay.first_divergent_step, "replay", f"{where}: {_strip(str(exc), eid)}")
+        bad(layer.replay.first_divergent_step if layer.replay else None, "replay", f"{where}: {_strip(str(exc), eid)}")
     for w in layer.windows:
         owner = window_owner.setdefault(w.window_id, f"{eid} v{v}")
         if not owner.startswith(eid + " "):
@@ -296,7 +304,8 @@ def _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad: Callab
             bad(c.step_start, "certifications", f"{where}: certification {c.cert_id} by {c.certifier!r} "
                                                 f"(method {c.method!r}) does not count: {why}")
     msgs = label_violations(episode_id=eid, label_mask=mask, **inputs, windows=layer.windows,
-                            certifications=layer.certifications, mode=start.mode, quality_flags=quality_flags, **who)
+                            certifications=layer.certifications, mode=start.mode, quality_flags=quality_flags,
+                            operator=start.operator, policy_version=start.policy_version)
     for m in msgs:
         hit = _STEP_RE.search(m)
         bad(int(hit.group(1)) if hit else None, "label_mask", f"{where}: {m.split(': ', 1)[-1]}")

@@ -1,6 +1,6 @@
 """Fault injection on the robot bridge: the link to the robot dropped (silent or cut) while a person holds
 control, in the app's session and in a headless run. The robot server is a real `hg-dagger bridge serve`
-subprocess; the link is a TCP relay the test breaks (tests/bridge_helpers.LinkProxy).
+subprocess; the link is a TCP relay the test breaks (tests/support/bridge.py.LinkProxy).
 
 What must hold: the robot is told to hold, the event is recorded in the episode, and nothing moves
 again until a person resumes (or a headless run was given the explicit resume_on_reconnect flag)."""
@@ -12,15 +12,17 @@ import time
 
 import numpy as np
 import pytest
-from bridge_helpers import TOKEN, LinkProxy, Robot
+from support.bridge import TOKEN, LinkProxy, Robot
 
 from hg_dagger.contract.enums import ControlState, EndReason, EventKind
 from hg_dagger.control.build import build_session
-from hg_dagger.control.gates import ConfidenceGate, GateConfig
+from hg_dagger.control.gate_specs import ConfidenceGate, GateConfig
 from hg_dagger.control.run_config import load_run_config
 from hg_dagger.envs.bridge import BridgeEnv, RobotState
 from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
+
+pytestmark = [pytest.mark.subprocess]
 
 ALWAYS = GateConfig(name="always", gates=[ConfidenceGate(trigger=1e-9, warn=None, debounce_ticks=1)])
 HUMAN = ControlState.HUMAN.code

@@ -11,7 +11,7 @@ import pytest
 
 from hg_dagger.contract.enums import ActionSource, ControlState, EventKind, LabelMask, StepFlag
 from hg_dagger.control.build import build_session
-from hg_dagger.control.gates import ConfidenceGate, GateConfig
+from hg_dagger.control.gate_specs import ConfidenceGate, GateConfig
 from hg_dagger.control.run_config import load_run_config
 from hg_dagger.devices import load_device_config, make_device
 from hg_dagger.envs import make_env

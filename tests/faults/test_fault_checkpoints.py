@@ -12,6 +12,8 @@ from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.policy import Student, load_student
 
+pytestmark = [pytest.mark.subprocess]
+
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):

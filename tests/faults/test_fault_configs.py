@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hg_dagger", *args], capture_output=True, text=True, timeout=600)

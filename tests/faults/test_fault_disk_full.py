@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from store_helpers import check_steps, end, record, start, step
+from support.store import check_steps, end, record, start, step
 
 from hg_dagger.contract import (
     ActionSource,
@@ -25,6 +25,8 @@ from hg_dagger.contract import (
 )
 from hg_dagger.errors import StoreError
 from hg_dagger.store import EpisodeStore, validate_store
+
+pytestmark = [pytest.mark.subprocess]
 
 BIG_STATE = 2048  # 8 KiB of incompressible floats per step: a few episodes fill the disk
 

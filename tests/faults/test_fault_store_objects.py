@@ -4,7 +4,7 @@ episode and the object, the rest of the store readable, validate reporting it, t
 from __future__ import annotations
 
 import pytest
-from store_helpers import check_steps, end, fields, record, start, step
+from support.store import check_steps, end, fields, record, start, step
 
 from hg_dagger.cli import main
 from hg_dagger.errors import StoreError

@@ -2,9 +2,9 @@
 the store (never trainable), the episodes it committed are kept, the run continues on a replacement worker that
 re-runs the unfinished episodes from the same seeds, and every episode of the round ends up complete exactly once.
 
-Mid-episode is made certain, not hoped for: the worker is frozen (SIGSTOP) while the store shows one of its
-episodes begun with steps and not ended; the store is read again while it is frozen, and only if that episode is
-still open is the worker killed (otherwise it is let go and the search goes on)."""
+Mid-episode is made certain, not hoped for: the worker is frozen (SIGSTOP) from before the run starts and let go
+for a short slice between looks at the store (10 ms while it sets up, 1 ms once it has recorded); only if a look shows one of its episodes begun with steps and not ended is
+the worker killed, so episodes shorter than a store read, and a share shorter than one, are caught too."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from hg_dagger.learn.auto import AutoConfig, AutoRun
 from hg_dagger.learn.executor import RayExecutor
 from hg_dagger.store import EpisodeStore, validate_store
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ray]
 
 EPISODES = 16
 CFG = {
-    # an untrained student acts (beta 0): episodes run to the horizon (100 steps), long enough to be caught open
+    # an untrained student acts (beta 0): episodes run to the horizon (1000 steps), long enough to be caught open
     "task": "toy_reach", "certification": "planner_auto", "mode": "dagger_sync", "num_envs": 1, "seed": 2,
-    "iterations": 1, "episodes_per_iteration": EPISODES, "max_episode_steps": 100,
+    "iterations": 1, "episodes_per_iteration": EPISODES, "max_episode_steps": 1000,
     "beta": {"kind": "constant", "beta0": 0.0}, "student": {"ensemble": 2, "hidden": [16]},
     "train": {"steps": 5, "batch_size": 32, "log_every": 5}, "eval": {"episodes": 2, "num_envs": 2, "max_steps": 5},
     "recorder_flush_s": 0.02,
@@ -62,66 +62,93 @@ def ray_runtime():
     assert _children() - before == set(), "Ray left processes running"
 
 
-def _open_episodes(url, pid) -> list[str]:
-    """Episodes of worker ``pid`` that the store shows begun, with steps, and not ended."""
+SEEN: dict = {}  # what the looks of the last _kill_mid_episode saw, for the failure message
+
+
+def _episodes_of(url, pid) -> list:
+    """The episodes worker ``pid`` has begun in the store (none before the store exists)."""
+    SEEN["looks"] = SEEN.get("looks", 0) + 1
     try:
         store = EpisodeStore.open(url, mode="r")
-    except Exception:  # noqa: BLE001 - not created yet
+    except Exception as exc:  # noqa: BLE001 - not created yet
+        SEEN["not open"] = repr(exc)[:300]
         return []
-    return [i.episode_id for i in store.episodes()
-            if not i.complete and i.num_steps > 0 and i.start.extra.get("worker_pid") == pid]
+    infos = store.episodes()
+    SEEN["pids"] = sorted({str(i.start.extra.get("worker_pid")) for i in infos})
+    mine = [i for i in infos if i.start.extra.get("worker_pid") == pid]
+    SEEN["victim"] = pid
+    SEEN["mine"] = (SEEN.get("mine", []) + [(i.complete, i.num_steps) for i in mine][-3:])[-9:]
+    return mine
+
+
+# how long the frozen worker runs between two looks: 10 ms while it sets up, then 1 ms once it has recorded (a
+# warmed-up worker can run a whole 100-step toy_reach episode in 10 ms)
+SETUP_SLICE_S, SLICE_S = 0.01, 0.001
 
 
 def _kill_mid_episode(url, victim: int, runner: threading.Thread) -> list[str]:
-    """SIGKILL worker ``victim`` while the store shows one of its episodes open, then wait for ``runner``: the
-    worker is frozen (SIGSTOP) first, so what the store shows then is what it will keep; an episode that closed in
-    the meantime lets it go again. Returns the episodes it was killed in (none: it finished first)."""
+    """SIGKILL worker ``victim`` while the store shows one of its episodes open, then wait for ``runner``. The worker
+    is frozen (SIGSTOP) before the run starts and let go for a slice between looks, so it cannot finish an episode,
+    or its whole share, between two looks however slow a store read is; what the store shows during a look is what
+    it will keep. Its share of the round is fixed (the executor deals the episodes out before it starts), so slowing
+    it down moves nothing to the other worker. Returns the episodes it was killed in (none: it finished first)."""
     killed: list[str] = []
+    SEEN.clear()
     try:
         deadline = time.monotonic() + 300
+        recorded = False
         while not killed and runner.is_alive() and time.monotonic() < deadline:
-            if _open_episodes(url, victim):
+            try:
+                os.kill(victim, signal.SIGCONT)
+                time.sleep(SLICE_S if recorded else SETUP_SLICE_S)
                 os.kill(victim, signal.SIGSTOP)
-                still = _open_episodes(url, victim)
-                if still:
-                    os.kill(victim, signal.SIGKILL)
-                    killed = still
-                else:
-                    os.kill(victim, signal.SIGCONT)
-            time.sleep(0.005)
-        runner.join(300)
+            except ProcessLookupError:  # gone on its own: nothing left to catch
+                break
+            mine = _episodes_of(url, victim)
+            recorded = recorded or bool(mine)
+            still = [i.episode_id for i in mine if not i.complete and i.num_steps > 0]
+            if still:
+                os.kill(victim, signal.SIGKILL)
+                killed = still
     finally:
-        if not killed:
+        if not killed:  # let it finish (before the join below)
             try:
                 os.kill(victim, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+    runner.join(300)
     return killed
 
 
 def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ray_runtime, tmp_path):
     cfg = AutoConfig.model_validate(CFG)
-    out = tmp_path / "run"
-    url = str(out / "store")
-    ex = RayExecutor(workers=2)
-    victim = ex.pids[0]
-    result: dict = {}
+    # toy_reach's episodes (100 steps) are short: a round in which every look fell between two of the victim's
+    # episodes is run again in a fresh folder, up to three rounds; what is asserted is the round it was killed in
+    for attempt in range(3):
+        out = tmp_path / f"run-{attempt}"
+        url = str(out / "store")
+        ex = RayExecutor(workers=2)
+        victim = ex.pids[0]
+        os.kill(victim, signal.SIGSTOP)  # frozen before its first step; _kill_mid_episode lets it go in slices
+        result: dict = {}
 
-    def run() -> None:
+        def run(out=out, ex=ex, result=result) -> None:
+            try:
+                result["rows"] = AutoRun(cfg, out, executor=ex).run(progress=False)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+                result["error"] = exc
+
+        runner = threading.Thread(target=run, name="auto-run")
+        runner.start()
         try:
-            result["rows"] = AutoRun(cfg, out, executor=ex).run(progress=False)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            result["error"] = exc
-
-    runner = threading.Thread(target=run, name="auto-run")
-    runner.start()
-    try:
-        killed = _kill_mid_episode(url, victim, runner)
-    finally:
-        runner.join(60)
-        ex.close()
-    assert killed, "the worker finished before it could be caught mid-episode"
-    assert "error" not in result, result.get("error")
+            killed = _kill_mid_episode(url, victim, runner)
+        finally:
+            runner.join(60)
+            ex.close()
+        assert "error" not in result, f"round {attempt}: {result['error']!r}"
+        if killed:
+            break
+    assert killed, f"the worker finished before it could be caught mid-episode, in three rounds; the last: {SEEN}"
 
     # the run went on: its round completed, trained and recorded the lost worker
     (row,) = result["rows"]
@@ -170,10 +197,12 @@ def test_a_run_worker_killed_mid_episode_has_its_missing_seeds_run_again(ray_run
 
     # an untrained student (gates and the synthetic operator take turns): episodes long enough to be caught open
     cfg = load_run_config(None, "toy_reach", **{"operator.type": "synthetic", "num_envs": 1,
-                                                "episodes": RUN_EPISODES, "seed": 40, "calibrate_steps": 0})
+                                                "episodes": RUN_EPISODES, "seed": 40, "calibrate_steps": 0,
+                                                "realtime": True})  # paced: each episode open for seconds
     url = str(tmp_path / "store")
     ex = RayExecutor(workers=2)
     victim = ex.pids[0]
+    os.kill(victim, signal.SIGSTOP)  # frozen before its first step; _kill_mid_episode lets it go in slices
     result: dict = {}
 
     def run() -> None:
@@ -189,8 +218,8 @@ def test_a_run_worker_killed_mid_episode_has_its_missing_seeds_run_again(ray_run
     finally:
         runner.join(60)
         ex.close()
-    assert killed, "the worker finished before it could be caught mid-episode"
-    assert "error" not in result, result.get("error")
+    assert "error" not in result, repr(result["error"])
+    assert killed, f"the worker finished before it could be caught mid-episode: {SEEN}"
     summary = result["summary"]
 
     store = EpisodeStore.open(url)

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import store_helpers as h  # noqa: E402
+import support.store as h  # noqa: E402
 
 from hg_dagger.contract import LabelMask  # noqa: E402
 from hg_dagger.contract.labels import planner_certifications  # noqa: E402

@@ -21,8 +21,7 @@ from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.contract.enums import ActionSource, ControlState, ReviewStatus
 from hg_dagger.contract.labels import certified_windows
 from hg_dagger.contract.schema import EpisodeStart
-from hg_dagger.review.decisions import WindowRow, open_store
-from hg_dagger.review.decisions import _row as window_row  # the one definition of a window's review row
+from hg_dagger.review.decisions import WindowRow, open_store, window_row
 from hg_dagger.store import EpisodeInfo, EpisodeStore
 from hg_dagger.ui import style
 

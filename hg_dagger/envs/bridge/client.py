@@ -191,12 +191,13 @@ class BridgeEnv(VecEnv):
         n = self.num_envs
         terminated = np.asarray(reply["terminated"], dtype=bool)
         truncated = np.asarray(reply["truncated"], dtype=bool)
-        info["success"] = np.asarray(reply.get("success", np.zeros(n, bool)), dtype=bool)
-        info["episode_start"] = np.asarray(reply.get("episode_start", terminated | truncated), dtype=bool)
-        info["final_obs"] = reply.get("final_obs", obs)
         if "signals" in reply:
             info["signals"] = reply["signals"]
-        return StepResult(obs, np.asarray(reply["reward"], dtype=np.float32), terminated, truncated, info)
+        return StepResult(obs, np.asarray(reply["reward"], dtype=np.float32), terminated, truncated,
+                          success=np.asarray(reply.get("success", np.zeros(n, bool)), dtype=bool),
+                          final_obs=reply.get("final_obs", obs),
+                          episode_start=np.asarray(reply.get("episode_start", terminated | truncated), dtype=bool),
+                          t_obs=info.pop("t_obs"), t_action_apply=info.pop("t_action_apply"), info=info)
 
     def render_view(self, row: int = 0, size: int = 256) -> np.ndarray | None:
         """The robot camera's last frame of ``row`` (from the last reply) fitted to [size, size, 3];

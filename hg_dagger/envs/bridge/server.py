@@ -1,22 +1,11 @@
-"""The robot side of the bridge: a TCP server that owns one VecEnv (any sim backend, or a robot driver).
+"""The robot side of the bridge: a TCP server that serves one robot (envs.bridge.robot: any sim backend, or a
+robot driver, and its running / hold / estop states).
 
-One thread, one selector loop: it accepts connections, authenticates them, applies commands from
-the single active session and runs the heartbeat watchdog between frames. Every refusal is logged
-with its reason and answered with an ``error`` message; nothing that is refused reaches the env.
-
-The robot only moves on ``reset`` and ``step``. In ``hold`` (safe stop) and ``estop`` it refuses
-``step``. Entering either from ``running`` commands the backend to hold (``VecEnv.hold``): a robot
-driver stops and holds position (``hold_action``: motion dims 0, gripper dims keep their last
-command), the MuJoCo backends stop the arm where it is; the robot stops because it was told to, not
-because commands happen to stop. ``observe`` reads the backend now (``VecEnv.observe``), so a monitor
-sees a held robot as it is. The heartbeat watchdog guards motion: a session silent past the timeout
-while the robot runs is dropped and the robot holds; while it holds there is nothing to stop, so a
-silent session (an app still starting up) keeps its session. Every obs reply carries per-row fault flags: "estop" (the robot is
-e-stopped; a backend that reports "estop" in its step/reset info latches it) and "sensor_loss" (the
-backend said so, or a step returned an observation whose timestamp did not advance).
-
-Every field a message carries is type- and range-checked here before anything reaches the backend;
-a bad one is refused as ``malformed`` and leaves the robot's state alone.
+One thread, one selector loop: it accepts connections, authenticates them, hands commands from the single active
+session to the robot and runs the heartbeat watchdog between frames. Every refusal is logged with its reason and
+answered with an ``error`` message; nothing that is refused reaches the env. The heartbeat watchdog guards motion:
+a session silent past the timeout while the robot runs is dropped and the robot holds; while it holds there is
+nothing to stop, so a silent session (an app still starting up) keeps its session.
 """
 
 from __future__ import annotations
@@ -26,13 +15,11 @@ import selectors
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from hg_dagger.contract.clock import NO_TIME, now_ns
-from hg_dagger.envs.base import VecEnv, check_action, fault_flags
+from hg_dagger.contract.clock import now_ns
+from hg_dagger.envs.base import VecEnv
 from hg_dagger.envs.bridge.protocol import (
     DEFAULT_HOST,
     DEFAULT_MAX_FRAME_BYTES,
@@ -52,26 +39,12 @@ from hg_dagger.envs.bridge.protocol import (
     encode,
     new_nonce,
 )
+from hg_dagger.envs.bridge.robot import Counters, Robot, is_int, string_field, text
 from hg_dagger.errors import EnvError
 
 log = logging.getLogger("hg_dagger.bridge.server")
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-MAX_SEED = 2**32 - 1  # seeds are uint32: every backend's seeding (numpy legacy included) takes them
-MAX_TEXT = 200  # reason / by / client strings are cut to this many characters
-MAX_CID = 128
-
-
-def hold_action(action_names: list[str], last_action: np.ndarray | None, num_envs: int) -> np.ndarray:
-    """The zero-motion command that holds position: 0 on every motion dim, and the last commanded
-    value on gripper dims (names containing "grip"), so a grasped object is not dropped."""
-    hold = np.zeros((num_envs, len(action_names)), dtype=np.float32)
-    if last_action is not None:
-        for i, name in enumerate(action_names):
-            if "grip" in name.lower():
-                hold[:, i] = last_action[:, i]
-    return hold
-
 
 @dataclass
 class ServerConfig:
@@ -112,16 +85,6 @@ class _Conn:
     quiet_logged: bool = False  # its silence while the robot holds was logged
 
 
-@dataclass
-class Counters:
-    steps: int = 0
-    resets: int = 0
-    sessions: int = 0
-    heartbeat_losses: int = 0
-    holds: int = 0  # times the backend was commanded to hold (VecEnv.hold)
-    refused: dict[str, int] = field(default_factory=dict)
-
-
 class BridgeServer:
     """Serves one VecEnv to one authenticated client at a time. Not thread-safe: run it in one thread."""
 
@@ -132,16 +95,7 @@ class BridgeServer:
         self.config = config or ServerConfig()
         self._token = bytes(token)
         self.instance = uuid.uuid4().hex
-        self.counters = Counters()
-        self.state = RobotState.HOLD
-        self.reason = "no session yet: reset or resume to move"
-        self._names = list(env.mapping.action.names)
-        self._last_action: np.ndarray | None = None
-        self._last_step: tuple[Any, dict] | None = None  # (command id, reply) for an exactly-once retry
-        self._obs, info = env.reset(seed=seed)
-        self._t_obs = self._times(info, "t_obs", now_ns())
-        n = env.num_envs
-        self._sensor_loss = fault_flags(info, "sensor_loss", n)  # as of the last reset/step
+        self.robot = Robot(env, seed=seed, counters=Counters())
         if self.config.host not in LOOPBACK:
             log.warning("bridge listening on %s: not loopback; anyone who can reach this port may try the token",
                         self.config.host)
@@ -161,7 +115,14 @@ class BridgeServer:
         self._active: _Conn | None = None
         self._stopping = False
         self._estop_request: str | None = None
-        self._resumed_by = ""  # who lifted the last hold (resume's "by"), for status and the log
+
+    @property
+    def counters(self) -> Counters:
+        return self.robot.counters
+
+    @property
+    def state(self) -> RobotState:
+        return self.robot.state
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -197,11 +158,11 @@ class BridgeServer:
     def _close_all(self) -> None:
         for conn in list(self._conns.values()):
             self._close(conn)
-        if self._active is not None or self.state == RobotState.RUNNING:
-            self._hold("server shutting down", logging.INFO)
+        if self._active is not None or self.robot.running:
+            self.robot.hold("server shutting down", logging.INFO)
         self._sel.close()
         self._listener.close()
-        self.env.close()
+        self.robot.close()
 
     # ------------------------------------------------------------------ connections
     def _accept(self) -> None:
@@ -271,7 +232,7 @@ class BridgeServer:
         was_active = conn is self._active
         self._close(conn)
         if was_active:
-            self._hold(f"session from {conn.peer} lost: {why}")
+            self.robot.hold(f"session from {conn.peer} lost: {why}")
 
     def _on_readable(self, conn: _Conn) -> None:
         try:
@@ -312,32 +273,11 @@ class BridgeServer:
             self._drop(conn, f"refused: {code}")
 
     # ------------------------------------------------------------------ safety
-    def _hold(self, reason: str, level: int = logging.WARNING) -> None:
-        """Safe stop: the backend is commanded to hold position, then steps are refused until reset/resume."""
-        if self.state == RobotState.ESTOP:
-            return
-        if self.state != RobotState.HOLD:
-            log.log(level, "safe stop: holding position (%s)", reason)
-        self._stop_motion()
-        self.state, self.reason = RobotState.HOLD, reason
-
-    def _stop_motion(self) -> None:
-        """Tell the backend to hold (VecEnv.hold) when the robot was running. A failure is logged; the state
-        still leaves running, so no step is applied after it."""
-        if self.state != RobotState.RUNNING:
-            return
-        self.counters.holds += 1
-        try:
-            self.env.hold()
-        except Exception as exc:  # noqa: BLE001 - the robot side must keep serving (and refusing steps)
-            log.error("the backend failed to hold: %s: %s", type(exc).__name__, exc)
-        else:
-            log.info("backend commanded to hold position")
-
+    # ------------------------------------------------------------------ heartbeat
     def _watchdog(self) -> None:
         if self._estop_request is not None:
             reason, self._estop_request = self._estop_request, None
-            self._estop({"reason": reason})
+            self.robot.estop(reason)
         t = now_ns()
         for conn in list(self._conns.values()):
             if not conn.authed and t - conn.t_open > self.config.handshake_timeout_s * 1e9:
@@ -345,7 +285,7 @@ class BridgeServer:
                              f"no hello within {self.config.handshake_timeout_s:g} s")
         active = self._active
         silent = active is not None and t - active.last_rx > self.config.heartbeat_timeout_s * 1e9
-        if silent and self.state != RobotState.RUNNING:
+        if silent and not self.robot.running:
             # a held (or e-stopped) robot has no motion to stop, so the session stays: an app still loading
             # (importing torch holds Python's GIL, heartbeat thread included, for over 0.5 s on a busy
             # machine) keeps it. Only its own reset or resume runs the robot again, and that ends the silence.
@@ -362,13 +302,13 @@ class BridgeServer:
             log.warning("heartbeat lost from %s: silent for %.0f ms (timeout %.0f ms)", active.peer, silent_ms,
                         self.config.heartbeat_timeout_s * 1e3)
             self._close(active)
-            self._hold(f"heartbeat lost: session from {active.peer} silent for {silent_ms:.0f} ms "
+            self.robot.hold(f"heartbeat lost: session from {active.peer} silent for {silent_ms:.0f} ms "
                        f"(timeout {self.config.heartbeat_timeout_s * 1e3:.0f} ms)")
 
     # ------------------------------------------------------------------ messages
     def _dispatch(self, conn: _Conn, msg: dict) -> None:
         kind, re = msg["type"], msg.get("seq")
-        if re is not None and not _is_int(re):
+        if re is not None and not is_int(re):
             self._refuse(conn, ErrorCode.MALFORMED, f"seq must be an int, got {type(re).__name__}")
             return
         if not conn.authed:
@@ -392,7 +332,7 @@ class BridgeServer:
             return
         except Exception as exc:  # noqa: BLE001 - the backend failed: hold, report, keep serving
             log.exception("backend failed on %s", kind)
-            self._hold(f"backend raised on {kind}: {exc}")
+            self.robot.hold(f"backend raised on {kind}: {exc}")
             self._refuse(conn, ErrorCode.INTERNAL, f"backend raised on {kind}: {type(exc).__name__}: {exc}", re)
             return
         if reply is not None:
@@ -402,8 +342,8 @@ class BridgeServer:
     def _hello(self, conn: _Conn, msg: dict) -> None:
         re = msg.get("seq")
         version = msg.get("version")
-        if not _is_int(version) or version != PROTOCOL_VERSION:
-            shown = version if _is_int(version) else type(version).__name__
+        if not is_int(version) or version != PROTOCOL_VERSION:
+            shown = version if is_int(version) else type(version).__name__
             self._refuse(conn, ErrorCode.VERSION,
                          f"client speaks protocol version {shown!r}, robot speaks {PROTOCOL_VERSION}", re)
             return
@@ -421,171 +361,46 @@ class BridgeServer:
         conn.last_rx = now_ns()
         self._active = conn
         self.counters.sessions += 1
-        if self.state == RobotState.RUNNING:
-            self._hold(f"new session from {conn.peer}")
-        log.info("session %d from %s (client %s)", self.counters.sessions, conn.peer, _text(msg.get("client"), "?"))
+        if self.robot.running:
+            self.robot.hold(f"new session from {conn.peer}")
+        log.info("session %d from %s (client %s)", self.counters.sessions, conn.peer, text(msg.get("client"), "?"))
         m = self.env.mapping
         self._send(conn, {
             "type": Msg.WELCOME, "re": re, "version": PROTOCOL_VERSION, "instance": self.instance,
             "task_id": m.task_id, "mapping_hash": m.hash, "num_envs": self.env.num_envs,
-            "action_dim": m.action_dim, "action_names": self._names, "control_hz": m.control_hz,
+            "action_dim": m.action_dim, "action_names": self.robot.names, "control_hz": m.control_hz,
             "obs_spec": {k: [list(s), d] for k, (s, d) in m.obs_spec().items()},
-            "hold_action": hold_action(self._names, self._last_action, self.env.num_envs),
+            "hold_action": self.robot.hold_action(),
             "heartbeat_timeout_s": self.config.heartbeat_timeout_s, "max_frame_bytes": self.config.max_frame_bytes,
-            "state": self.state, "reason": self.reason, "robot": self.env.robot,
+            "state": self.state, "reason": self.robot.reason, "robot": self.env.robot,
         })
 
     def _status(self, _msg: dict | None = None) -> dict:
-        c = self.counters
-        return {"type": Msg.STATUS, "state": self.state, "reason": self.reason, "instance": self.instance,
-                "steps": c.steps, "resets": c.resets, "sessions": c.sessions,
-                "heartbeat_losses": c.heartbeat_losses, "holds": c.holds, "resumed_by": self._resumed_by,
-                "refused": dict(c.refused),
-                "session": self._active.peer if self._active else None,
-                "hold_action": hold_action(self._names, self._last_action, self.env.num_envs)}
-
-    def _obs_reply(self, t_recv: int, *, obs=None, t_obs=None, sensor_loss=None, **fields) -> dict:
-        """An obs reply: the last reset/step's observation unless a fresh one (observe) is given."""
-        return {"type": Msg.OBS, "state": self.state, "obs": self._obs if obs is None else obs,
-                "t_obs": self._t_obs if t_obs is None else t_obs, "t_recv": t_recv, "estop": self._estop_rows(),
-                "sensor_loss": self._sensor_loss if sensor_loss is None else sensor_loss, **fields,
-                "t_send": now_ns()}
-
-    def _estop_rows(self) -> np.ndarray:
-        """bool [N]: an e-stopped robot refuses motion in every row."""
-        return np.full(self.env.num_envs, self.state == RobotState.ESTOP)
-
-    def _faults(self, info: dict, t_obs_before: np.ndarray | None) -> None:
-        """Take the backend's fault flags from a reset/step info. A step whose observation timestamp
-        did not advance counts as sensor loss for that row; a reported e-stop latches the robot's."""
-        n = self.env.num_envs
-        loss = fault_flags(info, "sensor_loss", n)
-        if t_obs_before is not None:
-            t_now = np.broadcast_to(np.asarray(self._t_obs, dtype=np.int64), (n,))
-            loss |= t_now <= np.broadcast_to(t_obs_before, (n,))
-        self._sensor_loss = loss
-        if loss.any():
-            log.warning("sensor loss in rows %s: observation stale or missing", np.flatnonzero(loss).tolist())
-        estop = fault_flags(info, "estop", n)
-        if estop.any():
-            rows = np.flatnonzero(estop).tolist()
-            log.warning("E-STOP: the robot reported an e-stop in rows %s", rows)
-            self._stop_motion()
-            self.state, self.reason = RobotState.ESTOP, f"e-stop: the robot reported an e-stop in rows {rows}"
-
-    @staticmethod
-    def _times(info: dict, key: str, fallback: int) -> np.ndarray:
-        t = info.get(key)
-        return np.asarray(t, dtype=np.int64) if t is not None else np.int64(fallback)
+        return {**self.robot.status(), "instance": self.instance,
+                "session": self._active.peer if self._active else None}
 
     def _reset(self, msg: dict) -> dict:
-        t_recv = now_ns()
-        if self.state == RobotState.ESTOP:
-            raise BridgeError(f"robot is e-stopped ({self.reason}); send estop_release first", ErrorCode.STATE)
-        seed, env_ids = msg.get("seed"), msg.get("env_ids")
-        n = self.env.num_envs
-        if not (env_ids is None or (isinstance(env_ids, list) and all(_is_int(i) for i in env_ids))):
-            raise ProtocolError("reset.env_ids must be null or a list of ints", ErrorCode.MALFORMED)
-        if env_ids is not None and (any(not 0 <= i < n for i in env_ids) or len(set(env_ids)) != len(env_ids)):
-            raise BridgeError(f"reset.env_ids {env_ids[:16]} must be distinct rows in 0..{n - 1}", ErrorCode.BAD_REQUEST)
-        top = MAX_SEED - (n - 1)  # an int seed seeds row r with seed + r
-        if not (seed is None or (_is_int(seed) and 0 <= seed <= top)
-                or (isinstance(seed, list) and all(_is_int(s) and 0 <= s <= MAX_SEED for s in seed))):
-            raise ProtocolError(f"reset.seed must be null, an int in 0..{top} or a list of ints in 0..{MAX_SEED}",
-                                ErrorCode.MALFORMED)
-        if isinstance(seed, list) and len(seed) != (n if env_ids is None else len(env_ids)):
-            raise BridgeError(f"reset.seed has {len(seed)} seeds for {n if env_ids is None else len(env_ids)} rows",
-                              ErrorCode.BAD_REQUEST)
-        obs, info = self.env.reset(seed=seed, env_ids=env_ids)
-        self._obs, self._t_obs = obs, self._times(info, "t_obs", now_ns())
-        self.counters.resets += 1
-        self._last_step = None
-        self.state, self.reason = RobotState.RUNNING, "running"
-        self._faults(info, None)
-        return self._obs_reply(t_recv, t_action_apply=np.int64(NO_TIME))
+        return self.robot.reset(msg)
 
     def _step(self, msg: dict) -> dict:
-        t_recv = now_ns()
-        cid = msg.get("cid")
-        if cid is not None and not (isinstance(cid, str) and 0 < len(cid) <= MAX_CID):
-            raise ProtocolError(f"step.cid must be a string of 1..{MAX_CID} characters, got {type(cid).__name__}",
-                                ErrorCode.MALFORMED)
-        applied = cid is not None and self._last_step is not None and self._last_step[0] == cid
-        if self.state != RobotState.RUNNING:  # a held robot answers no step, a re-sent one included
-            again = f"; the step with cid {cid!r} was applied before it" if applied else ""
-            raise BridgeError(f"robot is in {self.state} ({self.reason}){again}; step refused", ErrorCode.STATE)
-        if applied:  # a retried command: answered from the stored reply, not stepped twice
-            return dict(self._last_step[1], t_recv=t_recv, t_send=now_ns(), replayed=True)
-        action = msg.get("action")
-        if not isinstance(action, np.ndarray):
-            raise BridgeError(f"step.action must be an ndarray, got {type(action).__name__}", ErrorCode.BAD_ACTION)
-        try:
-            action = check_action(action, self.env.num_envs, self.env.action_dim, where=f"bridge {self.env.task_id}")
-        except EnvError as exc:
-            raise BridgeError(str(exc), ErrorCode.BAD_ACTION) from exc
-        t_apply = now_ns()
-        res = self.env.step(action)
-        self._last_action = action
-        self.counters.steps += 1
-        info = res.info
-        t_obs_before = np.asarray(self._t_obs, dtype=np.int64)
-        self._obs, self._t_obs = res.obs, self._times(info, "t_obs", now_ns())
-        self._faults(info, t_obs_before)
-        fields: dict[str, Any] = {
-            "t_action_apply": self._times(info, "t_action_apply", t_apply),
-            "reward": np.asarray(res.reward, dtype=np.float32),
-            "terminated": np.asarray(res.terminated, dtype=bool),
-            "truncated": np.asarray(res.truncated, dtype=bool),
-        }
-        for key in ("success", "episode_start"):
-            if key in info:
-                fields[key] = np.asarray(info[key], dtype=bool)
-        if "final_obs" in info and np.any(fields["terminated"] | fields["truncated"]):
-            fields["final_obs"] = info["final_obs"]
-        if info.get("signals"):
-            fields["signals"] = {k: np.asarray(v) for k, v in info["signals"].items()}
-        reply = self._obs_reply(t_recv, **fields)
-        if cid is not None:
-            self._last_step = (cid, reply)
-        return reply
+        return self.robot.step(msg)
 
     def _observe(self, _msg: dict) -> dict:
-        """The backend's observation now (it does not move); a backend that cannot observe without stepping
-        answers with the last reset/step's. Sensor loss: the backend's flag for this sample, or the last
-        reset/step's."""
-        t_recv = now_ns()
-        got = self.env.observe()
-        if got is None:
-            return self._obs_reply(t_recv, t_action_apply=np.int64(NO_TIME))
-        obs, info = got
-        loss = self._sensor_loss | fault_flags(info, "sensor_loss", self.env.num_envs)
-        return self._obs_reply(t_recv, obs=obs, t_obs=self._times(info, "t_obs", now_ns()), sensor_loss=loss,
-                               t_action_apply=np.int64(NO_TIME))
+        return self.robot.observe()
 
     def _ping(self, _msg: dict) -> dict:
         return {"type": Msg.PONG, "t_robot": now_ns()}
 
     def _estop(self, msg: dict) -> dict:
-        reason = _text(_field(msg, "reason"), "e-stop from the client")
-        log.warning("E-STOP: %s", reason)
-        self._stop_motion()
-        self.state, self.reason = RobotState.ESTOP, f"e-stop: {reason}"
+        self.robot.estop(text(string_field(msg, "reason"), "e-stop from the client"))
         return self._status()
 
     def _estop_release(self, _msg: dict) -> dict:
-        if self.state == RobotState.ESTOP:
-            log.warning("e-stop released; holding until reset or resume")
-            self.state, self.reason = RobotState.HOLD, "e-stop released: reset or resume to move"
+        self.robot.release_estop()
         return self._status()
 
     def _resume(self, msg: dict) -> dict:
-        by = _text(_field(msg, "by"), "unnamed client")
-        if self.state == RobotState.ESTOP:
-            raise BridgeError(f"robot is e-stopped ({self.reason}); send estop_release first", ErrorCode.STATE)
-        if self.state == RobotState.HOLD:
-            log.warning("resumed by %s after hold (%s)", by, self.reason)
-            self._resumed_by = by
-        self.state, self.reason = RobotState.RUNNING, "running"
+        self.robot.resume(msg)
         return self._status()
 
     def _heartbeat(self, _msg: dict) -> None:
@@ -596,7 +411,7 @@ class BridgeServer:
         if conn is not None:
             log.info("session from %s ended", conn.peer)
             self._close(conn)
-            self._hold("client ended the session", logging.INFO)
+            self.robot.hold("client ended the session", logging.INFO)
         return None
 
     _HANDLERS = {
@@ -604,25 +419,6 @@ class BridgeServer:
         Msg.ESTOP: _estop, Msg.ESTOP_RELEASE: _estop_release, Msg.RESUME: _resume, Msg.HEARTBEAT: _heartbeat,
         Msg.BYE: _bye,
     }
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _field(msg: dict, key: str) -> str | None:
-    """An optional string field; anything else is malformed."""
-    value = msg.get(key)
-    if value is not None and not isinstance(value, str):
-        raise ProtocolError(f"{msg['type']}.{key} must be a string, got {type(value).__name__}", ErrorCode.MALFORMED)
-    return value
-
-
-def _text(value: Any, default: str) -> str:
-    """A peer's free text as one short, printable log line."""
-    if not isinstance(value, str) or not value.strip():
-        return default
-    return "".join(ch if ch.isprintable() else "?" for ch in value[:MAX_TEXT])
 
 
 def serve(task: str, *, token: bytes, config: ServerConfig | None = None, num_envs: int = 1,

@@ -1,0 +1,201 @@
+"""What each gate scores: one scorer per gate type turns a tick's inputs (GateInputs) into a per-env score
+(higher = worse) and, on a rising edge, the values that explain it. The engine (gates) applies the level logic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hg_dagger.control.gate_specs import (
+    ConfidenceGate,
+    ConstraintGate,
+    PolicyFailedGate,
+    ProgressStallGate,
+    RiskGate,
+)
+from hg_dagger.control.limits import CompiledLimits
+from hg_dagger.control.risk_model import RiskModel
+from hg_dagger.errors import ConfigError
+
+
+@dataclass
+class GateInputs:
+    """What the gates see at one tick (all batched over envs)."""
+
+    step: np.ndarray  # int64 [N] step index within each env's episode
+    t_ns: int  # tick time (monotonic ns)
+    action: np.ndarray  # float32 [N, A] the policy's proposed raw action
+    uncertainty: np.ndarray  # float32 [N] ensemble disagreement (NaN = none)
+    obs: dict[str, np.ndarray]
+    signals: dict[str, np.ndarray] = field(default_factory=dict)
+    takeover: np.ndarray | None = None  # bool [N] operator takeover
+    prev_applied: np.ndarray | None = None  # float32 [N, A] last applied action
+    prev_ok: np.ndarray | None = None  # bool [N] prev_applied is from this episode
+    succeeding: np.ndarray | None = None  # bool [N] the task's success condition held after the last step
+
+
+
+class GateScorer:
+    def __init__(self, spec, num_envs: int, step_dt: float, action_dim: int):
+        self.spec = spec
+        self.name = spec.name
+        self.n = num_envs
+        self.step_dt = step_dt
+        self.warn = spec.warn
+        self.trigger = spec.trigger
+
+    def reset(self, rows: np.ndarray) -> None:
+        """Forget per-env history (new episode, or control handed back to the policy)."""
+
+    def score(self, inp: GateInputs, armed: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def values(self, row: int, inp: GateInputs) -> dict[str, Any]:
+        return {}
+
+
+class ConfidenceScorer(GateScorer):
+    def __init__(self, spec: ConfidenceGate, *a):
+        super().__init__(spec, *a)
+        cal = spec.calibration
+        self.recent = np.empty(cal.window if cal else 0, np.float32)
+        self.recent_n = 0  # total samples seen; ring position = recent_n % window
+
+    def score(self, inp, armed):
+        u = np.asarray(inp.uncertainty, np.float32)
+        return np.where(np.isfinite(u), u, 0.0).astype(np.float32)
+
+    def values(self, row, inp):
+        return {"uncertainty": float(inp.uncertainty[row])}
+
+    def observe(self, u: np.ndarray) -> None:
+        if self.recent.size == 0:
+            return
+        u = u[np.isfinite(u)][-self.recent.size :]
+        pos = self.recent_n % self.recent.size
+        first = min(len(u), self.recent.size - pos)
+        self.recent[pos : pos + first] = u[:first]
+        self.recent[: len(u) - first] = u[first:]
+        self.recent_n += len(u)
+
+
+
+class RiskScorer(GateScorer):
+    def __init__(self, spec: RiskGate, *a):
+        super().__init__(spec, *a)
+        self.model = RiskModel.load(spec.model) if spec.model else None
+        self.last = np.zeros(self.n, np.float32)
+
+    def score(self, inp, armed):
+        if self.model is None:
+            return np.zeros(self.n, np.float32)
+        self.last = self.model.predict(inp.obs)
+        return self.last
+
+    def values(self, row, inp):
+        return {"risk": float(self.last[row])}
+
+
+class StallScorer(GateScorer):
+    def __init__(self, spec: ProgressStallGate, *a):
+        super().__init__(spec, *a)
+        self.best = np.full(self.n, np.nan, np.float64)
+        self.best_step = np.zeros(self.n, np.int64)
+
+    def reset(self, rows):
+        self.best[rows] = np.nan
+
+    def score(self, inp, armed):
+        p = inp.signals.get(self.spec.signal)
+        if p is None:
+            return np.zeros(self.n, np.float32)
+        p = np.asarray(p, np.float64)
+        fresh = armed & np.isfinite(p) & ~np.isfinite(self.best)
+        better = armed & np.isfinite(p) & np.isfinite(self.best) & (p > self.best + self.spec.min_delta)
+        upd = fresh | better
+        if inp.succeeding is not None:
+            upd |= armed & np.isfinite(p) & np.asarray(inp.succeeding, bool)
+        self.best[upd] = np.fmax(self.best[upd], p[upd])
+        self.best_step[upd] = inp.step[upd]
+        stalled = np.where(np.isfinite(self.best), (inp.step - self.best_step) * self.step_dt, 0.0)
+        return stalled.astype(np.float32)
+
+    def values(self, row, inp):
+        return {"progress": float(np.asarray(inp.signals[self.spec.signal])[row]), "best_progress": float(self.best[row]),
+                "best_step": int(self.best_step[row]), "stalled_s": float((inp.step[row] - self.best_step[row]) * self.step_dt)}
+
+
+class ConstraintScorer(GateScorer):
+    def __init__(self, spec: ConstraintGate, num_envs, step_dt, action_dim):
+        super().__init__(spec, num_envs, step_dt, action_dim)
+        try:
+            spec.limits.check_dim(action_dim, where=f"gate {spec.name!r}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.limits = CompiledLimits(spec.limits, action_dim)
+
+    def score(self, inp, armed):
+        return self.limits.usage(inp.action, inp.prev_applied, inp.prev_ok, inp.obs)
+
+    def values(self, row, inp):
+        return self.limits.explain(row, inp.action, inp.prev_applied, inp.prev_ok, inp.obs)
+
+
+class SignalScorer(GateScorer):
+    def score(self, inp, armed):
+        s = inp.signals.get(self.spec.signal)
+        if s is None:
+            return np.zeros(self.n, np.float32)
+        s = np.asarray(s, np.float32)
+        return np.where(np.isfinite(s), s, 0.0).astype(np.float32)
+
+    def values(self, row, inp):
+        return {self.spec.signal: float(np.asarray(inp.signals[self.spec.signal])[row])}
+
+
+class PolicyFailedScorer(GateScorer):
+    def __init__(self, spec: PolicyFailedGate, *a):
+        super().__init__(spec, *a)
+        self.best = np.full(self.n, np.nan, np.float64)
+
+    def reset(self, rows):
+        self.best[rows] = np.nan
+
+    def score(self, inp, armed):
+        out = np.zeros(self.n, np.float32)
+        s = inp.signals.get(self.spec.signal)
+        if s is not None:
+            out = np.maximum(out, np.nan_to_num(np.asarray(s, np.float32)))
+        p = inp.signals.get(self.spec.progress_signal) if self.spec.max_regression else None
+        if p is not None:
+            p = np.asarray(p, np.float64)
+            upd = armed & np.isfinite(p) & ~(p <= self.best)  # NaN best or better
+            self.best[upd] = p[upd]
+            fell = np.isfinite(p) & (self.best - p > self.spec.max_regression)
+            out = np.maximum(out, fell.astype(np.float32))
+        return out
+
+    def values(self, row, inp):
+        v: dict[str, Any] = {}
+        if self.spec.signal in inp.signals:
+            v[self.spec.signal] = float(np.asarray(inp.signals[self.spec.signal])[row])
+        if self.spec.max_regression and self.spec.progress_signal in inp.signals:
+            v["progress"] = float(np.asarray(inp.signals[self.spec.progress_signal])[row])
+            v["best_progress"] = float(self.best[row])
+        return v
+
+
+class OperatorScorer(GateScorer):
+    def score(self, inp, armed):
+        if inp.takeover is None:
+            return np.zeros(self.n, np.float32)
+        return np.asarray(inp.takeover, np.float32)
+
+    def values(self, row, inp):
+        return {"takeover": True}
+
+
+SCORERS = {"confidence": ConfidenceScorer, "risk": RiskScorer, "progress_stall": StallScorer, "constraint": ConstraintScorer, "signal": SignalScorer,
+          "policy_failed": PolicyFailedScorer, "operator": OperatorScorer}

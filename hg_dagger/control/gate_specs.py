@@ -1,0 +1,133 @@
+"""The gate specifications: one pydantic model per gate type and the gate file (configs/gates/, kind: gates) that
+lists the gates in force for a task and scene. What each gate scores lives in gate_scores; the level logic in
+gates (the engine)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from hg_dagger.contract.model import StrictModel
+from hg_dagger.control.gate_thresholds import Calibration
+from hg_dagger.control.limits import ActionLimits
+
+
+class _GateBase(StrictModel):
+    name: str = ""  # defaults to the type
+    enabled: bool = True
+    warn: float | None = None  # score at which a warning is raised; None = no warning level
+    trigger: float
+    hysteresis: float = Field(default=0.1, ge=0.0, lt=1.0, description="fraction of a threshold to fall below it to clear")
+    debounce_ticks: int = Field(default=1, ge=1, description="consecutive ticks a rise must hold")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.warn is not None and self.warn > self.trigger:
+            raise ValueError(f"gate {self.name or self.type!r}: warn {self.warn} is above trigger {self.trigger}")
+        return self
+
+
+
+
+class ConfidenceGate(_GateBase):
+    """Ensemble disagreement (policy_uncertainty) against a threshold."""
+
+    type: Literal["confidence"] = "confidence"
+    trigger: float = Field(default=0.1, gt=0)
+    calibration: Calibration | None = None
+
+
+class RiskGate(_GateBase):
+    """ThriftyDAgger's risk half: a learned estimate of the chance that the policy, left in control from
+    this state, fails (a classifier fit on recorded outcomes, ``RiskModel``). The score is that
+    probability; ``calibration`` sets the trigger to the (1 - target_rate) quantile of the risk of
+    recent autonomous states, as for the confidence gate. Without a model the gate never fires."""
+
+    type: Literal["risk"] = "risk"
+    model: str | None = Field(default=None, description="a RiskModel file (.npz) written by RiskModel.save")
+    trigger: float = Field(default=0.5, gt=0)
+    calibration: Calibration | None = None
+
+
+class ProgressStallGate(_GateBase):
+    """The task's progress measure (info["signals"]["progress"]) has not improved by ``min_delta`` for
+    ``trigger`` seconds of control time (the score is the stalled time in seconds). A task whose success
+    condition holds is not stalled: holding the block at the goal cannot get it closer."""
+
+    type: Literal["progress_stall"] = "progress_stall"
+    signal: str = "progress"
+    trigger: float = Field(default=2.0, gt=0, description="seconds without progress")
+    min_delta: float = Field(default=1e-3, ge=0)
+
+
+class ConstraintGate(_GateBase):
+    """The proposed action against the feasible set; the score is the largest normalized limit usage
+    (1.0 = on a limit), so the default trigger 1.0 fires on or beyond a limit and warn 0.9 near it."""
+
+    type: Literal["constraint"] = "constraint"
+    trigger: float = Field(default=1.0, gt=0)
+    warn: float | None = 0.9
+    limits: ActionLimits
+
+
+class SignalGate(_GateBase):
+    """A simulator or bridge signal (info["signals"][signal]) against a threshold: imminent collision,
+    object drop, contact force."""
+
+    type: Literal["signal"] = "signal"
+    signal: str
+    trigger: float = 0.5
+
+
+class PolicyFailedGate(_GateBase):
+    """The policy has already failed: ``signal`` is set, or progress fell more than ``max_regression``
+    below the best progress of this autonomous stretch. Fires at once (no warning)."""
+
+    type: Literal["policy_failed"] = "policy_failed"
+    signal: str = "policy_failed"
+    progress_signal: str = "progress"
+    max_regression: float | None = Field(default=None, gt=0)
+    trigger: float = 0.5
+
+
+class OperatorGate(_GateBase):
+    """The operator asked for control: the takeover button, or grabbing a hold-to-intervene device."""
+
+    type: Literal["operator"] = "operator"
+    trigger: float = 0.5
+
+
+GateSpec = Annotated[
+    ConfidenceGate | RiskGate | ProgressStallGate | ConstraintGate | SignalGate | PolicyFailedGate | OperatorGate,
+    Field(discriminator="type"),
+]
+
+
+GRACE_TYPES = ("confidence", "risk", "progress_stall")
+"""Gates that predict trouble and so may wait a moment after a reset or a hand-back; the gates that see it
+(constraint, signal, policy_failed) and the operator's own takeover are never delayed."""
+
+
+class GateConfig(StrictModel):
+    """configs/gates/<name>.yaml (kind: gates): the gates in force for a task and scene."""
+
+    name: str = "default"
+    task: str = ""
+    scene: str = ""
+    gates: list[GateSpec] = Field(default_factory=list)
+    grace_after_reset_s: float = Field(default=0.0, ge=0.0, description="control time after an episode begins "
+                                       "before the confidence, risk and stall gates may ask for the person")
+    grace_after_handback_s: float = Field(default=0.0, ge=0.0, description="the same after control came back "
+                                          "to the policy (hand-back, or a declined or expired request)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> GateConfig:
+        seen = set()
+        for g in self.gates:
+            if not g.name:
+                g.name = g.type
+            if g.name in seen:
+                raise ValueError(f"two gates are named {g.name!r}; give each a unique name")
+            seen.add(g.name)
+        return self

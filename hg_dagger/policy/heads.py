@@ -1,0 +1,66 @@
+"""Student heads beyond the MSE regressor: a mixture-density (GMM) head per ensemble member.
+
+An MSE head that sees the planner hover in one state and descend in a nearly identical one learns the
+average of the two, a hover that never ends. A mixture head keeps both: each member predicts
+``MIXTURES`` diagonal Gaussians over the normalized action (weights, means, scales) and acts on the mean
+of its most probable component, so a switch is a change of component rather than a blend. It is
+stateless per step (unlike chunking with temporal ensembling, which needs the loop to tell it where
+episodes and hand-backs begin), so it drops into ``act`` unchanged: the members' modes are the
+per-member actions, their mean is the action and their spread is the uncertainty the confidence gate
+reads, exactly as for the MSE ensemble.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+MIXTURES = 5  # components per member (robomimic's BC-GMM uses 5)
+MIN_STD = 0.1  # normalized action units: a component never collapses onto one label (0.01 closed the loop
+# at 33% where 0.1 reached 73% on the same FetchPickAndPlace labels, docs/learning.md "Student heads")
+HEADS = ("gmm",)
+
+
+def split_kind(kind: str) -> tuple[str, str]:
+    """'mlp' -> ('mlp', 'mse'); 'cnn_gmm' -> ('cnn', 'gmm'). The head rides in the kind, so a student
+    config (``kind: mlp_gmm``) selects it everywhere a kind is read, and MSE students keep their hashes."""
+    base, _, head = kind.partition("_")
+    return base, head or "mse"
+
+
+class GMMHead(nn.Module):
+    """Wraps an ensemble trunk whose last layer is ``width(A)`` wide: [K, N, in] -> mixture parameters."""
+
+    def __init__(self, trunk: nn.Module, action_dim: int, mixtures: int = MIXTURES):
+        super().__init__()
+        self.trunk = trunk
+        self.m = int(mixtures)
+        self.a = int(action_dim)
+
+    @staticmethod
+    def width(action_dim: int, mixtures: int = MIXTURES) -> int:
+        return mixtures * (1 + 2 * action_dim)
+
+    def params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """logits [K, N, M], means [K, N, M, A], stds [K, N, M, A] (normalized action units)."""
+        out = self.trunk(x)
+        k, n = out.shape[:2]
+        logits = out[..., : self.m]
+        rest = out[..., self.m:].reshape(k, n, self.m, 2, self.a)
+        return logits, rest[..., 0, :], F.softplus(rest[..., 1, :]) + MIN_STD
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-member action [K, N, A]: the mean of each member's most probable component."""
+        logits, means, _ = self.params(x)
+        best = logits.argmax(-1)  # [K, N]
+        return torch.gather(means, 2, best[..., None, None].expand(-1, -1, 1, self.a)).squeeze(2)
+
+    def nll(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Negative log-likelihood of ``target`` [B, A] under each member's mixture, per action dim: [K, B]."""
+        logits, means, stds = self.params(x)
+        z = (target[None, :, None, :] - means) / stds
+        comp = -0.5 * z.pow(2).sum(-1) - stds.log().sum(-1) - 0.5 * self.a * math.log(2 * math.pi)  # [K, B, M]
+        return -torch.logsumexp(torch.log_softmax(logits, -1) + comp, dim=-1) / self.a

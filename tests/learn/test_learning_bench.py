@@ -1,0 +1,106 @@
+"""Smoke test of benchmarks/bench_learning.py's code path: every arm on toy_reach, tiny settings, one seed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.subprocess, pytest.mark.slow]  # a spawned worker runs every arm; slow on a loaded 2-core machine
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_learning
+
+        yield bench_learning
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def result(bench, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_learning")
+    rc = bench.main(["--quick", "--seeds", "1", "--rounds", "2", "--warm-episodes", "2", "--episodes-per-round", "2",
+                     "--eval-episodes", "4", "--steps-per-label", "0.2", "--jobs", "1", "--out", str(out)])
+    assert rc == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_every_arm_runs_and_writes_results(result):
+    out, res = result
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert sorted(a["method"] for a in res["arms"]) == ["bc", "dagger", "gated"]
+    for arm in res["arms"]:
+        assert [r["round"] for r in arm["rounds"]] == [0, 1]
+        lines = (out / f"{arm['method']}_s0" / "curve.jsonl").read_text().splitlines()
+        assert [json.loads(x)["round"] for x in lines] == [0, 1]  # the curve file grows round by round
+    assert set(res["summary"]) >= {"bc", "dagger", "gated"}
+
+
+def test_same_round_zero_and_same_steps_per_label(result):
+    _, res = result
+    first = {a["method"]: a["rounds"][0] for a in res["arms"]}
+    # round 0 is the same demonstrations, the same student and training for every arm
+    assert len({r["labels"] for r in first.values()}) == 1
+    assert len({r["policy_version"] for r in first.values()}) == 1
+    for arm in res["arms"]:
+        for r in arm["rounds"]:
+            assert r["grad_steps"] == round(0.2 * r["labels"])
+
+
+def test_effort_is_counted_three_ways(result):
+    _, res = result
+    for arm in res["arms"]:
+        prev = 0
+        for r in arm["rounds"]:
+            assert r["labels"] >= prev
+            prev = r["labels"]
+        demo = arm["rounds"][0]
+        assert demo["context_switches"] == demo["episodes"] == 2
+        assert demo["operator_s"] == pytest.approx(demo["env_steps"] * 0.04)
+    gated = next(a for a in res["arms"] if a["method"] == "gated")["rounds"][1]
+    assert gated["mode"] == "gated"
+    assert gated["context_switches"] == gated["windows"]
+    assert (gated["operator_s"] > 0) == (gated["context_switches"] > 0)
+    assert 0.0 <= gated["intervention_rate"] <= 1.0
+
+
+def test_gated_rounds_report_gate_recall_from_their_store(result):
+    """The gated round's recall figures are the store's: recomputed from the arm's episodes they agree, and a
+    round whose student failed with no gate asking is a gate miss naming those episodes."""
+    from hg_dagger.review.recall import recall_figures
+    from hg_dagger.store import EpisodeStore
+
+    out, res = result
+    arm = next(a for a in res["arms"] if a["method"] == "gated")
+    fig = arm["rounds"][1]["gates"]
+    assert "gates" not in arm["rounds"][0]  # round 0 is demonstrations: no gate ran
+    store = EpisodeStore.open(str(out / "gated_s0" / "store"), mode="r")
+    gated = [i for i in store.episodes() if i.start.policy_version == arm["rounds"][0]["policy_version"]]
+    assert len(gated) == fig["episodes"] == 2
+    assert recall_figures(gated) == fig
+    assert fig["caught"] <= fig["failed"] <= 2 and fig["requests_before_failure"] <= fig["requests"]
+    assert fig["gate_miss"] == (fig["failed"] > 0 and fig["requests"] == 0)
+    assert len(fig["missed_episodes"]) == fig["failed"] - fig["caught"]
+    s = res["summary"]["gated"]
+    assert s["gate_failed_per_round"] == [0, fig["failed"]]
+    assert s["gate_recall_per_round"][1] == (fig["recall"] if fig["failed"] else None)
+
+
+def test_report_rebuilds_the_summary_from_the_curve_files(bench, result):
+    out, res = result
+    (out / "results.json").unlink()
+    assert bench.main(["--quick", "--report", "--rounds", "3", "--steps-per-label", "0.2", "--out", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    for m in ("bc", "dagger", "gated"):
+        assert again["summary"][m]["success_mean"] == res["summary"][m]["success_mean"]
+        assert again["summary"][m]["labels_mean"] == res["summary"][m]["labels_mean"]
+    # the arms ran 2 of the 3 rounds asked for: reported, and marked partial
+    assert sorted(again["partial_arms"]) == ["bc_s0", "dagger_s0", "gated_s0"]

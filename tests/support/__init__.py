@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: stores, bridge robots, app drivers, CLI processes, virtual devices."""
