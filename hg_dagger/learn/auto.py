@@ -112,7 +112,7 @@ class AutoRun:
         if after_fit is not None:
             after_fit()
         if self.executor is not None and self.executor.kind != "local":
-            ev = self.executor.evaluate(trainer.student, mapping.task_id, self.cfg.eval)
+            ev = self.executor.evaluate(trainer.student, self.cfg.task, self.cfg.eval)  # id or file, as given
         else:
             ev = closed_loop(trainer.student, env_eval, self.cfg.eval)
         ev.pop("per_episode")

@@ -197,7 +197,7 @@ def evaluate(
     result: dict[str, Any] = {"checkpoint": str(checkpoint), "policy_version": student.version, "task": task,
                               "seed": cfg.seed}
     if executor is not None and executor.kind != "local":
-        result["closed_loop"] = executor.evaluate(student, mapping.task_id, cfg)
+        result["closed_loop"] = executor.evaluate(student, task, cfg)  # id or file, as given
         result["executor"] = executor.describe()
     else:
         with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:

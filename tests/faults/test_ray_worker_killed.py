@@ -3,8 +3,9 @@ the store (never trainable), the episodes it committed are kept, the run continu
 re-runs the unfinished episodes from the same seeds, and every episode of the round ends up complete exactly once.
 
 Mid-episode is made certain, not hoped for: the worker is frozen (SIGSTOP) from before the run starts and let go
-for a short slice between looks at the store (10 ms while it sets up, 1 ms once it has recorded); only if a look shows one of its episodes begun with steps and not ended is
-the worker killed, so episodes shorter than a store read, and a share shorter than one, are caught too."""
+for a short slice (10 ms) between looks at the store; only if a look shows one of its episodes begun with steps and
+not ended is the worker killed. The `auto` round runs toy_reach with a long horizon and no early success, so one of
+its episodes takes many slices (a 100-step episode, with the recorder's commit, fits in one slice on a warm worker)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,29 @@ from hg_dagger.store import EpisodeStore, validate_store
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.ray]
 
-EPISODES = 16
+EPISODES = 4
+LONG_HORIZON = 2000  # steps; toy_reach's own is 100
+
+
+@pytest.fixture(scope="module")
+def long_toy_reach(tmp_path_factory) -> str:
+    """toy_reach as shipped, but episodes run to a long horizon: no success ends one early."""
+    import yaml
+
+    from hg_dagger.envs.mapping import TASKS_DIR
+
+    task = yaml.safe_load((TASKS_DIR / "toy_reach.yaml").read_text())
+    task["horizon"] = LONG_HORIZON
+    task["backend_options"]["terminate_on_success"] = False
+    path = tmp_path_factory.mktemp("task") / "toy_reach_long.yaml"
+    path.write_text(yaml.safe_dump(task))
+    return str(path)
+
+
 CFG = {
-    # an untrained student acts (beta 0): episodes run to the horizon (1000 steps), long enough to be caught open
-    "task": "toy_reach", "certification": "planner_auto", "mode": "dagger_sync", "num_envs": 1, "seed": 2,
-    "iterations": 1, "episodes_per_iteration": EPISODES, "max_episode_steps": 1000,
+    # an untrained student acts (beta 0): episodes run to the long horizon, many slices long
+    "certification": "planner_auto", "mode": "dagger_sync", "num_envs": 1, "seed": 2,
+    "iterations": 1, "episodes_per_iteration": EPISODES, "dataset_versions": False,
     "beta": {"kind": "constant", "beta0": 0.0}, "student": {"ensemble": 2, "hidden": [16]},
     "train": {"steps": 5, "batch_size": 32, "log_every": 5}, "eval": {"episodes": 2, "num_envs": 2, "max_steps": 5},
     "recorder_flush_s": 0.02,
@@ -81,9 +100,7 @@ def _episodes_of(url, pid) -> list:
     return mine
 
 
-# how long the frozen worker runs between two looks: 10 ms while it sets up, then 1 ms once it has recorded (a
-# warmed-up worker can run a whole 100-step toy_reach episode in 10 ms)
-SETUP_SLICE_S, SLICE_S = 0.01, 0.001
+SLICE_S = 0.01  # how long the frozen worker runs between two looks
 
 
 def _kill_mid_episode(url, victim: int, runner: threading.Thread) -> list[str]:
@@ -96,16 +113,14 @@ def _kill_mid_episode(url, victim: int, runner: threading.Thread) -> list[str]:
     SEEN.clear()
     try:
         deadline = time.monotonic() + 300
-        recorded = False
         while not killed and runner.is_alive() and time.monotonic() < deadline:
             try:
                 os.kill(victim, signal.SIGCONT)
-                time.sleep(SLICE_S if recorded else SETUP_SLICE_S)
+                time.sleep(SLICE_S)
                 os.kill(victim, signal.SIGSTOP)
             except ProcessLookupError:  # gone on its own: nothing left to catch
                 break
             mine = _episodes_of(url, victim)
-            recorded = recorded or bool(mine)
             still = [i.episode_id for i in mine if not i.complete and i.num_steps > 0]
             if still:
                 os.kill(victim, signal.SIGKILL)
@@ -120,10 +135,10 @@ def _kill_mid_episode(url, victim: int, runner: threading.Thread) -> list[str]:
     return killed
 
 
-def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ray_runtime, tmp_path):
-    cfg = AutoConfig.model_validate(CFG)
-    # toy_reach's episodes (100 steps) are short: a round in which every look fell between two of the victim's
-    # episodes is run again in a fresh folder, up to three rounds; what is asserted is the round it was killed in
+def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ray_runtime, long_toy_reach, tmp_path):
+    cfg = AutoConfig.model_validate({**CFG, "task": long_toy_reach})
+    # a round in which no look caught an open episode is run again in a fresh folder (up to three rounds); what is
+    # asserted is the round it was killed in
     for attempt in range(3):
         out = tmp_path / f"run-{attempt}"
         url = str(out / "store")
