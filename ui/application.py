@@ -18,6 +18,7 @@ from typing import Any
 
 from PyQt6 import QtCore, QtWidgets
 
+from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
 from hg_dagger.control.loop import ControlLoop, ControlProcess
 from hg_dagger.ui import settings as saved
@@ -70,7 +71,7 @@ def build_session(opts: AppOptions, student_path: str):
     from hg_dagger.control.build import open_session
     from hg_dagger.control.run_config import load_run_config, parse_endpoint
 
-    overrides: dict[str, Any] = {"operator.type": "expert" if opts.mode == "expert" else opts.operator,
+    overrides: dict[str, Any] = {"operator.type": "expert" if opts.mode == SessionMode.EXPERT else opts.operator,
                                  "operator.name": opts.name or None, "seed": opts.seed,
                                  "num_envs": None if opts.robot else 1}
     if opts.operator == "device":
@@ -147,7 +148,7 @@ class OperatorApp(QtCore.QObject):
         """Defaults for a scripted run; the start dialog for whatever a person must choose."""
         s = self.settings
         o = replace(o, operator=o.operator or "device", device=o.device or "keyboard",
-                    mode=o.mode or ("student_only" if o.operator == "none" else "human_gated"))
+                    mode=o.mode or (SessionMode.STUDENT_ONLY if o.operator == "none" else SessionMode.HUMAN_GATED).value)
         if o.quit_when_done or (o.name and o.task):
             return replace(o, task=o.task or saved.text(s, "start/task", "") or "fetch_pick_place",
                            name=o.name or o.operator)

@@ -27,6 +27,7 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
+from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control.live import (
     AbortEpisode,
     ClearEStop,
@@ -49,8 +50,8 @@ from hg_dagger.control.live import (
 from hg_dagger.ui import style
 from hg_dagger.ui.keymap import ESTOP_KEY
 
-MODES = (("human_gated", "Human-gated"), ("expert", "Automatic expert"), ("student_only", "Student only"),
-         ("teleop", "Teleoperated demonstrations"))
+MODE_LABELS = {SessionMode.HUMAN_GATED: "Human-gated", SessionMode.EXPERT: "Automatic expert",
+               SessionMode.STUDENT_ONLY: "Student only", SessionMode.TELEOP: "Teleoperated demonstrations"}
 
 
 class EStopPanel(QWidget):
@@ -280,8 +281,8 @@ class EpisodeControls(QGroupBox):
         self.take_over.setStyleSheet(f"QPushButton:enabled {{ color: {style.HUMAN}; font-weight: bold; }}")
         self.hand_back.setStyleSheet(f"QPushButton:enabled {{ color: {style.POLICY}; font-weight: bold; }}")
         self.mode = QComboBox()
-        for value, label in MODES:
-            self.mode.addItem(label, value)
+        for value, label in MODE_LABELS.items():
+            self.mode.addItem(label, value.value)
         self.mode.setToolTip("Takes effect at the next episode")
         self.mode.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
         self.phase_label = QLabel()
@@ -357,7 +358,7 @@ class EpisodeControls(QGroupBox):
         self.discard.setEnabled(self.discard_target is not None and self.discard_target not in self.discarded)
         self.flag.setEnabled(bool(self.window_id) and not loading)
         self.undo.setEnabled(bool(self.discarded) and not loading)
-        can_take = running and snap.mode in ("human_gated", "teleop") and snap.control_state in (
+        can_take = running and snap.mode in (SessionMode.HUMAN_GATED, SessionMode.TELEOP) and snap.control_state in (
             "autonomous", "warning", "handover_requested", "returning")
         self.take_over.setEnabled(can_take)
         self.hand_back.setEnabled(running and snap.control_state == "human")

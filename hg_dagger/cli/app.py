@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
+    from hg_dagger.contract.enums import SessionMode
+
     p = sub.add_parser("app", help="the operator console: watch the student, answer gates, correct, train the next "
                        "student (without a display: the headless demo)")
     p.add_argument("--task", default=None, help="task id (configs/tasks); it wins over the remembered one (the "
@@ -16,7 +18,7 @@ def register(sub) -> None:
                    "the planner expert, nobody (student only)")
     p.add_argument("--device", default=None, help="device for --operator device: keyboard (in the window, default), "
                    "gamepad, spacemouse, or a config path")
-    p.add_argument("--mode", choices=("human_gated", "expert", "student_only", "teleop"), default=None)
+    p.add_argument("--mode", choices=[m.value for m in SessionMode], default=None)
     p.add_argument("--name", help="operator pseudonym (asked at start when missing)")
     p.add_argument("--robot", metavar="HOST:PORT", help="drive the robot behind `hg-dagger bridge serve` instead of "
                    "the embedded simulator")

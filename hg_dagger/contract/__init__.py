@@ -14,6 +14,7 @@ from hg_dagger.contract.enums import (
     RecoveryOutcome,
     ReplayStatus,
     ReviewStatus,
+    SessionMode,
     Split,
     StepFlag,
 )
@@ -45,7 +46,7 @@ from hg_dagger.contract.schema import (
 
 __all__ = [
     "COMMAND_DIM", "HumanCommand",
-    "NO_TIME", "ClockMapping", "now_ns", "ActionAlignment", "ActionSource", "CollectionMode", "ControlState",
+    "NO_TIME", "ClockMapping", "now_ns", "ActionAlignment", "ActionSource", "CollectionMode", "SessionMode", "ControlState",
     "EndReason", "EventKind", "LabelMask", "LabelTarget", "RecoveryOutcome", "ReplayStatus", "ReviewStatus",
     "Split", "StepFlag", "Labels", "TrainingBlock", "TrainingRule", "TrainingSelection", "current_review",
     "derive_labels", "label_violations", "training_selection", "SCHEMA_VERSION", "CorrectionWindow",

@@ -117,6 +117,16 @@ class CollectionMode(str, Enum):
     EVAL = "eval"  # student only; never trainable
 
 
+class SessionMode(StrEnum):
+    """Who acts in a live session's next episodes (`hg-dagger app --mode`, the app's mode box); a session that is
+    not human-gated names its mode in the episode's gate_config (session_mode)."""
+
+    HUMAN_GATED = "human_gated"  # the student acts; the gates hand over to the person
+    EXPERT = "expert"  # the student acts; the gates hand over to the planner expert
+    STUDENT_ONLY = "student_only"  # nobody takes over: evaluation episodes, never trainable
+    TELEOP = "teleop"  # the person drives from the first step: demonstrations
+
+
 class EventKind(str, Enum):
     GATE_WARNING = "gate_warning"
     GATE_TRIGGER = "gate_trigger"

@@ -25,6 +25,7 @@ from hg_dagger.contract.enums import (
     ControlState,
     EndReason,
     EventKind,
+    SessionMode,
     StepFlag,
 )
 from hg_dagger.contract.schema import Event
@@ -66,7 +67,7 @@ from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay
     load_run_config,
 )
 from hg_dagger.control.safety import SafetyMonitor
-from hg_dagger.control.session_controls import BUTTONS, MODES, SessionControls  # noqa: F401 - importable here
+from hg_dagger.control.session_controls import BUTTONS, SessionControls  # noqa: F401 - importable here
 from hg_dagger.control.session_episodes import SessionEpisodes
 from hg_dagger.envs.base import StepResult
 from hg_dagger.errors import ConfigError, EnvError, HgDaggerError
@@ -175,7 +176,7 @@ class Session(SessionControls, SessionEpisodes):
         self.episode_extra = episode_extra or {}
         self.writer = EpisodeWriter(recorder, self.mapping, self.n, env.world_clock, env.robot)
         self.fields = self.writer.fields
-        self.mode = "expert" if operator.role == "expert" else "human_gated"
+        self.mode = SessionMode.EXPERT if operator.role == "expert" else SessionMode.HUMAN_GATED
         self._person = None if operator.role == "expert" else operator  # the operator a person drives
         self._gating = True  # gates may ask for the operator (off for student_only and teleop)
         self._pending: dict[str, Any] = {}  # operator / student / mode changes for the next episode begin

@@ -10,6 +10,7 @@ from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import (
     EndReason,
     EventKind,
+    SessionMode,
 )
 from hg_dagger.control.handover import (
     REQUESTED,
@@ -19,7 +20,6 @@ from hg_dagger.errors import ConfigError, HgDaggerError
 
 log = logging.getLogger(__name__)
 
-MODES = ("human_gated", "expert", "student_only", "teleop")
 BUTTONS = ("takeover", "return")
 
 
@@ -120,10 +120,12 @@ class SessionControls:
         self._pending["student"] = student
 
     def set_mode(self, mode: str) -> None:
-        """human_gated | expert | student_only | teleop, from the next episode begin on."""
-        if mode not in MODES:
-            raise HgDaggerError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
-        if mode == "expert" and self.expert is None:
+        """A SessionMode (or its value), from the next episode begin on."""
+        try:
+            mode = SessionMode(mode)
+        except ValueError:
+            raise HgDaggerError(f"unknown mode {mode!r}: expected one of {', '.join(SessionMode)}") from None
+        if mode == SessionMode.EXPERT and self.expert is None:
             from hg_dagger.experts import make_expert
 
             self.expert = make_expert(self.mapping.task_id, kind="planner", mapping=self.mapping)

@@ -15,6 +15,7 @@ from hg_dagger.contract.enums import (
     ControlState,
     EndReason,
     EventKind,
+    SessionMode,
 )
 from hg_dagger.contract.schema import EpisodeEnd
 from hg_dagger.control.handover import (
@@ -84,9 +85,9 @@ class SessionEpisodes:
             "safety": self.safety.config.model_dump(mode="json"),
             **self.gate_config_extra,
         }
-        if self.mode in ("student_only", "teleop"):
-            gate_config["session_mode"] = self.mode
-        mode = CollectionMode.EVAL if self.mode == "student_only" else CollectionMode.HUMAN_GATED
+        if self.mode in (SessionMode.STUDENT_ONLY, SessionMode.TELEOP):
+            gate_config["session_mode"] = self.mode.value
+        mode = CollectionMode.EVAL if self.mode == SessionMode.STUDENT_ONLY else CollectionMode.HUMAN_GATED
         self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=seed, scene=self.scene,
                           operator=self.operator.name, gate_config=gate_config, iteration=self.iteration,
                           extra=dict(self.episode_extra))
@@ -96,7 +97,7 @@ class SessionEpisodes:
         self.machine.reset([r])
         self.gates.rearm([r], grace="reset", step=0)
         self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})
-        if self.mode == "teleop":  # a person drives from the first step: one window over the episode
+        if self.mode == SessionMode.TELEOP:  # a person drives from the first step: one window over the episode
             t = now_ns()
             self.machine.start_in_control([r], step=0, t_ns=t, reason="teleop")
             self._event(r, EventKind.HANDOVER_START, t, "teleop", self.operator.kind)
@@ -114,9 +115,9 @@ class SessionEpisodes:
                 self._person.close()
             self._person = p["person"]
         mode = p.get("mode", self.mode)
-        if mode == "expert":
+        if mode == SessionMode.EXPERT:
             op = self.operator if self.operator.role == "expert" else ExpertOperator(self.expert, self.mapping, self.n)
-        elif mode == "student_only":
+        elif mode == SessionMode.STUDENT_ONLY:
             op = NoOperator(self.n, self.mapping, "student")
         else:
             op = self._person if self._person is not None else p.get("operator", self.operator)
@@ -125,9 +126,9 @@ class SessionEpisodes:
         if op is not self.operator and self.operator is not self._person and self.operator.kind == "device":
             self.operator.close()
         self.operator, self.mode = op, mode
-        self._gating = mode in ("human_gated", "expert")
+        self._gating = mode in (SessionMode.HUMAN_GATED, SessionMode.EXPERT)
         cfg = self._waiting(self._base_handover, op)
-        if mode == "teleop":  # the person keeps control until the episode ends
+        if mode == SessionMode.TELEOP:  # the person keeps control until the episode ends
             cfg = cfg.model_copy(update={"return_on_release": False,
                                          "auto_return": cfg.auto_return.model_copy(update={"enabled": False})})
         m = self.machine

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.aggregate import held_out
 from hg_dagger.learn.auto_config import AsyncSpec, AutoConfig, ExpertSpec, load_config, reset_seed
@@ -172,7 +173,7 @@ class AutoRun:
         rows: list[dict[str, Any]] = []
         try:
             with make_env(mapping, num_envs=min(cfg.eval.num_envs, cfg.eval.episodes), seed=cfg.eval.seed) as env_eval:
-                if cfg.mode == "dagger_async" and (self.executor is None or self.executor.kind == "local"):
+                if cfg.mode == CollectionMode.DAGGER_ASYNC and (self.executor is None or self.executor.kind == "local"):
                     rows = self._run_async(start, trainer, store, mapping, env_eval, progress)
                 else:
                     rows = self._run_sync(start, trainer, store, mapping, env_eval, progress)
@@ -189,14 +190,14 @@ class AutoRun:
 
         cfg = self.cfg
         ex = self.executor if self.executor is not None else LocalExecutor()
-        pipelined = cfg.mode == "dagger_async"
+        pipelined = cfg.mode == CollectionMode.DAGGER_ASYNC
         rows = []
         ahead = None
         try:
             for it in range(start, cfg.iterations):
                 beta = cfg.beta_at(it)
                 rss0 = _rss_mb()
-                if cfg.mode == "human_gated" and not cfg.demo_round(it):
+                if cfg.mode == CollectionMode.HUMAN_GATED and not cfg.demo_round(it):
                     ids, collect, infos = self._gated_round(ex, it, trainer, store, mapping, progress)
                     collect.update(rss_growth_mb=_rss_mb() - rss0, executor=ex.describe(), staleness_rounds=0)
                     rows.append(self._learn(it, beta, trainer, store, mapping, ids, collect, env_eval, progress,

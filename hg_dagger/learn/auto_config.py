@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.run_config import RunConfig, load_run_config
 from hg_dagger.control.safety import SafetyConfig
@@ -97,7 +98,7 @@ class AutoConfig(StrictModel):
 
     @model_validator(mode="after")
     def _gated_session(self) -> AutoConfig:
-        if self.mode != "human_gated":
+        if self.mode != CollectionMode.HUMAN_GATED:
             return self
         if self.gated is None:
             self.gated = load_run_config(None, self.task)
@@ -110,13 +111,13 @@ class AutoConfig(StrictModel):
         return self
 
     def beta_at(self, iteration: int) -> float:
-        if self.mode == "human_gated":  # the student drives; the gates decide when the operator does
+        if self.mode == CollectionMode.HUMAN_GATED:  # the student drives; the gates decide when the operator does
             return 1.0 if self.demo_round(iteration) else 0.0
-        return 1.0 if self.mode == "expert_demo" else self.beta(iteration)
+        return 1.0 if self.mode == CollectionMode.EXPERT_DEMO else self.beta(iteration)
 
     def demo_round(self, iteration: int) -> bool:
         """Mode human_gated: iteration 0 of a run from a fresh student is planner demonstrations."""
-        return self.mode == "human_gated" and iteration == 0 and self.initial_student is None
+        return self.mode == CollectionMode.HUMAN_GATED and iteration == 0 and self.initial_student is None
 
     def gated_round(self, iteration: int) -> RunConfig:
         """The run config of one human_gated iteration: its episodes, seeds and round number."""

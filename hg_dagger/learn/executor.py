@@ -11,7 +11,7 @@ does not change what it recorded:
 Ray design (docs/scaling.md): every worker is an actor with its own simulator (``num_envs`` rows, the
 same batch width as a local run, so a student's batched answers are bit-for-bit the same), its own
 expert and its own recorder, hence its own store segments; the trainer stays in the driver. A policy
-reaches the workers only as checkpoint bytes put once per version in Ray's object store (``Snapshot``);
+reaches the workers only as checkpoint bytes put once per version in Ray's object store (``PolicySnapshot``);
 a worker reloads only when the version changes. Every episode records the acting policy version
 (EpisodeStart.policy_version) and in EpisodeStart.extra the executor, worker, job, episode_index,
 policy_iteration and staleness_rounds. A worker that dies loses only its unfinished episodes: they stay
@@ -33,7 +33,7 @@ from hg_dagger.learn.executor_ray import RayExecutor
 from hg_dagger.learn.executor_worker import (  # noqa: F401 - importable from here
     CollectResult,
     EnvWorker,
-    Snapshot,
+    PolicySnapshot,
     episode_seeds,
     job_id,
     merge_stats,

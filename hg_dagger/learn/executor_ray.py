@@ -14,7 +14,7 @@ from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.executor_worker import (
     CollectResult,
     EnvWorker,
-    Snapshot,
+    PolicySnapshot,
     episode_seeds,
     job_id,
     merge_stats,
@@ -84,7 +84,7 @@ class RayExecutor:
         except BaseException:
             self.close()
             raise
-        self._snap: Snapshot | None = None
+        self._snap: PolicySnapshot | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "workers": self.workers, "address": self.address or "local",
@@ -128,12 +128,12 @@ class RayExecutor:
         ex = self._ray.exceptions
         return isinstance(exc, ex.RayActorError | ex.ActorDiedError | ex.ActorUnavailableError)
 
-    def _snapshot(self, student) -> Snapshot:
+    def _snapshot(self, student) -> PolicySnapshot:
         """Checkpoint bytes in the object store, once per policy version: what every worker loads."""
         if self._snap is None or self._snap.version != student.version:
             from hg_dagger.policy.checkpoint import snapshot_bytes
 
-            self._snap = Snapshot(student.version, [self._ray.put(snapshot_bytes(student))])
+            self._snap = PolicySnapshot(student.version, [self._ray.put(snapshot_bytes(student))])
         return self._snap
 
     def _fan_out(self, calls: list[tuple[str, tuple]], *, what: str, on_lost=None) -> list:

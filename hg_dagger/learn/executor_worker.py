@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hg_dagger.contract.enums import CollectionMode
+
 log = logging.getLogger(__name__)
 
 
@@ -20,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class PolicySnapshot:
     """A policy as it travels to workers: its version and checkpoint bytes (or a Ray reference to them)."""
 
     version: str
@@ -113,7 +115,7 @@ class EnvWorker:
 
     def _student_for(self, snap, mapping):
         """The acting student: a live one (local executor) or loaded once per version from snapshot bytes."""
-        if not isinstance(snap, Snapshot):
+        if not isinstance(snap, PolicySnapshot):
             return snap
         if self._student is not None and self._student.version == snap.version:
             return self._student
@@ -137,7 +139,7 @@ class EnvWorker:
         mapping = load_mapping(cfg.task)
         key = (cfg.task, cfg.expert.model_dump_json(), cfg.mode)
         if key != self._expert_key:
-            self._expert = build_expert(cfg.expert, mapping, relabel=cfg.mode != "expert_demo")
+            self._expert = build_expert(cfg.expert, mapping, relabel=cfg.mode != CollectionMode.EXPERT_DEMO)
             self._expert_key = key
         env = self._env_for(mapping, cfg.num_envs, cfg.seed)
         student = self._student_for(snap, mapping)
