@@ -21,7 +21,13 @@ from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.learn.aggregate import held_out
 from hg_dagger.learn.auto_config import AsyncSpec, AutoConfig, ExpertSpec, load_config, reset_seed
-from hg_dagger.learn.auto_worker import async_worker
+from hg_dagger.learn.auto_worker import (
+    CollectorStats,
+    EpisodeCollected,
+    WorkerFailed,
+    WorkerMessage,
+    async_worker,
+)
 from hg_dagger.learn.collect import Collector, CollectStats, build_expert
 
 log = logging.getLogger(__name__)
@@ -280,18 +286,19 @@ class AutoRun:
                         raise HgDaggerError(f"dagger_async: simulation process exited with code {worker.exitcode} "
                                             f"before iteration {it} had {cfg.episodes_per_iteration} episodes")
                     try:
-                        kind, payload = messages.get(timeout=1.0)
+                        message: WorkerMessage = messages.get(timeout=1.0)
                     except queue.Empty:
                         if time.monotonic() > deadline:
                             raise HgDaggerError(f"dagger_async: no episodes from the simulation process for iteration {it}") from None
                         continue
-                    if kind == "episode":
-                        pending.append(payload["episode_id"])
-                        per_ep[payload["episode_id"]] = payload
-                    elif kind == "stats":
-                        worker_stats = payload
-                    elif kind == "error":
-                        raise HgDaggerError(f"dagger_async: simulation process failed: {payload}")
+                    match message:
+                        case EpisodeCollected(info=info):
+                            pending.append(info["episode_id"])
+                            per_ep[info["episode_id"]] = info
+                        case CollectorStats(summary=summary):
+                            worker_stats = summary
+                        case WorkerFailed(error=error):
+                            raise HgDaggerError(f"dagger_async: simulation process failed: {error}")
                 take, pending = pending[: cfg.episodes_per_iteration], pending[cfg.episodes_per_iteration:]
                 eps = [per_ep.pop(e) for e in take]
                 collect = {

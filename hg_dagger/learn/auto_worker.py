@@ -4,9 +4,37 @@ policy snapshot (a checkpoint file it reloads when it changes); no live model cr
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from hg_dagger.learn.auto_config import AutoConfig, reset_seed
 from hg_dagger.learn.collect import Collector, build_expert, rec_stats
+
+# ---------------------------------------------------------------------- what the process sends the learner
+
+
+@dataclass(frozen=True)
+class EpisodeCollected:
+    """One episode ended and was handed to the recorder: its id, policy version, iteration, success, length."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CollectorStats:
+    """The collector's running counters (the last one sent also carries the recorder's)."""
+
+    summary: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """The process is about to exit on this error."""
+
+    error: str
+
+
+WorkerMessage = EpisodeCollected | CollectorStats | WorkerFailed
 
 
 def async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop) -> None:
@@ -56,18 +84,18 @@ def async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop) 
             def on_tick(ticks: int, waiting: bool) -> None:
                 if waiting or ticks % cfg.async_.snapshot_check_steps == 0:
                     load_snapshot(collector)
-                    messages.put(("stats", collector.stats.summary()))
+                    messages.put(CollectorStats(collector.stats.summary()))
 
             def on_episode(eid: str, info: dict) -> None:
-                messages.put(("episode", {"episode_id": eid, "policy_version": collector.student.version, **info}))
+                messages.put(EpisodeCollected({"episode_id": eid, "policy_version": collector.student.version, **info}))
 
             try:
                 stats = collector.run(episodes=None, reset_seed=reset_seed(cfg, 0), stop=stop.is_set,
                                       may_begin=may_begin, on_tick=on_tick, on_episode=on_episode)
             finally:
                 rec.close()
-            messages.put(("stats", {**stats.summary(), "partial_episodes": len(stats.partial_ids),
-                                    "recorder": rec_stats(rec)}))
+            messages.put(CollectorStats({**stats.summary(), "partial_episodes": len(stats.partial_ids),
+                                         "recorder": rec_stats(rec)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the learner process
-        messages.put(("error", f"{type(exc).__name__}: {exc}"))
+        messages.put(WorkerFailed(f"{type(exc).__name__}: {exc}"))
         raise
