@@ -16,16 +16,19 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import google_crc32c
-import numcodecs
+import numcodecs  # type: ignore[import-untyped]
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 from zarr.codecs.sharding import ShardingCodecIndexLocation
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.chunk_grids import RegularChunkGrid
+from zarr.core.metadata.v3 import ArrayV3Metadata
 
 from hg_dagger.store.codecs import (
     FrameFilterCodec,
@@ -38,43 +41,55 @@ from hg_dagger.store.codecs import (
 _EMPTY = np.iinfo(np.uint64).max  # index entry of a chunk that is not stored
 
 
+def _sharded(arr: zarr.Array[Any]) -> tuple[ArrayV3Metadata, ShardingCodec, tuple[int, ...]] | None:
+    """A v3 array's metadata, its one sharding codec and its shard shape; None for any other layout."""
+    meta = arr.metadata
+    if not isinstance(meta, ArrayV3Metadata) or len(meta.codecs) != 1:
+        return None
+    sh = meta.codecs[0]
+    if not isinstance(sh, ShardingCodec) or not isinstance(meta.chunk_grid, RegularChunkGrid):
+        return None
+    return meta, sh, tuple(meta.chunk_grid.chunk_shape)
+
+
 class FrameShardWriter:
     """Appends rows to one sharded array whose chunks span whole rows (axis 0 only), codecs bytes + zstd, with the
     per-chunk frame filter between them, the row-median filter before them, or neither."""
 
-    def __init__(self, arr: zarr.Array):
-        if not self.supports(arr):
+    def __init__(self, arr: zarr.Array[Any]):
+        layout = _sharded(arr)
+        if layout is None or not self.supports(arr):
             raise ValueError(f"{arr.path}: codecs not supported by FrameShardWriter")
-        (sharding,) = arr.metadata.codecs
+        self._meta, sharding, shard_shape = layout
         inner = list(sharding.codecs)
         self._prepare = (row_median_encode if isinstance(inner[0], RowMedianCodec)
                          else frame_filter_encode if any(isinstance(c, FrameFilterCodec) for c in inner) else None)
         zstd = sharding.codecs[-1]
+        assert isinstance(zstd, ZstdCodec)  # supports() checked the codecs
         self._arr = arr
         self._codec = numcodecs.Zstd(level=zstd.level, checksum=zstd.checksum)
         self.chunk_rows = sharding.chunk_shape[0]
-        self.shard_rows = arr.metadata.chunk_grid.chunk_shape[0]
+        self.shard_rows = shard_shape[0]
         self.chunks_per_shard = self.shard_rows // self.chunk_rows
         self.row_shape = tuple(arr.shape[1:])
         self.dtype = arr.dtype
         self.fill = arr.fill_value
         self.rows = 0  # rows appended so far
-        self._encoded: list[bytes | Future] = []  # full chunks of the open shard: encoded, or being encoded
+        self._encoded: list[bytes | Future[bytes]] = []  # full chunks of the open shard: encoded, or being encoded
         self._free: list[np.ndarray] = []  # chunk buffers to reuse (fresh large arrays cost page faults)
         self._tail = self._new_chunk()  # rows of the open chunk (the first rows % chunk_rows are set)
 
     @staticmethod
-    def supports(arr: zarr.Array) -> bool:
+    def supports(arr: zarr.Array[Any]) -> bool:
         """True for the layout this writer reproduces exactly: one ShardingCodec over whole-row chunks with
         [bytes, zstd], [bytes, frame_filter, zstd] or [row_median, bytes, zstd] inside and the default
         [bytes(little), crc32c] index at the end, default chunk keys."""
-        meta = arr.metadata
-        if getattr(meta, "zarr_format", None) != 3 or len(meta.codecs) != 1:
+        layout = _sharded(arr)
+        if layout is None:
             return False
-        sh = meta.codecs[0]
-        if not isinstance(sh, ShardingCodec) or sh.index_location != ShardingCodecIndexLocation.end:
+        meta, sh, shard = layout
+        if sh.index_location != ShardingCodecIndexLocation.end:
             return False
-        shard = tuple(meta.chunk_grid.chunk_shape)
         chunk = tuple(sh.chunk_shape)
         rows_only = chunk[1:] == tuple(arr.shape[1:]) == shard[1:] and shard[0] % chunk[0] == 0
         index_ok = (len(sh.index_codecs) == 2 and isinstance(sh.index_codecs[0], BytesCodec)
@@ -106,7 +121,7 @@ class FrameShardWriter:
             self._free.append(chunk)
         return data
 
-    def append(self, frames: Sequence[np.ndarray] | np.ndarray) -> list:
+    def append(self, frames: Sequence[np.ndarray] | np.ndarray) -> list[Coroutine[Any, Any, None]]:
         """Take rows [self.rows, self.rows + len(frames)); return coroutines that write the shards they touch.
 
         Await all of them (e.g. with asyncio.gather) before the next append and before committing the rows.
@@ -135,13 +150,15 @@ class FrameShardWriter:
             jobs.append(self._write(self.rows // self.shard_rows, self._encoded, partial))
         return jobs
 
-    async def _write(self, shard: int, chunks: list[bytes | Future], partial: Future | None):
+    async def _write(self, shard: int, chunks: list[bytes | Future[bytes]], partial: Future[bytes] | None) -> None:
+        done: list[bytes] = []
         for i, c in enumerate(chunks):  # the open shard's list keeps the bytes for its next rewrite
-            if isinstance(c, Future):
-                chunks[i] = await asyncio.wrap_future(c)
+            encoded = await asyncio.wrap_future(c) if isinstance(c, Future) else c
+            chunks[i] = encoded
+            done.append(encoded)
         tail = [await asyncio.wrap_future(partial)] if partial is not None else []
-        data = shard_object([*chunks, *tail], self.chunks_per_shard)
-        key = self._arr.metadata.encode_chunk_key((shard, *(0 for _ in self.row_shape)))
+        data = shard_object([*done, *tail], self.chunks_per_shard)
+        key = self._meta.encode_chunk_key((shard, *(0 for _ in self.row_shape)))
         await (self._arr.async_array.store_path / key).set(default_buffer_prototype().buffer.from_bytes(data))
 
 
