@@ -21,9 +21,11 @@ import os
 import re
 import socket
 import time
+from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.sync import sync
 
 from hg_dagger.contract.schema import EpisodeEnd, EpisodeStart, Event, FieldSpec
 from hg_dagger.errors import StoreError
@@ -48,7 +50,7 @@ class SegmentWriter:
         self.rows = 0
         self.log_len = 0
         self.next_ordinal = 0
-        self._meta = {
+        self._meta: dict[str, Any] = {
             "segment_id": self.segment_id,
             "format_version": layout.FORMAT_VERSION,
             "fields": [spec.model_dump(mode="json") for spec in fields.values()],
@@ -79,13 +81,14 @@ class SegmentWriter:
         self._frame_writers = {name: FrameShardWriter(arr) for name, arr in self.arrays.items()
                                if fields[name].image and FrameShardWriter.supports(arr)}
 
-    def _all_arrays(self) -> list[zarr.Array]:
+    def _all_arrays(self) -> list[zarr.Array[Any]]:
         return [*self.arrays.values(), self.rows_episode, self.rows_step]
 
     def _write_meta(self) -> None:
         self.group.attrs.put({layout.SEGMENT_ATTR: self._meta})
 
-    def flush(self, columns: dict[str, np.ndarray | list], episode: np.ndarray, step: np.ndarray, records: list[dict]):
+    def flush(self, columns: dict[str, np.ndarray | list[np.ndarray]], episode: np.ndarray, step: np.ndarray,
+              records: list[dict[str, Any]]) -> None:
         """Append k rows (columns hold every field, shape (k, ...), image fields may be lists of k frames) and
         log records, then commit both: every write of the flush completes before the segment attributes move."""
         k, n = len(episode), len(records)
@@ -150,7 +153,7 @@ class EpisodeRecord:
         self.end_text: str | None = None
         self.layer1_text: str | None = None
         self._end: EpisodeEnd | None = None
-        self._layer1: dict | None = None
+        self._layer1: dict[str, Any] | None = None
 
     @property
     def committed(self) -> bool:
@@ -173,9 +176,10 @@ class EpisodeRecord:
         return self._end
 
     @property
-    def layer1(self) -> dict | None:
+    def layer1(self) -> dict[str, Any] | None:
         if self._layer1 is None and self.layer1_text is not None:
-            self._layer1 = json.loads(self.layer1_text)["layer"]
+            layer = json.loads(self.layer1_text)["layer"]
+            self._layer1 = layer if isinstance(layer, dict) else None
         return self._layer1
 
 
@@ -183,10 +187,10 @@ _HEADER = re.compile(r'^\{"type":"(\w+)","ep":(\d+),')
 _START_KEY = '"start":'
 
 
-def _parse_start(text: str, head: re.Match | None, rec: dict | None) -> EpisodeStart:
+def _parse_start(text: str, head: re.Match[str] | None, rec: dict[str, Any] | None) -> EpisodeStart:
     """EpisodeStart of a begin record; our own records go straight through pydantic's JSON parser (fast)."""
-    if rec is not None:
-        return EpisodeStart.model_validate(rec["start"])
+    if rec is not None or head is None:
+        return EpisodeStart.model_validate((rec if rec is not None else json.loads(text))["start"])
     body = text[head.end():]
     if not body.startswith(_START_KEY) or not body.endswith("}"):
         return EpisodeStart.model_validate(json.loads(text)["start"])
@@ -216,7 +220,7 @@ class SegmentView:
         self.problems: list[tuple[str | None, str]] = []  # (episode_id, message)
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._index_rows = -1
-        self._arrays: dict[str, zarr.Array] = {}
+        self._arrays: dict[str, zarr.Array[Any]] = {}
 
     def reload(self) -> None:
         """Re-read the segment attributes (committed counts move while a writer is active). Raises
@@ -224,13 +228,16 @@ class SegmentView:
         metadata is corrupt."""
         segment_id = self.segment_id
         try:
-            self.group = self._root[self.path]
+            group = self._root[self.path]
         except Exception as exc:
             if layout.get_bytes(self._root.store, f"{self.path}/zarr.json") is None:
                 raise UncommittedSegment(segment_id, "a folder without group metadata") from None
             raise StoreError(f"segment {segment_id}: unreadable segment metadata ({_one_line(exc)})") from exc
+        if not isinstance(group, zarr.Group):
+            raise StoreError(f"segment {segment_id}: an array where the segment's group should be")
+        self.group = group
         try:
-            meta = dict(self.group.attrs).get(layout.SEGMENT_ATTR)
+            meta: Any = dict(self.group.attrs).get(layout.SEGMENT_ATTR)  # JSON, checked by the reads below
             if meta is None:
                 raise UncommittedSegment(segment_id, f"a group without the '{layout.SEGMENT_ATTR}' attribute")
             fields: dict[str, FieldSpec] = {d["name"]: FieldSpec.model_validate(d) for d in meta["fields"]}
@@ -250,7 +257,9 @@ class SegmentView:
         if self.committed_log <= self.log_read:
             return []
         try:
-            raw = read_many([self.group["log"]], slice(self.log_read, self.committed_log))[0]
+            log_array = self.group["log"]  # opened anew: the writer grows it
+            assert isinstance(log_array, zarr.Array), "the segment's log is a group"
+            raw = read_many([log_array], slice(self.log_read, self.committed_log))[0]
         except Exception as exc:
             raise StoreError(f"segment {self.segment_id}: log unreadable ({type(exc).__name__}: {exc})") from exc
         new = []
@@ -288,11 +297,14 @@ class SegmentView:
         self.log_read = self.committed_log
         return new
 
-    def array(self, name: str) -> zarr.Array:
+    def array(self, name: str) -> zarr.Array[Any]:
         """A field or index array of this segment (handles are cached: opening one costs a metadata read)."""
         arr = self._arrays.get(name)
         if arr is None:
-            arr = self._arrays[name] = self.group[name]
+            found = self.group[name]
+            if not isinstance(found, zarr.Array):
+                raise StoreError(f"segment {self.segment_id}: {name} is a group, not an array")
+            arr = self._arrays[name] = found
         return arr
 
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -331,7 +343,7 @@ class SegmentView:
         return steps[starts[ordinal]:ends[ordinal]]
 
 
-def _selection(rows: np.ndarray | slice):
+def _selection(rows: np.ndarray | slice) -> tuple[str, Any, np.ndarray | None]:
     """How to read `rows` (sorted row numbers or a slice): ('slice', sl, None) or ('span', sl, idx) or ('o', rows)."""
     if isinstance(rows, slice):
         return "slice", rows, None
@@ -351,7 +363,7 @@ READ_TRIES = 5
 """Reads of a row range tried before an error is final (see read_many)."""
 
 
-def read_many(arrays: list[zarr.Array], rows: np.ndarray | slice) -> list[np.ndarray]:
+def read_many(arrays: list[zarr.Array[Any]], rows: np.ndarray | slice) -> list[np.ndarray]:
     """Read the same rows of several arrays with one round of concurrent reads.
 
     A live writer replaces a shard file atomically, but a reader takes a shard in two reads (its index, then
@@ -373,11 +385,11 @@ def read_many(arrays: list[zarr.Array], rows: np.ndarray | slice) -> list[np.nda
     return [o[idx] if idx is not None else o for o in out]
 
 
-def read_rows(arr: zarr.Array, rows: np.ndarray) -> np.ndarray:
+def read_rows(arr: zarr.Array[Any], rows: np.ndarray) -> np.ndarray:
     return read_many([arr], rows)[0]
 
 
-def _all_fill(col: np.ndarray, fill) -> bool:
+def _all_fill(col: np.ndarray, fill: Any) -> bool:
     nan_fill = col.dtype.kind == "f" and fill != fill
     if col.size == 0:
         return True
@@ -405,9 +417,9 @@ def _discard(root: zarr.Group, path: str) -> None:
         for _ in range(20):
             for n in left():
                 if n == name:
-                    layout.sync(root.store.delete_dir(path))
+                    sync(root.store.delete_dir(path))
                 else:
-                    layout.sync(root.store.delete(f"{parent}/{n}"))
+                    sync(root.store.delete(f"{parent}/{n}"))
             time.sleep(0.05)
             if not left():
                 return
