@@ -176,6 +176,14 @@ class EpisodeRecord:
         return self._end
 
     @property
+    def committed_end(self) -> EpisodeEnd:
+        """The end record of an episode its caller knows is committed (``committed``)."""
+        end = self.end
+        if end is None:
+            raise StoreError(f"episode {self.episode_id}: not committed")
+        return end
+
+    @property
     def layer1(self) -> dict[str, Any] | None:
         if self._layer1 is None and self.layer1_text is not None:
             layer = json.loads(self.layer1_text)["layer"]

@@ -36,6 +36,7 @@ from hg_dagger.store.segment import EpisodeRecord, SegmentView, UncommittedSegme
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
+    from zarr.abc.store import Store
 
 log = logging.getLogger(__name__)
 _UNREAD = object()  # the reviewer roster is read on first use after each refresh
@@ -61,7 +62,7 @@ class EpisodeInfo:
 class EpisodeStore:
     """A zarr v3 episode store (layout: docs/data-format.md). Use create() or open(), not the constructor."""
 
-    def __init__(self, url: str, zstore, root: zarr.Group, mode: str):
+    def __init__(self, url: str, zstore: Store, root: zarr.Group, mode: str):
         self.url = url
         self.mode = mode
         self._zstore = zstore
@@ -79,7 +80,7 @@ class EpisodeStore:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, url: str | os.PathLike, *, exist_ok: bool = False) -> EpisodeStore:
+    def create(cls, url: str | os.PathLike[str], *, exist_ok: bool = False) -> EpisodeStore:
         """Create an empty store (mode "a"). With exist_ok=True an existing store is opened instead."""
         url = os.fspath(url)
         _refuse_a_file(url)
@@ -103,7 +104,7 @@ class EpisodeStore:
         return cls(url, zstore, root, "a")
 
     @classmethod
-    def open(cls, url: str | os.PathLike, mode: Literal["r", "a"] = "r") -> EpisodeStore:
+    def open(cls, url: str | os.PathLike[str], mode: Literal["r", "a"] = "r") -> EpisodeStore:
         """Open an existing store. Raises StoreError naming the path if it is missing, not an episode store, of an
         unsupported schema version, or its root metadata is corrupt. Damaged segments or episodes do not prevent
         opening: they are listed in .damaged and reported by validate_store."""
@@ -194,7 +195,7 @@ class EpisodeStore:
         self._dirty = False
 
     @property
-    def root(self):
+    def root(self) -> zarr.Group:
         """The store's zarr root group (segments are written under it)."""
         return self._root
 
@@ -239,7 +240,8 @@ class EpisodeStore:
 
     def _info(self, rec: EpisodeRecord) -> EpisodeInfo:
         if rec.committed:
-            return EpisodeInfo(rec.episode_id, rec.start, rec.end, True, rec.end.num_steps, rec.segment.segment_id)
+            end = rec.committed_end
+            return EpisodeInfo(rec.episode_id, rec.start, end, True, end.num_steps, rec.segment.segment_id)
         n = len(rec.segment.rows_of(rec.ordinal))
         end = EpisodeEnd(end_reason=EndReason.INCOMPLETE, task_success=False, num_steps=n,
                          quality_flags=["incomplete"], events=list(rec.events))
@@ -370,13 +372,15 @@ class EpisodeStore:
                 data = rec.layer1
             else:
                 raw = layout.get_bytes(self._zstore, f"{layout.LABELS}/{episode_id}/v{v}.json")
-                data = json.loads(raw)
+                data = None if raw is None else json.loads(raw)
+            if not isinstance(data, dict):
+                raise StoreError("missing, or not a JSON object")
             layer = LabelLayer.from_json(data)
         except Exception as exc:
             raise StoreError(f"episode {episode_id}: label layer {v} is corrupt ({_one_line(exc)})") from exc
-        if len(layer.mask) != rec.end.num_steps:
+        if len(layer.mask) != rec.committed_end.num_steps:
             raise StoreError(f"episode {episode_id}: label layer {v} covers {len(layer.mask)} steps, episode has "
-                             f"{rec.end.num_steps}")
+                             f"{rec.committed_end.num_steps}")
         self._layer_cache[(episode_id, v)] = layer  # layers are immutable once written
         return layer
 
@@ -401,7 +405,8 @@ class EpisodeStore:
         rec = self._record(episode_id)
         if not rec.committed:
             raise ContractError(f"episode {episode_id}: incomplete (never committed); it cannot be labelled")
-        n = rec.end.num_steps
+        end = rec.committed_end
+        n = end.num_steps
         raw = self.read_steps(episode_id, [f for f in LABEL_INPUTS if f in rec.segment.fields])
         inputs = {k: raw.get(k, fill_column(rec.segment.fields.get(k), k, n)) for k in LABEL_INPUTS}
         given = {"windows": windows, "certifications": certifications, "reviews": reviews, "qc": qc}
@@ -409,8 +414,8 @@ class EpisodeStore:
             # the new layer directly follows the one its carried-over parts come from: a layer another writer
             # adds in between takes our number, and we merge again from it (nothing it holds is dropped)
             prev = self.labels(episode_id)
-            kept = {k: (getattr(prev, k) if v is None else list(v)) for k, v in given.items()}
-            layer = new_layer(episode_id, rec.start, rec.end.quality_flags, n, inputs, prev.version + 1, author, mask,
+            kept: dict[str, Any] = {k: (getattr(prev, k) if v is None else list(v)) for k, v in given.items()}
+            layer = new_layer(episode_id, rec.start, end.quality_flags, n, inputs, prev.version + 1, author, mask,
                               replay=prev.replay if replay is None else replay, **kept)
             key = f"{layout.LABELS}/{episode_id}/v{layer.version}.json"
             try:
@@ -435,7 +440,7 @@ class EpisodeStore:
         if check is not None:
             return check.status
         rec = self._record(episode_id)
-        return rec.end.replay_status if rec.committed else ReplayStatus.UNVERIFIED
+        return rec.committed_end.replay_status if rec.committed else ReplayStatus.UNVERIFIED
 
     # ------------------------------------------------------------------ reviewer roster
 
@@ -446,11 +451,15 @@ class EpisodeStore:
         ``hg_dagger.reviewers`` (again after every refresh); StoreError naming the store if it is malformed."""
         if self._roster is _UNREAD:
             self._roster = self._read_roster()
-        return None if self._roster is None else list(self._roster)
+        roster = self._roster
+        return list(roster) if isinstance(roster, tuple) else None
 
     def _read_roster(self) -> tuple[str, ...] | None:
         try:
-            meta = json.loads(layout.get_bytes(self._zstore, "zarr.json"))["attributes"][layout.STORE_ATTR]
+            raw = layout.get_bytes(self._zstore, "zarr.json")
+            if raw is None:
+                raise StoreError("zarr.json is missing")
+            meta = json.loads(raw)["attributes"][layout.STORE_ATTR]
         except Exception as exc:
             raise StoreError(f"{self.url}: root metadata unreadable ({_one_line(exc)})") from exc
         return parse_roster(meta, self.url)
@@ -463,7 +472,8 @@ class EpisodeStore:
         names = None if reviewers is None else roster_names(reviewers, self.url)
         try:
             root = zarr.open_group(self._zstore, mode="r+")
-            meta = dict(dict(root.attrs)[layout.STORE_ATTR])
+            attrs: Any = dict(root.attrs)[layout.STORE_ATTR]  # a JSON object (hg_dagger.store)
+            meta = dict(attrs)
             if names is None:
                 meta.pop("reviewers", None)
             else:
@@ -476,7 +486,7 @@ class EpisodeStore:
 
     # ------------------------------------------------------------------ writing and batches
 
-    def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: str = "drop",
+    def recorder(self, flush_interval_s: float = 0.5, queue_steps: int = 8192, on_full: Literal["drop", "block"] = "drop",
                  queue_bytes: int = 256 << 20) -> Recorder:
         """A Recorder streaming new episodes into this store (see hg_dagger.store.recorder)."""
         self._writable()
@@ -517,7 +527,7 @@ class EpisodeStore:
                 raise StoreError(f"{self.url}: field '{n}' is not in every selected episode")
         blocks = []
         for sid, recs in by_seg.items():
-            rows, meta = [], []
+            row_parts, meta_parts = [], []
             for i, rec in recs:
                 r = self._rows(rec)
                 layer = self.labels(rec.episode_id)
@@ -525,10 +535,10 @@ class EpisodeStore:
                 if trainable_only:
                     keep = layer.mask == LabelMask.TRAINABLE.code
                     r, m = r[keep], m[keep]
-                rows.append(r)
-                meta.append(m)
-            rows = np.concatenate(rows)
-            meta = np.concatenate(meta)
+                row_parts.append(r)
+                meta_parts.append(m)
+            rows = np.concatenate(row_parts)
+            meta = np.concatenate(meta_parts)
             order = np.argsort(rows, kind="stable")
             rows, meta = rows[order], meta[order]
             for lo in range(0, len(rows), block_rows):
@@ -537,7 +547,7 @@ class EpisodeStore:
             rng.shuffle(blocks)
         yield from rebatch(self._read_blocks(blocks, names, rng if shuffle else None), batch_size, drop_last=drop_last)
 
-    def _read_blocks(self, blocks, names: list[str], rng: np.random.Generator | None) -> Iterator[dict[str, np.ndarray]]:
+    def _read_blocks(self, blocks: list[tuple[str, np.ndarray, np.ndarray]], names: list[str], rng: np.random.Generator | None) -> Iterator[dict[str, np.ndarray]]:
         """The fields of each row block, with its episode_index, step, label_mask and label_target (rows shuffled
         within the block with ``rng``)."""
         for sid, rows, meta in blocks:
@@ -571,7 +581,7 @@ def _os_reason(exc: OSError) -> str:
 
 
 def _val(v: Any) -> str:
-    return getattr(v, "value", v)
+    return str(getattr(v, "value", v))
 
 
 def _one_line(exc: Exception) -> str:
