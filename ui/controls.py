@@ -365,7 +365,7 @@ class EpisodeControls(QGroupBox):
         self.resume_robot.setEnabled(phase == "held")
         self.resume_robot.setToolTip(f"{RESUME_TIP}.\n{snap.message}" if phase == "held" and snap.message else RESUME_TIP)
         self.operator = snap.operator or self.operator
-        i = self.mode.findData(snap.mode)
+        i = self.mode.findData(snap.next_mode)  # what the person chose, before its episode begins too
         if i >= 0 and i != self.mode.currentIndex() and not self.mode.view().isVisible():
             self.mode.setCurrentIndex(i)
         self.mode.setEnabled(phase not in ("training", "stopped", "error") and not loading)
@@ -374,6 +374,8 @@ class EpisodeControls(QGroupBox):
             text += " · new episodes wait while a dialog is open"
         elif snap.next_start_in_s is not None and not loading:
             text += f" · next episode in {snap.next_start_in_s:.1f} s"
+        if snap.next_mode != snap.mode and not loading:
+            text += f" · {MODE_LABELS.get(SessionMode(snap.next_mode), snap.next_mode)} from the next episode"
         if self.phase_label.text() != text:
             self.phase_label.setText(text)
         for d in self.dialogs:

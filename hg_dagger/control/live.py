@@ -260,7 +260,8 @@ class Snapshot:
     seq: int = 0
     t_ns: int = 0
     task: str = ""
-    mode: str = "human_gated"
+    mode: str = "human_gated"  # the mode of the episodes now running (SessionMode)
+    next_mode: str = "human_gated"  # the mode new episodes begin in (a mode chosen waits for the next begin)
     # loading: the session is being built (Start waits) | idle: no episode | running (also while a
     # request waits for the person: see request_wait_s) | paused |
     # held (robot holds: Resume) | estopped | training | stopped | error

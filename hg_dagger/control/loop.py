@@ -403,7 +403,7 @@ class ControlLoop:
         if conf is not None:
             thresholds = {"warn": conf.warn, "trigger": conf.trigger, "gate": conf.name}
         snap = live.Snapshot(
-            seq=self._seq, t_ns=now_ns(), task=s.mapping.task_id, mode=str(s.mode), phase=phase,
+            seq=self._seq, t_ns=now_ns(), task=s.mapping.task_id, mode=str(s.mode), next_mode=str(s.next_mode), phase=phase,
             message=self.error or self._message or s.robot_hold, thresholds=thresholds,
             action_names=tuple(s.mapping.action.names), episode_id=s.eids[0],
             policy_version=s.student.version, estop=estop, counters=counters, health=health,

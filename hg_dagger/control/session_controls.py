@@ -119,6 +119,11 @@ class SessionControls:
         """Act with ``student`` from the next episode begin on; its policy_version goes in EpisodeStart."""
         self._pending["student"] = student
 
+    @property
+    def next_mode(self) -> SessionMode:
+        """The mode the next episode begins in: a mode set now waits for that begin."""
+        return SessionMode(self._pending.get("mode", self.mode))
+
     def set_mode(self, mode: str) -> None:
         """A SessionMode (or its value), from the next episode begin on."""
         try:

@@ -238,6 +238,7 @@ def test_student_swap_and_modes_take_effect_at_the_next_episode(tmp_path, studen
     s.set_student(other)
     s.set_mode("student_only")
     assert s.student is student  # not before the episode ends
+    assert s.mode == "human_gated" and s.next_mode == "student_only"
     s.end_episode(0, EndReason.ENV_RESET, False)
     assert s.student is other and s.mode == "student_only"
     s.press("takeover")  # nobody answers in student_only: the gates are off

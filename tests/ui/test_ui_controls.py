@@ -129,11 +129,15 @@ def test_episode_controls_follow_phase_and_send_commands(qtbot, live):
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=6, phase="training"))
     assert not any(b.isEnabled() for b in (c.start, c.pause, c.abort, c.take_over, c.mode))
 
-    publish_and_wait(qtbot, slot, reader, Snapshot(seq=7, phase="idle", mode="expert"))
-    assert c.mode.currentData() == "expert"
+    publish_and_wait(qtbot, slot, reader, Snapshot(seq=7, phase="idle", mode="expert", next_mode="expert"))
+    assert c.mode.currentData() == "expert" and "next episode" not in c.phase_label.text()
     c.mode.setCurrentIndex(c.mode.findData("teleop"))
     c.mode.activated.emit(c.mode.currentIndex())  # what a user's pick in the popup emits
     assert q.drain() == [SetMode("teleop")]
+    # the episode running keeps its mode; the box keeps the person's pick and the phase line says when it starts
+    publish_and_wait(qtbot, slot, reader, Snapshot(seq=8, **{**run, "mode": "expert", "next_mode": "teleop"}))
+    assert c.mode.currentData() == "teleop"
+    assert "Teleoperated demonstrations from the next episode" in c.phase_label.text()
 
 
 def test_discard_refuses_an_empty_reason(qtbot, live):
