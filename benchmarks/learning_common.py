@@ -110,7 +110,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     from hg_dagger.control.run_config import load_run_config
     from hg_dagger.envs import load_mapping, make_env
     from hg_dagger.experts import make_expert
-    from hg_dagger.learn.aggregate import Replay, ReplayConfig
+    from hg_dagger.learn.aggregate import LabelBuffer, LabelBufferConfig
     from hg_dagger.learn.auto import Collector
     from hg_dagger.learn.effort import operator_seconds
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
@@ -131,7 +131,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     keys = list(mapping.obs_spec())
     sc = spec["student"]
     student = Student.create(mapping, kind=sc["kind"], ensemble=sc["ensemble"], hidden=tuple(sc["hidden"]), seed=seed)
-    trainer = Trainer(student, TrainConfig(**{**spec["train"], "seed": seed}), Replay(ReplayConfig(**spec.get("replay", {})), seed=seed))
+    trainer = Trainer(student, TrainConfig(**{**spec["train"], "seed": seed}), LabelBuffer(LabelBufferConfig(**spec.get("replay", {})), seed=seed))
     store = EpisodeStore.create(out / "store")
     expert = make_expert(task, kind="planner", mapping=mapping)
     ev = EvalConfig(**spec["eval"])

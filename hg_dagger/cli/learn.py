@@ -61,7 +61,7 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
-    from hg_dagger.learn.aggregate import ReplayConfig
+    from hg_dagger.learn.aggregate import LabelBufferConfig
     from hg_dagger.learn.auto import AutoConfig, load_config
     from hg_dagger.learn.train import train_from_store
 
@@ -86,7 +86,7 @@ def _train(args) -> int:
 
         raise ConfigError("train needs --store STORE or --dataset NAME@vN")
     result = train_from_store(args.store, args.task, args.out, student_cfg=student, train_cfg=train,
-                              replay_cfg=ReplayConfig.model_validate(replay), resume=args.resume,
+                              replay_cfg=LabelBufferConfig.model_validate(replay), resume=args.resume,
                               progress=not args.quiet, dataset=args.dataset, datasets_root=args.datasets_root)
     from hg_dagger.learn.train import describe_selection
 

@@ -136,7 +136,7 @@ def sequences(manifest: Manifest, length: int, stride: int | None = None,
 
 def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | None = None,
                    mapping_hash: str | None = None) -> list:
-    """The manifest's trainable samples as EpisodeLabels for a Replay: exactly the steps of their runs, with the
+    """The manifest's trainable samples as EpisodeLabels for a LabelBuffer: exactly the steps of their runs, with the
     target the label layer each sample names gives. A missing store or episode, or a step that layer does not
     make trainable, is an error naming the sample."""
     from hg_dagger.store.trainable import LABEL_FIELDS, extract_labels

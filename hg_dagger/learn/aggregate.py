@@ -26,7 +26,7 @@ from hg_dagger.errors import ContractError
 from hg_dagger.store.trainable import EpisodeLabels
 
 
-class ReplayConfig(StrictModel):
+class LabelBufferConfig(StrictModel):
     """How labels aggregate across iterations and how batches are drawn."""
 
     capacity: int | None = Field(default=None, gt=0, description="max trainable rows held; whole episodes are evicted")
@@ -53,11 +53,11 @@ def held_out(episode_id: str, split: Split | None, fraction: float) -> bool:
     return h < fraction
 
 
-class Replay:
+class LabelBuffer:
     """Aggregated trainable labels of many episodes, with capacity, retention, filters and sampling."""
 
-    def __init__(self, config: ReplayConfig | None = None, *, seed: int = 0):
-        self.config = config or ReplayConfig()
+    def __init__(self, config: LabelBufferConfig | None = None, *, seed: int = 0):
+        self.config = config or LabelBufferConfig()
         self.episodes: list[EpisodeLabels] = []
         self.evicted: list[str] = []
         self._rng = np.random.default_rng(seed)

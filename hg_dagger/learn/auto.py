@@ -65,7 +65,7 @@ class AutoRun:
         return EpisodeStore.create(self.store_url)
 
     def _trainer(self, mapping, store, resume: bool):
-        from hg_dagger.learn.aggregate import Replay
+        from hg_dagger.learn.aggregate import LabelBuffer
         from hg_dagger.learn.train import Trainer, store_loader
         from hg_dagger.policy import Student
 
@@ -82,7 +82,7 @@ class AutoRun:
             student = Student.load(self.cfg.initial_student, mapping)
         else:
             student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=self.cfg.seed)
-        return Trainer(student, self.cfg.train, Replay(self.cfg.replay, seed=self.cfg.seed))
+        return Trainer(student, self.cfg.train, LabelBuffer(self.cfg.replay, seed=self.cfg.seed))
 
     def _restore_metrics_line(self) -> None:
         """A kill after the checkpoint and before its metrics line: write the line the checkpoint carries."""

@@ -23,7 +23,7 @@ from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.run_config import RunConfig, load_run_config
 from hg_dagger.control.safety import SafetyConfig
 from hg_dagger.errors import ConfigError
-from hg_dagger.learn.aggregate import ReplayConfig
+from hg_dagger.learn.aggregate import LabelBufferConfig
 from hg_dagger.learn.evaluate import EvalConfig
 from hg_dagger.learn.schedules import BetaSchedule
 from hg_dagger.learn.train import StudentConfig, TrainConfig
@@ -64,7 +64,7 @@ class AutoConfig(StrictModel):
     beta: BetaSchedule = Field(default_factory=BetaSchedule)
     student: StudentConfig = Field(default_factory=StudentConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    replay: LabelBufferConfig = Field(default_factory=LabelBufferConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     safety: SafetyConfig | None = Field(default=None, description="the safety monitor every collected action "
                                         "passes (default: the task's run config safety section, as a session)")

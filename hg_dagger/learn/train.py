@@ -1,11 +1,11 @@
 """Behaviour cloning / DAgger training of the student on trainable labels only.
 
-The trainer sees nothing but a Replay (hg_dagger.learn.aggregate), which holds only rows whose
+The trainer sees nothing but a LabelBuffer (hg_dagger.learn.aggregate), which holds only rows whose
 label mask is TRAINABLE with their label target; so invalid expert outputs and non-trainable rows
 cannot reach the loss. The loss is the mean squared error in the normalized policy action space (a GMM
 head's negative log-likelihood there, ``kind: mlp_gmm``),
 each ensemble member seeing its own bootstrap weights over a shared batch, optionally
-upweighting correction rows (IWR-style, ``ReplayConfig.intervention_weight``).
+upweighting correction rows (IWR-style, ``LabelBufferConfig.intervention_weight``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.errors import ConfigError, ContractError
-from hg_dagger.learn.aggregate import Replay, ReplayConfig, held_out
+from hg_dagger.learn.aggregate import LabelBuffer, LabelBufferConfig, held_out
 from hg_dagger.learn.gate_calibration import calibrate_student
 from hg_dagger.policy import Student
 from hg_dagger.policy.checkpoint import read_checkpoint
@@ -110,7 +110,7 @@ class AdamW:
 class Trainer:
     """Owns the optimizer and the training-side state a checkpoint must carry to resume."""
 
-    def __init__(self, student: Student, config: TrainConfig, replay: Replay):
+    def __init__(self, student: Student, config: TrainConfig, replay: LabelBuffer):
         self.student = student
         self.config = config
         self.replay = replay
@@ -244,7 +244,7 @@ class Trainer:
             raise ConfigError(f"{path}: a policy-only checkpoint; it holds no training state to resume from")
         student = Student.load(path, mapping)
         cfg = config or TrainConfig.model_validate(train["config"])
-        replay = Replay(ReplayConfig.model_validate(train["replay"]["config"]))
+        replay = LabelBuffer(LabelBufferConfig.model_validate(train["replay"]["config"]))
         replay.restore(train["replay"], loader)
         trainer = cls(student, cfg, replay)
         trainer.optimizer.load_state_dict(train["optimizer"])
@@ -318,7 +318,7 @@ def train_from_store(
     *,
     student_cfg: StudentConfig | None = None,
     train_cfg: TrainConfig | None = None,
-    replay_cfg: ReplayConfig | None = None,
+    replay_cfg: LabelBufferConfig | None = None,
     resume: str | Path | None = None,
     progress: bool = True,
     on_step: Callable[[int, int], None] | None = None,
@@ -347,7 +347,7 @@ def train_from_store(
     store = EpisodeStore.open(store_url, mode="r")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    replay_cfg = replay_cfg or ReplayConfig()
+    replay_cfg = replay_cfg or LabelBufferConfig()
     loader = store_loader(store, mapping, replay_cfg.authorization)
     if resume and warm_start:
         raise ConfigError("give resume (continue a training run) or warm_start (start from a student), not both")
@@ -355,12 +355,12 @@ def train_from_store(
         trainer = Trainer.resume(resume, mapping, loader, train_cfg)
     elif warm_start:
         seed = (train_cfg or TrainConfig()).seed
-        trainer = Trainer(Student.load(warm_start, mapping), train_cfg or TrainConfig(), Replay(replay_cfg, seed=seed))
+        trainer = Trainer(Student.load(warm_start, mapping), train_cfg or TrainConfig(), LabelBuffer(replay_cfg, seed=seed))
     else:
         sc = student_cfg or StudentConfig()
         student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden,
                                  seed=(train_cfg or TrainConfig()).seed)
-        trainer = Trainer(student, train_cfg or TrainConfig(), Replay(replay_cfg, seed=(train_cfg or TrainConfig()).seed))
+        trainer = Trainer(student, train_cfg or TrainConfig(), LabelBuffer(replay_cfg, seed=(train_cfg or TrainConfig()).seed))
     episodes = training_episodes(store, mapping, holdout_fraction=trainer.replay.config.holdout_fraction)
     keys = list(mapping.obs_spec())
     rule = trainer.replay.config.authorization
@@ -404,10 +404,10 @@ def _new_trainer(mapping, student_cfg, train_cfg, replay_cfg, resume, warm_start
     if resume:
         return Trainer.resume(resume, mapping, loader, train_cfg)
     if warm_start:
-        return Trainer(Student.load(warm_start, mapping), tc, Replay(replay_cfg, seed=tc.seed))
+        return Trainer(Student.load(warm_start, mapping), tc, LabelBuffer(replay_cfg, seed=tc.seed))
     sc = student_cfg or StudentConfig()
     student = Student.create(mapping, kind=sc.kind, ensemble=sc.ensemble, hidden=sc.hidden, seed=tc.seed)
-    return Trainer(student, tc, Replay(replay_cfg, seed=tc.seed))
+    return Trainer(student, tc, LabelBuffer(replay_cfg, seed=tc.seed))
 
 
 def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, train_cfg, replay_cfg, resume,
@@ -423,7 +423,7 @@ def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, tr
     keys = list(mapping.obs_spec())
     labels = episode_labels(manifest, keys, task=mapping.task_id, mapping_hash=mapping.hash)
     by_id = {e.episode_id: e for e in labels}
-    replay_cfg = (replay_cfg or ReplayConfig()).model_copy(update={"authorization": manifest.config.selection.rule})
+    replay_cfg = (replay_cfg or LabelBufferConfig()).model_copy(update={"authorization": manifest.config.selection.rule})
 
     def loader(episode_id: str):
         if episode_id not in by_id:

@@ -95,14 +95,14 @@ def test_fixed_seeds_give_identical_evaluations(tmp_path):
 
 
 def test_offline_error_uses_only_held_out_episodes(tmp_path):
-    from hg_dagger.learn.aggregate import ReplayConfig, held_out
+    from hg_dagger.learn.aggregate import LabelBufferConfig, held_out
     from hg_dagger.policy import read_checkpoint
 
     store = expert_store(tmp_path / "s", episodes=12)
     r = train_from_store(str(tmp_path / "s"), "toy_reach", tmp_path / "t",
                          student_cfg=StudentConfig(ensemble=2, hidden=(32,)),
                          train_cfg=TrainConfig(steps=100, batch_size=64),
-                         replay_cfg=ReplayConfig(holdout_fraction=0.4), progress=False)
+                         replay_cfg=LabelBufferConfig(holdout_fraction=0.4), progress=False)
     infos = store.episodes()
     held = {i.episode_id for i in infos if held_out(i.episode_id, i.start.split, 0.4)}
     assert 0 < len(held) < len(infos)

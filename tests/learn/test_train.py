@@ -21,7 +21,7 @@ from hg_dagger.contract import (
 from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.toy import toy_ik_action
-from hg_dagger.learn.aggregate import ReplayConfig
+from hg_dagger.learn.aggregate import LabelBufferConfig
 from hg_dagger.learn.train import StudentConfig, TrainConfig, Trainer, store_loader, train_from_store
 from hg_dagger.policy import Student, read_checkpoint
 from hg_dagger.store import EpisodeStore
@@ -92,9 +92,9 @@ def test_every_sampled_row_is_a_trainable_label(tmp_path):
     mapping = load_mapping("toy_reach")
     store = EpisodeStore.open(tmp_path / "s")
     loader = store_loader(store, mapping)
-    from hg_dagger.learn.aggregate import Replay
+    from hg_dagger.learn.aggregate import LabelBuffer
 
-    replay = Replay(ReplayConfig())
+    replay = LabelBuffer(LabelBufferConfig())
     replay.add(loader(i.episode_id) for i in store.episodes())
     masks = {i.episode_id: store.labels(i.episode_id).mask for i in store.episodes()}
     a = replay.arrays()
@@ -138,7 +138,7 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
     (3 * 0.5 - 0.5) / 4 = 0.25.
     """
     from hg_dagger.contract import LabelTarget
-    from hg_dagger.learn.aggregate import Replay
+    from hg_dagger.learn.aggregate import LabelBuffer
     from hg_dagger.store.trainable import extract_labels
 
     mapping = load_mapping("toy_reach")
@@ -152,7 +152,7 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
             "label_target": np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8)}
     means = {}
     for weight in (None, 3.0):
-        replay = Replay(ReplayConfig(intervention_weight=weight))
+        replay = LabelBuffer(LabelBufferConfig(intervention_weight=weight))
         replay.add([extract_labels(data, episode_id="e", obs_keys=["qpos", "ee_pos", "target"])])
         student = Student.create(mapping, ensemble=2, hidden=(32,), seed=0)
         Trainer(student, TrainConfig(steps=300, batch_size=128, lr=3e-3, seed=0), replay).fit(progress=False)
@@ -164,7 +164,7 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
 
 def _toy_replay(n: int = 200):
     from hg_dagger.contract import LabelTarget
-    from hg_dagger.learn.aggregate import Replay
+    from hg_dagger.learn.aggregate import LabelBuffer
     from hg_dagger.store.trainable import extract_labels
 
     rng = np.random.default_rng(0)
@@ -174,7 +174,7 @@ def _toy_replay(n: int = 200):
                 action_source=np.full(n, ActionSource.EXPERT.code, np.uint8),
                 label_mask=np.full(n, LabelMask.TRAINABLE.code, np.uint8),
                 label_target=np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8))
-    replay = Replay(ReplayConfig())
+    replay = LabelBuffer(LabelBufferConfig())
     replay.add([extract_labels(data, episode_id="e", obs_keys=["qpos", "ee_pos", "target"])])
     return replay
 

@@ -18,7 +18,7 @@ from hg_dagger.contract import (
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.toy import toy_ik_action
 from hg_dagger.errors import ContractError
-from hg_dagger.learn.aggregate import Replay, ReplayConfig
+from hg_dagger.learn.aggregate import LabelBuffer, LabelBufferConfig
 from hg_dagger.learn.train import TrainConfig, Trainer
 from hg_dagger.policy import Student
 from hg_dagger.store.trainable import extract_labels
@@ -89,7 +89,7 @@ def _ep(seed, iteration, success, steps=10):
 
 
 def test_capacity_evicts_whole_oldest_episodes_and_keeps_boundaries():
-    r = Replay(ReplayConfig(capacity=25))
+    r = LabelBuffer(LabelBufferConfig(capacity=25))
     r.add([_ep(0, 0, True), _ep(1, 0, False)])
     r.add([_ep(2, 1, True)])
     assert r.episode_ids == ["e1", "e2"] and r.evicted == ["e0"] and len(r) == 20
@@ -99,7 +99,7 @@ def test_capacity_evicts_whole_oldest_episodes_and_keeps_boundaries():
 
 
 def test_keep_iterations_and_success_only_filter():
-    r = Replay(ReplayConfig(keep_iterations=1, filter="success_only"))
+    r = LabelBuffer(LabelBufferConfig(keep_iterations=1, filter="success_only"))
     r.add([_ep(0, 0, True), _ep(1, 0, False)])
     assert r.episode_ids == ["e0"]  # the failed episode never enters
     r.add([_ep(2, 1, True)])
@@ -109,11 +109,11 @@ def test_keep_iterations_and_success_only_filter():
 def test_failure_focused_and_recent_sampling_shift_the_batch():
     eps = [_ep(0, 0, True), _ep(1, 0, False), _ep(2, 1, True)]
     rng = np.random.default_rng(0)
-    plain = Replay(ReplayConfig())
+    plain = LabelBuffer(LabelBufferConfig())
     plain.add(eps)
-    focused = Replay(ReplayConfig(filter="failure_focused", failure_weight=8.0))
+    focused = LabelBuffer(LabelBufferConfig(filter="failure_focused", failure_weight=8.0))
     focused.add(eps)
-    recent = Replay(ReplayConfig(sampling="recent", recent_fraction=0.9))
+    recent = LabelBuffer(LabelBufferConfig(sampling="recent", recent_fraction=0.9))
     recent.add(eps)
 
     def share(r, pick):
@@ -126,18 +126,18 @@ def test_failure_focused_and_recent_sampling_shift_the_batch():
 
 
 def test_replay_state_roundtrip():
-    r = Replay(ReplayConfig(capacity=25), seed=3)
+    r = LabelBuffer(LabelBufferConfig(capacity=25), seed=3)
     eps = {e.episode_id: e for e in (_ep(0, 0, True), _ep(1, 0, True), _ep(2, 1, False))}
     r.add(eps.values())
     state = json.loads(json.dumps(r.state()))  # checkpoint-safe plain data
-    other = Replay(ReplayConfig.model_validate(state["config"]))
+    other = LabelBuffer(LabelBufferConfig.model_validate(state["config"]))
     other.restore(state, lambda eid: eps[eid])
     assert other.episode_ids == r.episode_ids and other.evicted == r.evicted
     np.testing.assert_array_equal(other.sample(50), r.sample(50))
 
 
 def _replay(n_eps=6, steps=40, **cfg):
-    r = Replay(ReplayConfig(**cfg))
+    r = LabelBuffer(LabelBufferConfig(**cfg))
     r.add(extract_labels(rollout(s, steps=steps), episode_id=f"e{s}", obs_keys=KEYS) for s in range(n_eps))
     return r
 
@@ -194,7 +194,7 @@ def test_cnn_student_trains_on_camera_labels(tmp_path):
             "applied_action": target, "action_source": np.full(n, ActionSource.EXPERT.code, np.uint8),
             "label_mask": np.full(n, LabelMask.TRAINABLE.code, np.uint8),
             "label_target": np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8)}
-    replay = Replay(ReplayConfig())
+    replay = LabelBuffer(LabelBufferConfig())
     replay.add([extract_labels(rows, episode_id="cam", obs_keys=["qpos", "ee_pos", "target", "rgb"])])
     student = Student.create(mapping, kind="cnn", ensemble=2, hidden=(32,), seed=0)
     result = Trainer(student, TrainConfig(steps=150, batch_size=64, lr=3e-3), replay).fit(progress=False)

@@ -2,7 +2,7 @@
 unapproved, unauthorized, QC-failed or from a mismatched replay ever reaches a training batch.
 
 The oracle below restates the rule step by step from the stored records, independently of
-contract.training_selection, and is checked against what the real loader puts in a real Replay."""
+contract.training_selection, and is checked against what the real loader puts in a real LabelBuffer."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from hg_dagger.contract import (
     TrainingRule,
 )
 from hg_dagger.contract.schema import ReplayCheck
-from hg_dagger.learn.aggregate import Replay
+from hg_dagger.learn.aggregate import LabelBuffer
 from hg_dagger.store import EpisodeStore
 from hg_dagger.store.trainable import load_labels
 
@@ -117,7 +117,7 @@ def test_no_unauthorized_label_reaches_a_training_batch(tmp_path_factory, specs)
     store = EpisodeStore.create(tmp_path_factory.mktemp("boundary") / "s")
     recorded = [(_record(store, seed, spec), spec) for seed, spec in enumerate(specs)]
     store = EpisodeStore.open(store.url)
-    replay = Replay()
+    replay = LabelBuffer()
     replay.add(load_labels(store, store.info(eid), ["state"]) for (eid, _), _ in recorded)
     got = {(e.episode_id, int(s)) for e in replay.episodes for s in e.step}
     want = {(eid, t) for (eid, windows), spec in recorded for t in range(N) if _may_train(spec, windows, t)}

@@ -9,7 +9,7 @@ import pytest
 from hg_dagger.contract import ActionSource, LabelMask, LabelTarget
 from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError
-from hg_dagger.learn.aggregate import Replay, ReplayConfig
+from hg_dagger.learn.aggregate import LabelBuffer, LabelBufferConfig
 from hg_dagger.learn.train import TrainConfig, Trainer
 from hg_dagger.policy import Student, read_checkpoint
 from hg_dagger.store.trainable import extract_labels
@@ -31,7 +31,7 @@ def _two_mode_labels(n: int = 400, seed: int = 0):
 
 
 def _trained(kind: str, ensemble: int, data, steps: int = 600) -> Student:
-    replay = Replay(ReplayConfig())
+    replay = LabelBuffer(LabelBufferConfig())
     replay.add([extract_labels(data, episode_id="e", obs_keys=KEYS)])
     student = Student.create(load_mapping("toy_reach"), kind=kind, ensemble=ensemble, hidden=(32, 32), seed=0)
     Trainer(student, TrainConfig(steps=steps, batch_size=128, lr=3e-3, seed=0), replay).fit(progress=False)

@@ -35,7 +35,7 @@ from hg_dagger.contract import (
     ReviewStatus,
 )
 from hg_dagger.errors import StoreError
-from hg_dagger.learn.aggregate import Replay
+from hg_dagger.learn.aggregate import LabelBuffer
 from hg_dagger.review.decisions import ReviewError, audit_trail, decide, flag_by_operator, list_windows
 from hg_dagger.store import EpisodeStore
 from hg_dagger.store.trainable import load_labels
@@ -151,7 +151,7 @@ def test_trained_steps_are_the_independently_approved_ones(tmp_path_factory, spe
 
     st_ = EpisodeStore.open(store.url)
     assert (st_.reviewers is None) == (roster is None)
-    replay = Replay()
+    replay = LabelBuffer()
     replay.add(load_labels(st_, st_.info(eid), ["state"]) for (eid, _), _ in recorded)
     got = {(e.episode_id, int(s)) for e in replay.episodes for s in e.step}
     want = {(eid, t) for eid, w, operator in slots if _trains(operator, roster, made[w.window_id])
