@@ -2,17 +2,18 @@
 the store (never trainable), the episodes it committed are kept, the run continues on a replacement worker that
 re-runs the unfinished episodes from the same seeds, and every episode of the round ends up complete exactly once.
 
-Mid-episode is made certain, not hoped for: the worker is killed only when a look at the store shows one of its
-episodes begun, with steps, and far from its end. The `auto` round runs toy_reach with a long horizon and no early
-success, so each episode stays open for seconds while its rows are committed every 20 ms; the `run` variant paces
-its episodes in real time. (The worker is not frozen and let run in slices: how far its recorder thread gets within
+Mid-episode is made certain, not hoped for: the worker is killed only when a look at the store (by a watcher process
+of its own) shows one of its episodes begun, with steps, and far from its end. The `auto` round runs toy_reach with a
+long horizon and no early success, so each episode stays open for seconds while its rows are committed every
+20 ms; the `run` variant paces its episodes in real time. (The worker is not frozen and let run in slices: how far its recorder thread gets within
 a slice depends on thread scheduling, and a look could see its episodes only once they had ended.)"""
 
 from __future__ import annotations
 
+import json
 import logging
-import os
-import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -82,45 +83,60 @@ def ray_runtime():
     assert _children() - before == set(), "Ray left processes running"
 
 
-SEEN: dict = {}  # what the looks of the last _kill_mid_episode saw, for the failure message
+SEEN: dict = {}  # what the watcher's looks saw, for the failure message
 
-
-def _episodes_of(url, pid) -> list:
-    """The episodes worker ``pid`` has begun in the store (none before the store exists)."""
-    SEEN["looks"] = SEEN.get("looks", 0) + 1
+# The watcher: a process of its own that looks at the store every 10 ms and SIGKILLs the victim as soon as one of
+# its episodes shows between 1 and BEFORE steps committed and no end. In the test process the looks would share the
+# GIL with the run's driver thread (in a full suite, a round once got 7 looks).
+_WATCHER = r"""
+import json, os, signal, sys, time
+from hg_dagger.store import EpisodeStore
+url, victim, before = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seen = {"looks": 0, "victim": victim}
+def report(*_):
+    print(json.dumps(seen), flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, report)
+print("ready", flush=True)
+while True:
+    seen["looks"] += 1
     try:
-        store = EpisodeStore.open(url, mode="r")
-    except Exception as exc:  # noqa: BLE001 - not created yet
-        SEEN["not open"] = repr(exc)[:300]
-        return []
-    infos = store.episodes()
-    SEEN["pids"] = sorted({str(i.start.extra.get("worker_pid")) for i in infos})
-    mine = [i for i in infos if i.start.extra.get("worker_pid") == pid]
-    SEEN["victim"] = pid
-    SEEN["mine"] = (SEEN.get("mine", []) + [(i.complete, i.num_steps) for i in mine][-3:])[-9:]
-    return mine
+        infos = EpisodeStore.open(url, mode="r").episodes()
+    except Exception as exc:
+        seen["not open"] = repr(exc)[:200]
+        infos = []
+    mine = [i for i in infos if i.start.extra.get("worker_pid") == victim]
+    seen["pids"] = sorted({str(i.start.extra.get("worker_pid")) for i in infos})
+    seen["mine"] = [(i.complete, i.num_steps) for i in mine][-3:]
+    still = [i.episode_id for i in mine if not i.complete and 0 < i.num_steps < before]
+    if still:
+        os.kill(victim, signal.SIGKILL)
+        seen["killed"] = still
+        report()
+    time.sleep(0.01)
+"""
 
 
-def _kill_mid_episode(url, victim: int, runner: threading.Thread, *, before_step: int) -> list[str]:
-    """SIGKILL worker ``victim`` as soon as a look at the store shows one of its episodes open with between 1 and
-    ``before_step`` steps committed (so the rest of that episode, seconds of work, cannot end before the signal
-    lands), then wait for ``runner``. Returns the episodes it was killed in (none: no look caught one)."""
-    killed: list[str] = []
-    SEEN.clear()
-    deadline = time.monotonic() + 300
-    while not killed and runner.is_alive() and time.monotonic() < deadline:
-        mine = _episodes_of(url, victim)
-        still = [i.episode_id for i in mine if not i.complete and 0 < i.num_steps < before_step]
-        if still:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:  # gone on its own: nothing left to catch
-                break
-            killed = still
-        else:
-            time.sleep(0.01)
+def _start_watcher(url, victim: int, *, before_step: int) -> subprocess.Popen:
+    """The watcher for ``victim``, ready (imports done) before the run starts."""
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHER, url, str(victim), str(before_step)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _kill_mid_episode(watcher: subprocess.Popen, runner: threading.Thread) -> list[str]:
+    """Wait for the run in ``runner``; returns the episodes the watcher killed the victim in (none: it never
+    caught one open)."""
+    while runner.is_alive() and watcher.poll() is None:
+        time.sleep(0.05)
+    if watcher.poll() is None:
+        watcher.terminate()
+    out, _ = watcher.communicate(timeout=60)
     runner.join(300)
-    return killed
+    SEEN.clear()
+    SEEN.update(json.loads(out.strip().splitlines()[-1]) if out.strip() else {"watcher": "no report"})
+    return list(SEEN.get("killed", []))
 
 
 def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ray_runtime, long_toy_reach, tmp_path):
@@ -141,9 +157,10 @@ def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ra
                 result["error"] = exc
 
         runner = threading.Thread(target=run, name="auto-run")
+        watcher = _start_watcher(url, victim, before_step=LONG_HORIZON // 2)
         runner.start()
         try:
-            killed = _kill_mid_episode(url, victim, runner, before_step=LONG_HORIZON // 2)
+            killed = _kill_mid_episode(watcher, runner)
         finally:
             runner.join(60)
             ex.close()
@@ -214,9 +231,10 @@ def test_a_run_worker_killed_mid_episode_has_its_missing_seeds_run_again(ray_run
             result["error"] = exc
 
     runner = threading.Thread(target=run, name="ray-run")
+    watcher = _start_watcher(url, victim, before_step=RUN_HORIZON // 2)
     runner.start()
     try:
-        killed = _kill_mid_episode(url, victim, runner, before_step=RUN_HORIZON // 2)
+        killed = _kill_mid_episode(watcher, runner)
     finally:
         runner.join(60)
         ex.close()
