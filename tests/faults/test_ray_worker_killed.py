@@ -26,7 +26,7 @@ from hg_dagger.learn.auto import AutoConfig, AutoRun
 from hg_dagger.learn.executor import RayExecutor
 from hg_dagger.store import EpisodeStore, validate_store
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.ray]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ray, pytest.mark.own_process]
 
 EPISODES = 2  # one per worker
 LONG_HORIZON = 4000  # steps (a second or more of work); toy_reach's own is 100
