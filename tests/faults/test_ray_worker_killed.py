@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -125,6 +127,29 @@ def _start_watcher(url, victim: int, *, before_step: int) -> subprocess.Popen:
     return proc
 
 
+def _run_and_kill(url, ex: RayExecutor, work: Callable[[], Any], *, before_step: int) -> tuple[dict, list[str]]:
+    """Run ``work`` (a run on ``ex``) in a thread while a watcher kills worker ``ex.pids[0]`` mid-episode; closes
+    ``ex``. Returns ({"value": what work returned} or {"error": what it raised}, the episodes the worker was killed
+    in)."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            result["error"] = exc
+
+    runner = threading.Thread(target=run, name="killed-run")
+    watcher = _start_watcher(url, ex.pids[0], before_step=before_step)
+    runner.start()
+    try:
+        killed = _kill_mid_episode(watcher, runner)
+    finally:
+        runner.join(60)
+        ex.close()
+    return result, killed
+
+
 def _kill_mid_episode(watcher: subprocess.Popen, runner: threading.Thread) -> list[str]:
     """Wait for the run in ``runner``; returns the episodes the watcher killed the victim in (none: it never
     caught one open)."""
@@ -148,29 +173,15 @@ def test_a_worker_killed_mid_episode_leaves_it_incomplete_and_the_run_goes_on(ra
         url = str(out / "store")
         ex = RayExecutor(workers=2)
         victim = ex.pids[0]
-        result: dict = {}
-
-        def run(out=out, ex=ex, result=result) -> None:
-            try:
-                result["rows"] = AutoRun(cfg, out, executor=ex).run(progress=False)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-                result["error"] = exc
-
-        runner = threading.Thread(target=run, name="auto-run")
-        watcher = _start_watcher(url, victim, before_step=LONG_HORIZON // 2)
-        runner.start()
-        try:
-            killed = _kill_mid_episode(watcher, runner)
-        finally:
-            runner.join(60)
-            ex.close()
+        result, killed = _run_and_kill(url, ex, lambda out=out, ex=ex: AutoRun(cfg, out, executor=ex).run(progress=False),
+                                       before_step=LONG_HORIZON // 2)
         assert "error" not in result, f"round {attempt}: {result['error']!r}"
         if killed:
             break
     assert killed, f"the worker finished before it could be caught mid-episode, in three rounds; the last: {SEEN}"
 
     # the run went on: its round completed, trained and recorded the lost worker
-    (row,) = result["rows"]
+    (row,) = result["value"]
     assert row["episodes"] == EPISODES
     assert len(row["worker_failures"]) == 1 and row["worker_failures"][0]["pid"] == victim
     assert victim not in ex.pids  # a replacement took the dead worker's place
@@ -222,25 +233,11 @@ def test_a_run_worker_killed_mid_episode_has_its_missing_seeds_run_again(ray_run
     url = str(tmp_path / "store")
     ex = RayExecutor(workers=2)
     victim = ex.pids[0]
-    result: dict = {}
-
-    def run() -> None:
-        try:
-            result["summary"] = run_gated(cfg, url, progress=False, executor=ex)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            result["error"] = exc
-
-    runner = threading.Thread(target=run, name="ray-run")
-    watcher = _start_watcher(url, victim, before_step=RUN_HORIZON // 2)
-    runner.start()
-    try:
-        killed = _kill_mid_episode(watcher, runner)
-    finally:
-        runner.join(60)
-        ex.close()
+    result, killed = _run_and_kill(url, ex, lambda: run_gated(cfg, url, progress=False, executor=ex),
+                                   before_step=RUN_HORIZON // 2)
     assert "error" not in result, repr(result["error"])
     assert killed, f"the worker finished before it could be caught mid-episode: {SEEN}"
-    summary = result["summary"]
+    summary = result["value"]
 
     store = EpisodeStore.open(url)
     assert validate_store(store) == []
