@@ -2,10 +2,10 @@
 
     w = EpisodeWriter(recorder, mapping, num_envs)
     w.begin(row, mode=..., policy_version=..., seed=...)     # EpisodeStart + recorder.begin_episode
-    w.write(rows, columns, shared)                          # one step dict per row from batched columns
+    w.write(rows, columns, shared)                          # the rows' steps to recorder.put_rows, as columns
     w.end(row, EpisodeEnd(...), windows)                    # recorder.end_episode; the row is free again
 
-Both build the EpisodeStart record and the per-row step dicts the same way here, so the stored
+Both build the EpisodeStart record and the step columns the same way here, so the stored
 fields cannot drift apart. The writer also keeps each row's open episode id and step count.
 """
 
@@ -28,6 +28,7 @@ from hg_dagger.contract.schema import (
     Versions,
     step_fields,
 )
+from hg_dagger.store.layout import array_fill
 
 DEFAULT_SCENE = "default"  # the scene of a task when neither the run config nor the gate config names one
 
@@ -90,17 +91,23 @@ class EpisodeWriter:
               only: tuple[np.ndarray, dict[str, np.ndarray]] | None = None) -> None:
         """One step per row in ``rows``: each column's row, plus ``shared`` values; ``only`` = (mask [N],
         columns) adds those columns just where mask is set (e.g. human_command where a person commanded)."""
-        cols = {k: list(v) for k, v in columns.items()}  # one C loop per field instead of one index per row and field
-        extra_mask, extra = only if only is not None else (None, {})
-        extra_cols = {k: list(v) for k, v in extra.items()}
-        for r in np.asarray(rows).tolist():
-            step = {k: v[r] for k, v in cols.items()}
-            step.update(shared)
-            if extra_mask is not None and extra_mask[r]:
-                for k, v in extra_cols.items():
-                    step[k] = v[r]
-            self.rec.put(self.eids[r], step)
-            self.steps[r] += 1
+        rows = np.asarray(rows, np.int64)
+        if not rows.size:
+            return
+        k = rows.size
+        step = {name: v[rows] for name, v in columns.items()}  # copies: the recorder owns what it is handed
+        for name, v in shared.items():
+            step[name] = np.full(k, v)
+        if only is not None:
+            mask = np.asarray(only[0], bool)[rows]
+            if mask.any():
+                for name, v in only[1].items():
+                    spec = self.fields[name]
+                    col = np.full((k, *spec.shape), array_fill(spec), spec.np_dtype)
+                    col[mask] = np.asarray(v)[rows][mask]
+                    step[name] = col
+        self.rec.put_rows([self.eids[r] for r in rows.tolist()], step)
+        self.steps[rows] += 1
 
     def event(self, row: int, event: Event) -> None:
         if self.eids[row] is not None:

@@ -1,6 +1,8 @@
 """The recorder: the control loop hands steps over in O(1); a background thread writes them to the store.
 
-put() appends to a bounded in-memory queue and returns; it never touches the disk. The writer thread drains the
+put() appends to a bounded in-memory queue and returns; it never touches the disk. put_rows() hands over one step of
+each of k episodes as (k, ...) columns, as a vectorised control loop holds them: the writer keeps them whole instead of
+one dict per row and field, which is what makes many envs cheap. The writer thread drains the
 queue, turns steps into columns and commits them at most flush_interval_s later (see segment.py for the commit
 protocol). When the queue is full, on_full="drop" drops the step, counts it and records it (a fill row with
 valid=False keeps step numbering, a DROPPED_STEPS event, EpisodeEnd.dropped_steps); on_full="block" waits.
@@ -9,10 +11,11 @@ valid=False keeps step numbering, a DROPPED_STEPS event, EpisodeEnd.dropped_step
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, Protocol
 
@@ -82,12 +85,24 @@ class _Episode:
     # writer side
     segment: SegmentWriter | None = None
     ordinal: int = -1
-    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (step_number, dict)
+    # (step_number, dict) from put() or (step_number, _Rows, row) from put_rows()
+    pending: list[tuple[Any, ...]] = field(default_factory=list)
     flushed_next: int = 0  # next step number to be written
     dropped_steps: list[int] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     end_msg: tuple[Any, ...] | None = None
     label_cols: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in _LABEL_INPUTS})
+
+
+@dataclass(eq=False)
+class _Rows:
+    """One put_rows() call: step ``steps[i]`` of episode ``eps[i]`` is row i of every column."""
+
+    eps: list[_Episode]
+    steps: list[int]
+    cols: dict[str, Any]
+    joined: dict[str, Any] | None = None  # writer side: the flush's columns of every batch of these fields
+    offset: int = 0  # this batch's first row in ``joined``
 
 
 class Recorder:
@@ -116,7 +131,10 @@ class Recorder:
         self.queue_bytes = int(queue_bytes)
         self.on_full = on_full
         self.stats = RecorderStats()
-        self._q: deque[tuple[Any, ...]] = deque()
+        self._q: deque[Any] = deque()
+        self._steps_in = 0  # control side: steps queued; with _steps_out (writer side) gives the queue length
+        self._steps_out = 0
+        self._keys: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[Any, ...], int]] = {}
         self._episodes: dict[str, _Episode] = {}
         self._seen: set[str] = set()
         self._segments: dict[tuple[Any, ...], SegmentWriter] = {}
@@ -138,8 +156,7 @@ class Recorder:
         for name, spec in fields.items():
             if name != spec.name:
                 raise ContractError(f"episode {eid}: fields key '{name}' != FieldSpec.name '{spec.name}'")
-        key = tuple(sorted((n, s.model_dump_json()) for n, s in fields.items()))
-        nbytes = sum(int(np.prod(f.shape)) * f.np_dtype.itemsize for f in fields.values())
+        key, nbytes = self._field_key(fields)
         ep = _Episode(eid=eid, start=start, fields=dict(fields), key=key, step_bytes=nbytes,
                       capacity=max(1, min(self.queue_steps, self.queue_bytes // max(nbytes, 1))))
         self._episodes[eid] = ep
@@ -154,16 +171,67 @@ class Recorder:
             self._raise_for(eid, ep)
         n = ep.next_step
         ep.next_step = n + 1
-        if len(self._q) >= ep.capacity:
-            if self.on_full == "drop":
-                ep.dropped += 1
-                self.stats.dropped_steps += 1
-                return False
-            while len(self._q) >= ep.capacity and self._fatal is None:
-                time.sleep(0.0002)
+        if not self._room(ep.capacity):
+            ep.dropped += 1
+            self.stats.dropped_steps += 1
+            return False
         self._q.append((ep, n, step))
+        self._steps_in += 1
         self.stats.queued_steps += 1
         return True
+
+    def put_rows(self, eids: Sequence[str], columns: dict[str, Any]) -> bool:
+        """Hand over the next step of each episode in ``eids`` (distinct, begun with the same fields): row i of every
+        (k, ...) column belongs to eids[i]; a field left out is its fill value. Dropped as a whole when the queue is
+        full (returns False), as k put() calls would be."""
+        eps = []
+        for eid in eids:
+            ep = self._episodes.get(eid)
+            if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
+                self._raise_for(eid, ep)
+            eps.append(ep)
+        if not eps:
+            return True
+        key = eps[0].key
+        for ep in eps:
+            if ep.key is not key and ep.key != key:
+                raise ContractError(f"episode {ep.eid}: put_rows needs episodes begun with the same fields as "
+                                    f"episode {eps[0].eid}")
+        steps = [ep.next_step for ep in eps]
+        for ep in eps:
+            ep.next_step += 1
+        if not self._room(min(ep.capacity for ep in eps)):
+            for ep in eps:
+                ep.dropped += 1
+            self.stats.dropped_steps += len(eps)
+            return False
+        self._q.append(_Rows(eps, steps, dict(columns)))
+        self._steps_in += len(eps)
+        self.stats.queued_steps += len(eps)
+        return True
+
+    def _room(self, capacity: int) -> bool:
+        """Whether a step may be queued now: on_full="block" waits for room, "drop" says no when full."""
+        if self._steps_in - self._steps_out < capacity:
+            return True
+        if self.on_full == "drop":
+            return False
+        while self._steps_in - self._steps_out >= capacity and self._fatal is None:
+            time.sleep(0.0002)
+        return True
+
+    def _field_key(self, fields: dict[str, FieldSpec]) -> tuple[tuple[Any, ...], int]:
+        """The segment key of a field set and its bytes per step; the same FieldSpec objects give the same key
+        object without dumping them again (episodes of one collector begin with one field dict)."""
+        specs = tuple(fields.items())
+        ids = tuple(id(spec) for _, spec in specs)
+        hit = self._keys.get(ids)
+        if hit is not None and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(hit[0], specs, strict=True)):
+            return hit[1], hit[2]
+        key = tuple(sorted((n, s.model_dump_json()) for n, s in specs))
+        nbytes = sum(math.prod(s.shape) * s.np_dtype.itemsize for _, s in specs)
+        self._keys[ids] = (specs, key, nbytes)
+        return key, nbytes
 
     def event(self, eid: str, event: Event) -> None:
         ep = self._episodes.get(eid)
@@ -224,7 +292,8 @@ class Recorder:
 
     @property
     def queue_len(self) -> int:
-        return len(self._q)
+        """Steps handed over and not yet taken by the writer."""
+        return self._steps_in - self._steps_out
 
     def _check_alive(self) -> None:
         if self._fatal is not None:
@@ -250,6 +319,7 @@ class Recorder:
         dirty = False
         records: list[dict[str, Any]] = []
         touched: list[_Episode] = []
+        batches: list[_Rows] = []
         pending_bytes = 0
         try:
             while True:
@@ -257,7 +327,18 @@ class Recorder:
                 while self._q:
                     item = self._q.popleft()
                     drained += 1
-                    if isinstance(item[0], _Episode):
+                    if isinstance(item, _Rows):
+                        self._steps_out += len(item.eps)
+                        if self._check_rows(item):
+                            batches.append(item)
+                        for i, (ep, n) in enumerate(zip(item.eps, item.steps, strict=True)):
+                            if ep.error is None:
+                                if not ep.pending:
+                                    touched.append(ep)
+                                ep.pending.append((n, item, i))
+                                pending_bytes += ep.step_bytes
+                    elif isinstance(item[0], _Episode):
+                        self._steps_out += 1
                         ep, n, step = item
                         if ep.error is None:
                             if not ep.pending:
@@ -273,8 +354,8 @@ class Recorder:
                 now = time.monotonic()
                 closing = self._closing and not self._q
                 if dirty and (closing or pending_bytes >= _MAX_PENDING_BYTES or now - last_flush >= self.flush_interval_s):
-                    self._flush(records, touched)
-                    records, touched, pending_bytes, dirty = [], [], 0, False
+                    self._flush(records, touched, batches)
+                    records, touched, batches, pending_bytes, dirty = [], [], [], 0, False
                     last_flush = now
                 if closing:
                     for seg in self._segments.values():
@@ -308,10 +389,52 @@ class Recorder:
             if not ep.pending:
                 touched.append(ep)
 
-    def _flush(self, records: list[dict[str, Any]], touched: list[_Episode]) -> None:
+    def _check_rows(self, b: _Rows) -> bool:
+        """Give a batch exactly its episodes' fields, cast to their dtypes; a column of the wrong shape or dtype
+        poisons every episode of the batch from this step on (as a bad put() step does). False if it did."""
+        k, fields = len(b.eps), b.eps[0].fields
+        cols: dict[str, Any] = {}
+        for name, spec in fields.items():
+            shape = (k, *spec.shape)
+            col = b.cols.get(name)
+            if col is None:
+                cols[name] = np.full(shape, array_fill(spec), spec.np_dtype)
+                continue
+            try:
+                col = np.asarray(col)
+            except (ValueError, TypeError):
+                col = np.asarray(None)
+            if col.shape != shape or col.dtype == object or not np.can_cast(col.dtype, spec.np_dtype, "same_kind"):
+                for ep, n in zip(b.eps, b.steps, strict=True):
+                    if ep.error is None:
+                        ep.error = ContractError(
+                            f"episode {ep.eid} step {n}: field '{name}' expected shape {tuple(spec.shape)} dtype "
+                            f"{spec.dtype}, got shape {col.shape[1:]} dtype {col.dtype}; the episode stays incomplete")
+                        log.error("%s", ep.error)
+                return False
+            cols[name] = col if col.dtype == spec.np_dtype else col.astype(spec.np_dtype)
+        b.cols = cols
+        return True
+
+    @staticmethod
+    def _join(batches: list[_Rows]) -> None:
+        """Concatenate the flush's batches per field set once, so each episode takes its rows with one index."""
+        groups: dict[tuple[Any, ...], list[_Rows]] = {}
+        for b in batches:
+            groups.setdefault(b.eps[0].key, []).append(b)
+        for group in groups.values():
+            offset = 0
+            for b in group:
+                b.offset, offset = offset, offset + len(b.eps)
+            joined = {name: _concat([b.cols[name] for b in group]) for name in group[0].cols}
+            for b in group:
+                b.joined = joined
+
+    def _flush(self, records: list[dict[str, Any]], touched: list[_Episode], batches: list[_Rows] = ()) -> None:
         blocks: dict[SegmentWriter, list[Any]] = {}
+        self._join(list(batches))
         for ep in touched:
-            if ep.error is not None:
+            if ep.error is not None and not ep.pending:
                 continue
             cols, steps = self._columns(ep)
             if steps is not None and len(steps) and ep.segment is not None:
@@ -353,27 +476,18 @@ class Recorder:
         n = stop - ep.flushed_next
         if n <= 0:
             return {}, None
-        rows: list[dict[str, Any] | None] = [None] * n
-        for num, s in pending:
-            rows[num - ep.flushed_next] = s
-        cols: dict[str, Any] = {}
-        for name, spec in ep.fields.items():
-            fill_row = np.full(spec.shape, array_fill(spec), spec.np_dtype)
-            vals = [fill_row if s is None else s.get(name, fill_row) for s in rows]
-            col = _stack(vals, spec)
-            if col is None:
-                bad = next(i for i, v in enumerate(vals) if _stack([v], spec) is None)
-                ep.error = ContractError(
-                    f"episode {ep.eid} step {ep.flushed_next + bad}: field '{name}' expected shape "
-                    f"{tuple(spec.shape)} dtype {spec.dtype}, got {_describe(vals[bad])}; the episode stays incomplete"
-                )
-                log.error("%s", ep.error)
-                n, rows = bad, rows[:bad]
-                cols = {k: v[:n] for k, v in cols.items()}
-                col = _stack(vals[:n], spec) if n else None
-                if col is None:
-                    return {}, None
-            cols[name] = col
+        rows: list[tuple[Any, ...] | None] = [None] * n
+        for entry in pending:
+            rows[entry[0] - ep.flushed_next] = entry
+        joined = pending[0][1].joined if pending and len(pending[0]) == 3 else None
+        if joined is not None and all(e is None or (len(e) == 3 and e[1].joined is joined) for e in rows):
+            cols: dict[str, Any] = self._gather(ep, rows, joined)
+        else:
+            stacked = self._stack_rows(ep, rows)
+            if stacked is None:
+                return {}, None
+            cols, rows = stacked
+            n = len(rows)
         gap = [i for i, s in enumerate(rows) if s is None]
         if gap and "valid" in cols:
             cols["valid"][gap] = False
@@ -384,6 +498,47 @@ class Recorder:
                 ep.label_cols[k].append(cols[k])
         ep.flushed_next += n
         return cols, steps
+
+    @staticmethod
+    def _gather(ep: _Episode, rows: list[tuple[Any, ...] | None], joined: dict[str, Any]) -> dict[str, Any]:
+        """Columns of steps that all came from put_rows() in this flush: one fancy index per field."""
+        have = [i for i, e in enumerate(rows) if e is not None]
+        index = np.fromiter((e[1].offset + e[2] for e in rows if e is not None), np.int64, len(have))
+        cols: dict[str, Any] = {}
+        for name, spec in ep.fields.items():
+            taken = joined[name][index]
+            if len(have) == len(rows):
+                cols[name] = taken
+            else:  # dropped steps: fill rows
+                col = np.full((len(rows), *spec.shape), array_fill(spec), spec.np_dtype)
+                col[have] = taken
+                cols[name] = col
+        return cols
+
+    @staticmethod
+    def _stack_rows(ep: _Episode, rows: list[tuple[Any, ...] | None]
+                    ) -> tuple[dict[str, Any], list[tuple[Any, ...] | None]] | None:
+        """Columns of steps from put() (or both kinds); a bad value cuts the rows before it (see _columns)."""
+        cols: dict[str, Any] = {}
+        for name, spec in ep.fields.items():
+            fill_row = np.full(spec.shape, array_fill(spec), spec.np_dtype)
+            vals = [fill_row if e is None else e[1].get(name, fill_row) if len(e) == 2 else e[1].cols[name][e[2]]
+                    for e in rows]
+            col = _stack(vals, spec)
+            if col is None:
+                bad = next(i for i, v in enumerate(vals) if _stack([v], spec) is None)
+                ep.error = ContractError(
+                    f"episode {ep.eid} step {ep.flushed_next + bad}: field '{name}' expected shape "
+                    f"{tuple(spec.shape)} dtype {spec.dtype}, got {_describe(vals[bad])}; the episode stays incomplete"
+                )
+                log.error("%s", ep.error)
+                rows = rows[:bad]
+                cols = {k: v[:bad] for k, v in cols.items()}
+                col = _stack(vals[:bad], spec) if bad else None
+                if col is None:
+                    return None
+            cols[name] = col
+        return cols, rows
 
     def _commit_records(self, ep: _Episode) -> list[dict[str, Any]]:
         assert ep.end_msg is not None
