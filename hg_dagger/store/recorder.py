@@ -430,9 +430,9 @@ class Recorder:
             for b in group:
                 b.joined = joined
 
-    def _flush(self, records: list[dict[str, Any]], touched: list[_Episode], batches: list[_Rows] = ()) -> None:
+    def _flush(self, records: list[dict[str, Any]], touched: list[_Episode], batches: list[_Rows]) -> None:
         blocks: dict[SegmentWriter, list[Any]] = {}
-        self._join(list(batches))
+        self._join(batches)
         for ep in touched:
             if ep.error is not None and not ep.pending:
                 continue
