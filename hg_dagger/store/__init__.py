@@ -3,6 +3,7 @@
     store = EpisodeStore.create(path_or_url)
     with store.recorder(flush_interval_s=0.5) as rec:
         eid = rec.begin_episode(start, fields); rec.put(eid, step); ...; rec.end_episode(eid, end, windows)
+        rec.put_rows([eid_a, eid_b], columns)   # one step of each episode as (2, ...) columns, as a vec env holds them
     td = store.load(eid)
 
 On-disk layout: docs/data-format.md.
