@@ -12,6 +12,7 @@ from support.cli import cli_ok as _ok
 from support.cli import run_cli as _cli
 
 from hg_dagger.contract import ReviewDecision, ReviewStatus, TrainingRule
+from hg_dagger.contract.enums import Usage
 from hg_dagger.datasets.build import build
 from hg_dagger.datasets.manifest import DatasetConfig, SelectionConfig, summarize, write_exclusive
 from hg_dagger.datasets.repository import load, manifest_path
@@ -71,7 +72,7 @@ def test_a_self_approved_sample_in_an_old_version_is_not_trained(session, tmp_pa
     samples = []
     for s in m.samples:
         if s.kind == "window" and s.usage == "trainable" and s.id != target:
-            s = s.model_copy(update={"usage": "audit_only", "why": "unauthorized: not_reviewed", "runs": (),
+            s = s.model_copy(update={"usage": Usage.AUDIT_ONLY, "why": "unauthorized: not_reviewed", "runs": (),
                                      "allowed": 0, "blocks": ("not_reviewed",)})
         samples.append(s)
     assert any(s.id == target and s.usage == "trainable" and s.runs for s in samples)
