@@ -28,7 +28,7 @@ from hg_dagger.contract.schema import (
     Versions,
     step_fields,
 )
-from hg_dagger.store.layout import array_fill
+from hg_dagger.store.layout import fill_rows
 
 DEFAULT_SCENE = "default"  # the scene of a task when neither the run config nor the gate config names one
 
@@ -102,8 +102,7 @@ class EpisodeWriter:
             mask = np.asarray(only[0], bool)[rows]
             if mask.any():
                 for name, v in only[1].items():
-                    spec = self.fields[name]
-                    col = np.full((k, *spec.shape), array_fill(spec), spec.np_dtype)
+                    col = fill_rows(self.fields[name], k)
                     col[mask] = np.asarray(v)[rows][mask]
                     step[name] = col
         self.rec.put_rows([self.eids[r] for r in rows.tolist()], step)

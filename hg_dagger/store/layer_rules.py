@@ -96,4 +96,4 @@ def fill_column(spec: FieldSpec | None, name: str, n: int) -> np.ndarray:
     """A column an older segment lacks, filled with its field's fill value ("valid" fills True)."""
     if spec is None:
         return np.full(n, {"valid": True}.get(name, 0))
-    return np.full(n, layout.array_fill(spec), spec.np_dtype)
+    return layout.fill_rows(spec, n)

@@ -74,6 +74,11 @@ def array_fill(spec: FieldSpec) -> Any:
     return np.asarray(spec.fill).astype(spec.np_dtype).item()
 
 
+def fill_rows(spec: FieldSpec, n: int) -> np.ndarray:
+    """n rows of a field that hold no value: its fill, as the store reads rows never written."""
+    return np.full((n, *spec.shape), array_fill(spec), spec.np_dtype)
+
+
 def field_array_kwargs(spec: FieldSpec) -> dict[str, Any]:
     shape = tuple(spec.shape)
     if spec.image:

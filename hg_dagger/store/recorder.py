@@ -34,7 +34,7 @@ from hg_dagger.contract.schema import (
 )
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store.labels import LabelLayer
-from hg_dagger.store.layout import array_fill
+from hg_dagger.store.layout import array_fill, fill_rows
 from hg_dagger.store.segment import SegmentWriter
 
 
@@ -166,9 +166,7 @@ class Recorder:
 
     def put(self, eid: str, step: dict[str, Any]) -> bool:
         """Hand one step over; returns False if it was dropped because the queue was full."""
-        ep = self._episodes.get(eid)
-        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
-            self._raise_for(eid, ep)
+        ep = self._open(eid)
         n = ep.next_step
         ep.next_step = n + 1
         if not self._room(ep.capacity):
@@ -184,12 +182,7 @@ class Recorder:
         """Hand over the next step of each episode in ``eids`` (distinct, begun with the same fields): row i of every
         (k, ...) column belongs to eids[i]; a field left out is its fill value. Dropped as a whole when the queue is
         full (returns False), as k put() calls would be."""
-        eps = []
-        for eid in eids:
-            ep = self._episodes.get(eid)
-            if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
-                self._raise_for(eid, ep)
-            eps.append(ep)
+        eps = [self._open(eid) for eid in eids]
         if not eps:
             return True
         key = eps[0].key
@@ -234,9 +227,7 @@ class Recorder:
         return key, nbytes
 
     def event(self, eid: str, event: Event) -> None:
-        ep = self._episodes.get(eid)
-        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
-            self._raise_for(eid, ep)
+        ep = self._open(eid)
         self._q.append(("event", ep, event))
 
     def end_episode(
@@ -247,9 +238,7 @@ class Recorder:
         certifications: Iterable[ExpertCertification] = (),
     ) -> None:
         """Commit the episode (immutable from then on) and its label layer v1 (contract.derive_labels)."""
-        ep = self._episodes.get(eid)
-        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
-            self._raise_for(eid, ep)
+        ep = self._open(eid)
         windows, certifications = list(windows), list(certifications)
         total = ep.next_step
         for w in windows:
@@ -294,6 +283,13 @@ class Recorder:
     def queue_len(self) -> int:
         """Steps handed over and not yet taken by the writer."""
         return self._steps_in - self._steps_out
+
+    def _open(self, eid: str) -> _Episode:
+        """The episode ``eid`` if steps, events or its end may still be handed over; else raise why not."""
+        ep = self._episodes.get(eid)
+        if ep is None or ep.ended or ep.error is not None or self._fatal is not None:
+            self._raise_for(eid, ep)
+        return ep
 
     def _check_alive(self) -> None:
         if self._fatal is not None:
@@ -395,24 +391,18 @@ class Recorder:
         k, fields = len(b.eps), b.eps[0].fields
         cols: dict[str, Any] = {}
         for name, spec in fields.items():
-            shape = (k, *spec.shape)
             col = b.cols.get(name)
             if col is None:
-                cols[name] = np.full(shape, array_fill(spec), spec.np_dtype)
+                cols[name] = fill_rows(spec, k)
                 continue
-            try:
-                col = np.asarray(col)
-            except (ValueError, TypeError):
-                col = np.asarray(None)
-            if col.shape != shape or col.dtype == object or not np.can_cast(col.dtype, spec.np_dtype, "same_kind"):
+            checked = _as_column(col, spec)
+            if checked is None or len(checked) != k:
+                got = _describe(col)
                 for ep, n in zip(b.eps, b.steps, strict=True):
                     if ep.error is None:
-                        ep.error = ContractError(
-                            f"episode {ep.eid} step {n}: field '{name}' expected shape {tuple(spec.shape)} dtype "
-                            f"{spec.dtype}, got shape {col.shape[1:]} dtype {col.dtype}; the episode stays incomplete")
-                        log.error("%s", ep.error)
+                        ep.error = _field_error(ep.eid, n, name, spec, f"{got} for {k} rows")
                 return False
-            cols[name] = col if col.dtype == spec.np_dtype else col.astype(spec.np_dtype)
+            cols[name] = checked
         b.cols = cols
         return True
 
@@ -510,7 +500,7 @@ class Recorder:
             if len(have) == len(rows):
                 cols[name] = taken
             else:  # dropped steps: fill rows
-                col = np.full((len(rows), *spec.shape), array_fill(spec), spec.np_dtype)
+                col = fill_rows(spec, len(rows))
                 col[have] = taken
                 cols[name] = col
         return cols
@@ -527,11 +517,7 @@ class Recorder:
             col = _stack(vals, spec)
             if col is None:
                 bad = next(i for i, v in enumerate(vals) if _stack([v], spec) is None)
-                ep.error = ContractError(
-                    f"episode {ep.eid} step {ep.flushed_next + bad}: field '{name}' expected shape "
-                    f"{tuple(spec.shape)} dtype {spec.dtype}, got {_describe(vals[bad])}; the episode stays incomplete"
-                )
-                log.error("%s", ep.error)
+                ep.error = _field_error(ep.eid, ep.flushed_next + bad, name, spec, _describe(vals[bad]))
                 rows = rows[:bad]
                 cols = {k: v[:bad] for k, v in cols.items()}
                 col = _stack(vals[:bad], spec) if bad else None
@@ -589,17 +575,31 @@ def _stack(vals: list[Any], spec: FieldSpec) -> np.ndarray | list[Any] | None:
     Image fields give a list of n frames instead: the writer copies each frame once, straight into its chunk."""
     if spec.image:
         return _frames(vals, spec)
+    return _as_column(vals, spec)
+
+
+def _as_column(vals: Any, spec: FieldSpec) -> np.ndarray | None:
+    """Rows (a list of values, or an (n, ...) array) as an (n, *shape) array of spec's dtype; None if their shape
+    or dtype does not fit the field."""
     try:
         col = np.asarray(vals)
     except (ValueError, TypeError):
         return None
-    if col.shape[1:] != tuple(spec.shape) or col.dtype == object:
+    if col.ndim == 0 or col.shape[1:] != tuple(spec.shape) or col.dtype == object:
         return None
     if col.dtype != spec.np_dtype:
         if not np.can_cast(col.dtype, spec.np_dtype, casting="same_kind"):
             return None
         col = col.astype(spec.np_dtype)
     return col
+
+
+def _field_error(eid: str, step: int, name: str, spec: FieldSpec, got: str) -> ContractError:
+    """The error of a step whose field does not fit its FieldSpec (logged here, raised by the next call)."""
+    error = ContractError(f"episode {eid} step {step}: field '{name}' expected shape {tuple(spec.shape)} dtype "
+                          f"{spec.dtype}, got {got}; the episode stays incomplete")
+    log.error("%s", error)
+    return error
 
 
 def _frames(vals: list[Any], spec: FieldSpec) -> list[Any] | None:
