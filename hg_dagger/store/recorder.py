@@ -625,7 +625,10 @@ def _reason(exc: Exception) -> str:
 
 
 def _describe(v: Any) -> str:
-    a = np.asarray(v)
+    try:
+        a = np.asarray(v)
+    except (ValueError, TypeError):  # ragged nesting: no array at all
+        return f"a {type(v).__name__} that is no array"
     return f"shape {a.shape} dtype {a.dtype}"
 
 

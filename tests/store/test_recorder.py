@@ -88,6 +88,18 @@ def test_bad_dtype_is_reported_at_close(tmp_path):
     assert not EpisodeStore.open(tmp_path / "s").info(eid).complete
 
 
+def test_a_ragged_value_poisons_its_episode_not_the_recorder(tmp_path):
+    store = EpisodeStore.create(tmp_path / "s")
+    rec = store.recorder()
+    eid = rec.begin_episode(start(), fields())
+    s = step(1, 0)
+    s["applied_action"] = [1.0, [2.0, 3.0]]  # no array at all
+    rec.put(eid, s)
+    with pytest.raises(ContractError, match=f"episode {eid} step 0: field 'applied_action' .* got a list that is no array"):
+        rec.close()
+    assert not EpisodeStore.open(tmp_path / "s").info(eid).complete
+
+
 def test_misuse_is_refused_with_the_episode_named(tmp_path):
     store = EpisodeStore.create(tmp_path / "s")
     with store.recorder() as rec:
