@@ -90,6 +90,7 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float, float]:
 
 
 def whole_tick(n: int, ticks: int, quiet: bool = False):
+    from hg_dagger.control.loop_health import steady_collector
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student, one_inference_thread
     from hg_dagger.store import EpisodeStore
@@ -97,6 +98,7 @@ def whole_tick(n: int, ticks: int, quiet: bool = False):
     one_inference_thread()  # as `hg-dagger run` and the app's control process run the student (bare loop too)
     env = make_env("toy_reach", num_envs=n, seed=0)
     student = Student.create(env.mapping, seed=0)
+    steady_collector()  # the app's control process settles so once its session is built (bare loop too)
     # bare: the student and the env, nothing else
     obs, _ = env.reset(seed=0)
     bare = []
@@ -113,6 +115,7 @@ def whole_tick(n: int, ticks: int, quiet: bool = False):
         cfg = load_run_config(None, "toy_reach", num_envs=n, **over)
         s = build_session(cfg, rec, student, env=env)
         s.start(10**9)
+        steady_collector()
         gated = []
         for t in range(ticks + 50):
             t0 = time.perf_counter_ns()
@@ -269,6 +272,9 @@ def main() -> None:
         return
     from figures import record
 
+    from hg_dagger.control.loop_health import control_process_settings
+
+    control_process_settings()  # this process runs its session as the app's control process does
     ticks = 200 if args.quick else args.ticks
     t_start = now_ns()
     print(f"control layer (gates + handover + safety), FetchPickAndPlace configs, {ticks} ticks")

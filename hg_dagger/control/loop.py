@@ -24,7 +24,12 @@ import numpy as np
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import ActionSource, ControlState, EndReason
 from hg_dagger.control import live
-from hg_dagger.control.loop_health import HealthWindow, sleep_until
+from hg_dagger.control.loop_health import (
+    HealthWindow,
+    control_process_settings,
+    sleep_until,
+    steady_collector,
+)
 from hg_dagger.errors import HgDaggerError
 
 log = logging.getLogger(__name__)
@@ -517,12 +522,17 @@ class ControlProcess:
 
 def _child_main(build, loop_kwargs, cmd_q, conn) -> None:
     import signal
-    import sys
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the app, which asks this process to quit
-    sys.setswitchinterval(0.0005)  # the control thread gets the interpreter back quickly from the writer threads
+    control_process_settings()
     commands = live.CommandQueue(cmd_q)
-    loop = ControlLoop(build, commands=commands, **loop_kwargs)
+
+    def build_and_settle():
+        session = build()
+        steady_collector()  # this process is the control loop
+        return session
+
+    loop = ControlLoop(build_and_settle, commands=commands, **loop_kwargs)
     stop_sending = threading.Event()
 
     def send() -> None:

@@ -3,6 +3,7 @@ and the absolute-schedule sleep (control.loop)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 
@@ -11,6 +12,29 @@ import numpy as np
 from hg_dagger.control import live
 
 WINDOW = 256  # ticks in the health window
+
+
+def control_process_settings() -> None:
+    """For a process that is a control loop, before it builds its session: the control thread gets the interpreter
+    back quickly from the writer threads (a short switch interval), and zarr's I/O pool has one thread to compete
+    with it for the cores. Together with steady_collector they halved the slowest 64-env ticks
+    (docs/benchmarks.md)."""
+    import sys
+
+    from hg_dagger.store.shards import one_zarr_worker
+
+    sys.setswitchinterval(0.0005)
+    one_zarr_worker()
+
+
+def steady_collector() -> None:
+    """For a process that is a control loop, once what lives as long as it (the env, the student, the store) is
+    built: the garbage collector stops rescanning those objects (gc.freeze) and runs its young generation less
+    often. A collection of the whole heap stalled a 64-env tick by tens of milliseconds (docs/benchmarks.md).
+    Never in a process that is not a control loop: frozen objects whose cycles die later are not collected."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
 
 
 class HealthWindow:

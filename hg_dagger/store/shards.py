@@ -165,6 +165,12 @@ class FrameShardWriter:
 _POOL: ThreadPoolExecutor | None = None
 
 
+def one_zarr_worker() -> None:
+    """For a process that is a control loop, before it opens a store: zarr's I/O pool gets one thread. On two
+    cores, zarr's workers beside the control thread doubled its slowest ticks (docs/benchmarks.md)."""
+    zarr.config.set({"threading.max_workers": 1})
+
+
 def _encoder_pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:

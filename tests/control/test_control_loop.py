@@ -147,3 +147,26 @@ def test_the_tick_decides_on_an_observation_sampled_at_its_start(tmp_path, loop_
     snap = loop.slot.wait_for(lambda s: s.phase == "running" and s.health.ticks >= 30, WAIT)
     assert snap is not None
     assert snap.health.latency_p50_ms < 25.0, "a 50 ms period: the obs must not wait a whole slot"
+
+
+def test_a_settled_control_process_keeps_its_built_objects_out_of_collections(tmp_path):
+    """steady_collector in a process of its own (it changes the whole process): what existed is frozen, and
+    cycles made afterwards are still collected."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, weakref\n"
+        "from hg_dagger.control.loop_health import steady_collector\n"
+        "built = [[i] for i in range(1000)]\n"
+        "steady_collector()\n"
+        "assert gc.get_freeze_count() >= 1000, gc.get_freeze_count()\n"
+        "class Node: pass\n"
+        "a = Node(); a.me = a; gone = weakref.ref(a); del a\n"
+        "gc.collect()\n"
+        "assert gone() is None, 'a cycle made after settling was not collected'\n"
+        "print('ok', gc.get_threshold()[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "50000"]
