@@ -33,6 +33,7 @@ from hg_dagger.contract.schema import (
     FieldSpec,
 )
 from hg_dagger.errors import ContractError, StoreError
+from hg_dagger.store.columns import as_column, concat_parts, describe_value, field_error, stack_values
 from hg_dagger.store.labels import LabelLayer
 from hg_dagger.store.layout import array_fill, fill_rows
 from hg_dagger.store.segment import SegmentWriter
@@ -395,12 +396,12 @@ class Recorder:
             if col is None:
                 cols[name] = fill_rows(spec, k)
                 continue
-            checked = _as_column(col, spec)
+            checked = as_column(col, spec)
             if checked is None or len(checked) != k:
-                got = _describe(col)
+                got = describe_value(col)
                 for ep, n in zip(b.eps, b.steps, strict=True):
                     if ep.error is None:
-                        ep.error = _field_error(ep.eid, n, name, spec, f"{got} for {k} rows")
+                        ep.error = field_error(ep.eid, n, name, spec, f"{got} for {k} rows")
                 return False
             cols[name] = checked
         b.cols = cols
@@ -416,7 +417,7 @@ class Recorder:
             offset = 0
             for b in group:
                 b.offset, offset = offset, offset + len(b.eps)
-            joined = {name: _concat([b.cols[name] for b in group]) for name in group[0].cols}
+            joined = {name: concat_parts([b.cols[name] for b in group]) for name in group[0].cols}
             for b in group:
                 b.joined = joined
 
@@ -436,7 +437,7 @@ class Recorder:
         for seg in segs:
             bl = blocks.get(seg, [])
             if bl:
-                columns = {name: _concat([b[2][name] for b in bl]) for name in seg.fields}
+                columns = {name: concat_parts([b[2][name] for b in bl]) for name in seg.fields}
                 episode = np.concatenate([np.full(len(b[1]), b[0], np.uint32) for b in bl])
                 step = np.concatenate([b[1] for b in bl]).astype(np.uint32)
             else:
@@ -514,13 +515,13 @@ class Recorder:
             fill_row = np.full(spec.shape, array_fill(spec), spec.np_dtype)
             vals = [fill_row if e is None else e[1].get(name, fill_row) if len(e) == 2 else e[1].cols[name][e[2]]
                     for e in rows]
-            col = _stack(vals, spec)
+            col = stack_values(vals, spec)
             if col is None:
-                bad = next(i for i, v in enumerate(vals) if _stack([v], spec) is None)
-                ep.error = _field_error(ep.eid, ep.flushed_next + bad, name, spec, _describe(vals[bad]))
+                bad = next(i for i, v in enumerate(vals) if stack_values([v], spec) is None)
+                ep.error = field_error(ep.eid, ep.flushed_next + bad, name, spec, describe_value(vals[bad]))
                 rows = rows[:bad]
                 cols = {k: v[:bad] for k, v in cols.items()}
-                col = _stack(vals[:bad], spec) if bad else None
+                col = stack_values(vals[:bad], spec) if bad else None
                 if col is None:
                     return None
             cols[name] = col
@@ -562,74 +563,10 @@ class Recorder:
         ]
 
 
-def _concat(parts: list[Any]) -> Any:
-    if len(parts) == 1:
-        return parts[0]
-    if isinstance(parts[0], list):  # camera frames stay a list of the arrays put() received
-        return [frame for p in parts for frame in p]
-    return np.concatenate(parts)
-
-
-def _stack(vals: list[Any], spec: FieldSpec) -> np.ndarray | list[Any] | None:
-    """(n, *shape) array of spec's dtype, or None if any value has the wrong shape or an incompatible dtype.
-    Image fields give a list of n frames instead: the writer copies each frame once, straight into its chunk."""
-    if spec.image:
-        return _frames(vals, spec)
-    return _as_column(vals, spec)
-
-
-def _as_column(vals: Any, spec: FieldSpec) -> np.ndarray | None:
-    """Rows (a list of values, or an (n, ...) array) as an (n, *shape) array of spec's dtype; None if their shape
-    or dtype does not fit the field."""
-    try:
-        col = np.asarray(vals)
-    except (ValueError, TypeError):
-        return None
-    if col.ndim == 0 or col.shape[1:] != tuple(spec.shape) or col.dtype == object:
-        return None
-    if col.dtype != spec.np_dtype:
-        if not np.can_cast(col.dtype, spec.np_dtype, casting="same_kind"):
-            return None
-        col = col.astype(spec.np_dtype)
-    return col
-
-
-def _field_error(eid: str, step: int, name: str, spec: FieldSpec, got: str) -> ContractError:
-    """The error of a step whose field does not fit its FieldSpec (logged here, raised by the next call)."""
-    error = ContractError(f"episode {eid} step {step}: field '{name}' expected shape {tuple(spec.shape)} dtype "
-                          f"{spec.dtype}, got {got}; the episode stays incomplete")
-    log.error("%s", error)
-    return error
-
-
-def _frames(vals: list[Any], spec: FieldSpec) -> list[Any] | None:
-    shape, dtype = tuple(spec.shape), spec.np_dtype
-    out = []
-    for v in vals:
-        if not (isinstance(v, np.ndarray) and v.shape == shape and v.dtype == dtype):
-            try:
-                a = np.asarray(v)
-            except (ValueError, TypeError):
-                return None
-            if a.shape != shape or a.dtype == object or not np.can_cast(a.dtype, dtype, casting="same_kind"):
-                return None
-            v = a.astype(dtype, copy=False)
-        out.append(v)
-    return out
-
-
 def _reason(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror + (f": {exc.filename}" if exc.filename else "")
     return f"{type(exc).__name__}: {exc}"
-
-
-def _describe(v: Any) -> str:
-    try:
-        a = np.asarray(v)
-    except (ValueError, TypeError):  # ragged nesting: no array at all
-        return f"a {type(v).__name__} that is no array"
-    return f"shape {a.shape} dtype {a.dtype}"
 
 
 def _wall() -> str:
