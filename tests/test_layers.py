@@ -168,3 +168,31 @@ def test_private_crossings_are_found(tmp_path):
         "from pkg.low import _hidden", "from pkg.low import _helper",
         "pkg.low._helper", "pkg.low._hidden", "pkg.low._hidden"])
     assert all(f.startswith("pkg.sub.high:") for f in found)
+
+
+# ---------------------------------------------------------------------- modules with one job stay small
+
+MAX_MODULE_LINES = 600  # docs/architecture.md: a module over this does more than one job; split it
+
+
+def long_modules(roots: dict[str, Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    """Library modules over ``limit`` lines, as "module: N lines"."""
+    found = []
+    for mod, path in sorted(_modules(roots).items()):
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            found.append(f"{mod}: {n} lines")
+    return found
+
+
+def test_no_library_module_is_over_the_line_limit():
+    too_long = long_modules(_source_roots())
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them by job):\n" + "\n".join(too_long)
+
+
+def test_long_modules_are_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * 10)
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 11)
+    assert long_modules({"pkg": tmp_path / "pkg"}, limit=10) == ["pkg.long: 11 lines"]
