@@ -22,6 +22,7 @@ from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
 from hg_dagger.control.loop import ControlLoop, ControlProcess
 from hg_dagger.ui import settings as saved
+from hg_dagger.ui.lifetime import close_on_signals, delete_now
 from hg_dagger.ui.rounds import read_training_summary, training_summary
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,14 @@ class OperatorApp(QtCore.QObject):
         return replace(o, name=choices.operator, task=choices.task, robot=choices.robot or o.robot,
                        token_file=choices.token_file or o.token_file, student=choices.student or o.student,
                        store=choices.store or o.store)
+
+    def close(self) -> None:
+        """What the window's close button does (episodes end, the control process stops, the run reports); before
+        the window is up, the open dialog closes, which cancels the start."""
+        if self.window is not None and self.window.isVisible():
+            self.window.close()
+        else:
+            QtWidgets.QApplication.closeAllWindows()
 
     def _cancel_bootstrap(self) -> None:
         if self.job is not None:
@@ -345,7 +354,9 @@ def run_app(opts: AppOptions, *, argv: list[str] | None = None) -> int:
     op = OperatorApp(opts)
     op.finished.connect(lambda code: app.exit(code))
     QtCore.QTimer.singleShot(0, op.start)
-    code = app.exec()
+    with close_on_signals(app, close=op.close):
+        code = app.exec()
+    delete_now(op.window)
     return op.exit_code or code
 
 

@@ -22,6 +22,7 @@ def run_review(stores: list[str], reviewer: str | None) -> int:
     from PyQt6 import QtWidgets
 
     from hg_dagger.review.decisions import open_store
+    from hg_dagger.ui.lifetime import close_on_signals, delete_now
     from hg_dagger.ui.review import ReviewWorkspace
 
     if not stores:
@@ -35,4 +36,7 @@ def run_review(stores: list[str], reviewer: str | None) -> int:
         raise HgDaggerError("review open: a reviewer pseudonym is required (--reviewer, or the dialog)")
     window = ReviewWorkspace(list(stores), name)
     window.show()
-    return int(app.exec() or 0)
+    with close_on_signals(app):
+        code = int(app.exec() or 0)
+    delete_now(window)
+    return code

@@ -103,6 +103,10 @@ class BackgroundJob:
 
 
 def _child(fn, kwargs, q) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the terminal reaches the app, which cancels the job
+
     def report(stage: str, fraction: float) -> None:
         q.put(Progress(stage, float(fraction)))
 

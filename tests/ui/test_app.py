@@ -201,3 +201,48 @@ def test_an_unknown_task_on_the_command_line_is_one_line(tmp_path):
 def test_without_a_display_the_app_says_so(tmp_path):
     r = run_cli(["app", "--headless-fallback", "error"], {}, tmp_path, timeout=120)
     assert r.returncode == 2 and "no display" in r.stderr and "Traceback" not in r.stderr
+
+
+def _spawn(args: list[str], tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["QT_QPA_PLATFORM"] = "offscreen"
+    return subprocess.Popen([sys.executable, "-m", "hg_dagger", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+
+
+def test_ctrl_c_in_the_terminal_closes_the_app_as_its_window_would(tmp_path, toy_student):
+    """SIGINT mid-run (episodes going, one open): the app ends like a window close, with a valid store and no
+    traceback, instead of ignoring the key until the next GUI event."""
+    import signal
+    import subprocess
+
+    store = str(tmp_path / "interrupted.zarr")
+    p = _spawn(["app", "--task", "toy_reach", "--name", "alice", "--operator", "synthetic", "--episodes", "200",
+                "--store", store, "--student", toy_student], tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                if any(i.complete for i in EpisodeStore.open(store).episodes()):
+                    break
+            except Exception:  # noqa: BLE001 - the store is not created yet
+                pass
+            time.sleep(0.5)
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the app was still running 60 s after Ctrl+C") from None
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out[-1000:] + err[-2000:]
+    assert "SIGINT: closing" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
+    st = EpisodeStore.open(store)
+    episodes = st.episodes()
+    assert 1 <= len(episodes) < 200 and list(validate_store(st)) == []
