@@ -25,6 +25,7 @@ from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.live import Snapshot
 from hg_dagger.ui import style
 from hg_dagger.ui.keymap import DECLINE_KEY, handback_hint, takeover_hint, task_key_rows
+from hg_dagger.ui.keys import typing_in_dialog
 
 HANDOVER_REQUESTED = "handover_requested"
 
@@ -243,6 +244,9 @@ class HandoverBanner(QFrame):
         how = takeover_hint(self.device_kind)
         if not how:
             return f"the {self.device_kind or 'automatic'} operator answers   ·   {DECLINE_KEY.upper()}: let the student go on"
+        if self.device_kind == "keyboard" and typing_in_dialog(self.window()):
+            return "you are typing in a dialog: Tab out of the field (or Esc to close it), then " \
+                f"{how} to take control   ·   the robot holds while it waits"
         return (f"{how} to take control   ·   {DECLINE_KEY.upper()} or the button: let the student go on   ·   "
                 "the robot holds while it waits")
 

@@ -8,6 +8,10 @@ let go (ReleaseKeys), so a key released elsewhere cannot leave the robot moving.
 
 While a gate asks for the person or the person drives (``robot_keys``), the keyboard is the robot's
 in the window's own dialogs too: a dialog open on an episode never keeps the person from taking over.
+One exception: a text field of a dialog keeps its text while a request only waits (``driving`` is False):
+a person typing a reason means to type, and spaces and letters becoming a takeover and motion would record
+their typing as a correction. The robot holds while it waits; Tab out of the field (or Esc, closing the
+dialog) and Space takes over. While the person drives, every key is the robot's.
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ def is_text_input(w: QObject | None) -> bool:
 
 
 
+def typing_in_dialog(window: QWidget) -> bool:
+    """The focus is in a text field of a dialog over ``window``: there keys stay text until the person drives."""
+    focus = QApplication.focusWidget()
+    return focus is not None and focus.window() is not window and is_text_input(focus)
+
+
 def owned_by(w: QWidget, window: QWidget) -> bool:
     """``w`` is in ``window`` or in a window it owns, however deep (a dialog of a dialog, the help)."""
     top = w.window()
@@ -77,8 +87,8 @@ class KeyboardBridge(QObject):
 
     Install with ``QApplication.instance().installEventFilter(bridge)``; keys typed into text inputs
     (spin boxes, line edits) stay text. Mapped keys are consumed, so Space never clicks a focused button.
-    The window sets ``request_pending`` (N declines then) and ``robot_keys`` (keys in its dialogs, even in
-    their text fields, drive the robot then) from each snapshot.
+    The window sets ``request_pending`` (N declines then), ``robot_keys`` (keys in its dialogs drive the robot
+    then) and ``driving`` (in their text fields too) from each snapshot.
     """
 
     def __init__(self, window: QWidget, commands: CommandQueue):
@@ -89,6 +99,7 @@ class KeyboardBridge(QObject):
         self.enabled = True
         self.request_pending = False
         self.robot_keys = False
+        self.driving = False  # the person has control (robot_keys is also True then)
 
     def release_all(self) -> None:
         self.held.clear()
@@ -103,11 +114,12 @@ class KeyboardBridge(QObject):
             if obj.window() is self.window:
                 return self._key(obj, ev, down)
             if ev.key() != K.Key_Escape and self._owned(obj):  # Esc in a dialog is the dialog's: it closes it
-                if self.robot_keys or key_name(ev.key()) in self.held:
+                typing = is_text_input(obj) or is_text_input(QApplication.focusWidget())
+                if self.driving or (self.robot_keys and not typing) or key_name(ev.key()) in self.held:
                     # a request or a correction: the robot's keys; a key still held from one stays the robot's
                     # (its auto-repeat and its release) after the episode has ended
                     return self._key(obj, ev, down, forced=True)
-                if self.request_pending and ev.key() == K.Key_N:
+                if self.request_pending and ev.key() == K.Key_N and not typing:
                     return self._key(obj, ev, down, forced=True)
             return False
         if t == QEvent.Type.WindowDeactivate and (obj is self.window or (
@@ -144,7 +156,9 @@ class KeyboardBridge(QObject):
             return True
         if down:
             self.held.add(name)
-        else:
+        elif name in self.held:
             self.held.discard(name)
+        else:
+            return True  # the release of a press that was text (Tab out of a field): nothing to let go of
         self.commands.put(KeyEvent(name, down))
         return True

@@ -276,6 +276,7 @@ class MainWindow(QMainWindow):
         self.keys.request_pending = requested and person
         self.keys.robot_keys = person and snap.device.kind == "keyboard" and snap.phase == "running" and (
             requested or snap.control_state == "human")
+        self.keys.driving = self.keys.robot_keys and snap.control_state == "human"
         for v in self.views:
             v.show_snapshot(snap)
         if self.review is not None:

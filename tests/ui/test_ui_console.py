@@ -165,18 +165,28 @@ def test_discard_names_its_episode_holds_starts_and_the_keyboard_still_takes_ove
     QTest.keyClicks(dlg.reason, "bumped the table")  # typing is text while nothing asks
     assert dlg.reason.text() == "bumped the table" and sent(q) == []
 
-    # a gate fires while the dialog has focus: the banner asks, and Space in the dialog takes over
+    # a gate fires while the person types: the banner asks and says how to leave the field; the typing stays
+    # text (its spaces never take over, its "n" never declines: the robot holds while it waits)
     show(qtbot, win, slot, requested())
     assert win.banner.look == "request" and win.banner.isVisible()
-    QTest.keyPress(dlg.reason, Qt.Key.Key_Space)
-    QTest.keyPress(dlg.reason, Qt.Key.Key_W)
-    assert sent(q) == [KeyEvent("space", True), KeyEvent("w", True)]
-    assert dlg.reason.text() == "bumped the table"  # the keys went to the robot, not into the reason
+    QTest.keyClicks(dlg.reason, " again")
+    assert dlg.reason.text() == "bumped the table again" and sent(q) == []
+    qtbot.waitUntil(lambda: "typing in a dialog: Tab out of the field" in win.banner.hint.text(), timeout=5000)
+    # Tab out of the field: now Space in the dialog takes over, and no button is clicked
+    QTest.keyClick(dlg.reason, Qt.Key.Key_Tab)
+    qtbot.waitUntil(lambda: QApplication.focusWidget() not in (None, dlg.reason), timeout=5000)
+    button = QApplication.focusWidget()
+    assert button.window() is dlg
+    QTest.keyPress(button, Qt.Key.Key_Space)
+    QTest.keyPress(button, Qt.Key.Key_W)
+    assert sent(q) == [KeyEvent("space", True), KeyEvent("w", True)] and dlg.isVisible()
+    qtbot.waitUntil(lambda: "typing in a dialog" not in win.banner.hint.text(), timeout=5000)
+    assert dlg.reason.text() == "bumped the table again"  # the keys went to the robot, not into the reason
     show(qtbot, win, slot, running(control_state="human"))
     show(qtbot, win, slot, running(phase="idle", episode_id=None))  # the episode ends while W is still held
     QApplication.sendEvent(dlg.reason, QKeyEvent(QEvent.Type.KeyPress, Qt.Key.Key_W, Qt.KeyboardModifier.NoModifier,
                                                  "w", True))  # its auto-repeat stays the robot's, never text
-    assert dlg.reason.text() == "bumped the table"
+    assert dlg.reason.text() == "bumped the table again"
     QTest.keyRelease(dlg.reason, Qt.Key.Key_W)
     QTest.keyRelease(dlg.reason, Qt.Key.Key_Space)
     assert sent(q) == [KeyEvent("w", False), KeyEvent("space", False)]
@@ -186,7 +196,7 @@ def test_discard_names_its_episode_holds_starts_and_the_keyboard_still_takes_ove
     show(qtbot, win, slot, running(episode_id=EP2))
     assert "68a3f1c2 has ended" in dlg.note.text()
     ok(dlg)
-    assert sent(q) == [DiscardEpisode("bumped the table", episode_id=EP1), HoldStarts(False)]
+    assert sent(q) == [DiscardEpisode("bumped the table again", episode_id=EP1), HoldStarts(False)]
 
 
 def test_between_episodes_discard_is_for_the_one_that_just_ended(qtbot, console):
