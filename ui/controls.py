@@ -211,6 +211,14 @@ class EpisodeDialog(QDialog):
 
     def _refresh_text(self, hint: str = "") -> None:
         self.text.setText(self.question.format(id=short_id(self.target)) + (f"\n\n{hint}" if hint else ""))
+        self._fit()
+
+    def _fit(self) -> None:
+        """Grow to the height the wrapped text needs at this width (a window does not by itself): a hint or a
+        note that appears after the dialog opened would otherwise clip the question."""
+        need = self.layout().totalHeightForWidth(self.width())
+        if need > self.height():
+            self.resize(self.width(), need)
 
     def set_running(self, running: bool) -> None:
         """Say so when the named episode has ended meanwhile: the answer still goes to it, or (a verdict) it
@@ -223,6 +231,7 @@ class EpisodeDialog(QDialog):
             note = f"Episode {short_id(self.target)} has ended; its record stays as it ended."
         if self.note.text() != note:
             self.note.setText(note)
+            self._fit()
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(running or self.after_end)
 
     @property

@@ -199,6 +199,20 @@ def test_discard_names_its_episode_holds_starts_and_the_keyboard_still_takes_ove
     assert sent(q) == [DiscardEpisode("bumped the table again", episode_id=EP1), HoldStarts(False)]
 
 
+def test_an_empty_reason_is_asked_for_and_the_dialog_grows_to_show_it(qtbot, console):
+    win, slot, q = console
+    show(qtbot, win, slot, running())
+    dlg = win.controls.ask_discard()
+    qtbot.waitUntil(dlg.isVisible, timeout=5000)
+    ok(dlg)
+    assert dlg.isVisible() and "A reason is required." in dlg.text.text()
+    show(qtbot, win, slot, running(phase="idle", episode_id=None))  # and the note that it ended
+    qtbot.waitUntil(lambda: "has ended" in dlg.note.text(), timeout=5000)
+    for label in (dlg.text, dlg.note):  # every line shows: the dialog is at least as tall as its text needs
+        qtbot.waitUntil(lambda label=label: label.height() >= label.heightForWidth(label.width()), timeout=5000)
+    assert DiscardEpisode not in map(type, sent(q))
+
+
 def test_between_episodes_discard_is_for_the_one_that_just_ended(qtbot, console):
     win, slot, q = console
     c = win.controls
