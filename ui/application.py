@@ -69,11 +69,12 @@ def newest_student(opts: AppOptions) -> str:
 
 def build_session(opts: AppOptions, student_path: str):
     """The session the options describe (called in the control thread): `hg-dagger run`'s own wiring."""
-    from hg_dagger.control.build import open_session
+    from hg_dagger.control.build import open_session, unused_seed
     from hg_dagger.control.run_config import load_run_config, parse_endpoint
 
+    # each sitting continues the store's seeds: a restarted app does not repeat yesterday's start states
     overrides: dict[str, Any] = {"operator.type": "expert" if opts.mode == SessionMode.EXPERT else opts.operator,
-                                 "operator.name": opts.name or None, "seed": opts.seed,
+                                 "operator.name": opts.name or None, "seed": opts.seed + unused_seed(opts.store_url),
                                  "num_envs": None if opts.robot else 1}
     if opts.operator == "device":
         overrides["operator.device"] = opts.device

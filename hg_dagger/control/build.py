@@ -125,6 +125,19 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
     return session
 
 
+def unused_seed(store_url: str) -> int:
+    """One past the largest episode seed the store holds (0 for a new store): a sitting that starts its episodes
+    here meets start states no earlier sitting, bootstrap demonstrations included, has met."""
+    from hg_dagger.store import EpisodeStore
+
+    try:
+        episodes = EpisodeStore.open(store_url).episodes()
+    except HgDaggerError:
+        return 0
+    seeds = [s for i in episodes if isinstance(s := i.start.initial_state.get("seed"), int)]
+    return max(seeds, default=-1) + 1
+
+
 def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True,
               extra: dict[str, Any] | None = None, executor=None) -> RunSummary:
     """A whole human-gated collection run: ``open_session``, then record ``cfg.episodes`` episodes.

@@ -190,6 +190,12 @@ def test_scripted_app_run_leaves_a_valid_store(tmp_path, toy_student):
     assert "Traceback" not in r.stderr and "propagateSizeHints" not in r.stderr
     st = EpisodeStore.open(store)
     assert len(st.episodes()) == 3 and list(validate_store(st)) == []
+    # a second sitting on the same store continues its seeds: no start state is met twice
+    r = run_cli(["app", "--task", "toy_reach", "--operator", "synthetic", "--episodes", "2", "--store", store,
+                 "--student", toy_student, "--quit-when-done"], {"QT_QPA_PLATFORM": "offscreen"}, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seeds = sorted(i.start.initial_state["seed"] for i in EpisodeStore.open(store).episodes())
+    assert seeds == [0, 1, 2, 3, 4]
 
 
 def test_an_unknown_task_on_the_command_line_is_one_line(tmp_path):
