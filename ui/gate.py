@@ -245,8 +245,8 @@ class HandoverBanner(QFrame):
         if not how:
             return f"the {self.device_kind or 'automatic'} operator answers   ·   {DECLINE_KEY.upper()}: let the student go on"
         if self.device_kind == "keyboard" and typing_in_dialog(self.window()):
-            return "you are typing in a dialog: Tab out of the field (or Esc to close it), then " \
-                f"{how} to take control   ·   the robot holds while it waits"
+            return f"typing in a dialog: Tab out of the field, then {how} to take control   ·   " \
+                "the robot holds while it waits"
         return (f"{how} to take control   ·   {DECLINE_KEY.upper()} or the button: let the student go on   ·   "
                 "the robot holds while it waits")
 
