@@ -163,14 +163,6 @@ class OperatorApp(QtCore.QObject):
                        token_file=choices.token_file or o.token_file, student=choices.student or o.student,
                        store=choices.store or o.store)
 
-    def close(self) -> None:
-        """What the window's close button does (episodes end, the control process stops, the run reports); before
-        the window is up, the open dialog closes, which cancels the start."""
-        if self.window is not None and self.window.isVisible():
-            self.window.close()
-        else:
-            QtWidgets.QApplication.closeAllWindows()
-
     def _cancel_bootstrap(self) -> None:
         if self.job is not None:
             self.job.cancel()
@@ -355,7 +347,7 @@ def run_app(opts: AppOptions, *, argv: list[str] | None = None) -> int:
     op = OperatorApp(opts)
     op.finished.connect(lambda code: app.exit(code))
     QtCore.QTimer.singleShot(0, op.start)
-    with close_on_signals(app, close=op.close):
+    with close_on_signals(app):  # every window, a modal question's too: the main window's close ends the run
         code = app.exec()
     delete_now(op.window)
     return op.exit_code or code

@@ -66,6 +66,11 @@ def is_text_input(w: QObject | None) -> bool:
 
 
 
+def _typing_at(obj: QObject) -> bool:
+    """A key that reached ``obj`` is typed into a text field (``obj`` itself, or the focus it forwards to)."""
+    return is_text_input(obj) or is_text_input(QApplication.focusWidget())
+
+
 def typing_in_dialog(window: QWidget) -> bool:
     """The focus is in a text field of a dialog over ``window``: there keys stay text until the person drives."""
     focus = QApplication.focusWidget()
@@ -114,7 +119,7 @@ class KeyboardBridge(QObject):
             if obj.window() is self.window:
                 return self._key(obj, ev, down)
             if ev.key() != K.Key_Escape and self._owned(obj):  # Esc in a dialog is the dialog's: it closes it
-                typing = is_text_input(obj) or is_text_input(QApplication.focusWidget())
+                typing = _typing_at(obj)
                 if self.driving or (self.robot_keys and not typing) or key_name(ev.key()) in self.held:
                     # a request or a correction: the robot's keys; a key still held from one stays the robot's
                     # (its auto-repeat and its release) after the episode has ended
@@ -141,7 +146,7 @@ class KeyboardBridge(QObject):
                 self.commands.put(EStop(source="keyboard", reason="Esc key"))
             return True
         held = key_name(key) in self.held
-        if not (forced or held or self.robot_keys) and (is_text_input(obj) or is_text_input(QApplication.focusWidget())):
+        if not (forced or held or self.robot_keys) and _typing_at(obj):
             return False
         if key not in _MODIFIER_KEYS and ev.modifiers() & _SHORTCUT_MODIFIERS:
             return False  # Ctrl+Q and friends are shortcuts, not motion
