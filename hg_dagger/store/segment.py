@@ -240,7 +240,10 @@ class SegmentView:
         except Exception as exc:
             if layout.get_bytes(self._root.store, f"{self.path}/zarr.json") is None:
                 raise UncommittedSegment(segment_id, "a folder without group metadata") from None
-            raise StoreError(f"segment {segment_id}: unreadable segment metadata ({_one_line(exc)})") from exc
+            try:  # the writer may have created the group between the two reads
+                group = self._root[self.path]
+            except Exception:
+                raise StoreError(f"segment {segment_id}: unreadable segment metadata ({_one_line(exc)})") from exc
         if not isinstance(group, zarr.Group):
             raise StoreError(f"segment {segment_id}: an array where the segment's group should be")
         self.group = group
