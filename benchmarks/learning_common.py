@@ -10,6 +10,7 @@ Fairness rules (issue 12):
 - every arm starts from the same round 0 (the same expert demonstrations, same seed, same student init);
 - training steps are tied to labels: after every round the trainer runs until its total gradient steps
   equal ``steps_per_label`` x the labels it has trained on, so each method gets the same budget per label;
+  with ``train.warm_start: false`` every round starts from fresh weights and runs that whole budget;
 - evaluation: the same ``eval`` episodes (fixed seeds) after every round, nothing tuned per method.
 
 Human effort per round, counted three ways:
@@ -209,7 +210,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
             totals["context_switches"] += row["context_switches"]
             totals["episodes"] += row["episodes"]
             budget = int(round(spec["steps_per_label"] * totals["labels"]))
-            steps = budget - trainer.total_steps
+            steps = budget if not trainer.config.warm_start else budget - trainer.total_steps
             fit = None
             if steps > 0 and len(trainer.replay):
                 trainer.iteration = r + 1

@@ -5,7 +5,7 @@
     engine.run(episodes=8)                               # obs -> policy.act -> arbiter.decide -> safety -> env.step (a StepResult) -> sinks
 
 Arbiters: ``BetaMix`` (automatic DAgger: one coin per row and step), ``ExpertOnly`` (demonstrations),
-``StudentOnly`` (evaluation, calibration); the human-gated handover is the session (control.session),
+``StudentOnly`` (evaluation, calibration), ``TakeOver`` (recoverability probes: the student, then the expert); the human-gated handover is the session (control.session),
 which runs the same stages through ``safety_stage`` and ``cut``. Sinks receive every tick (``Tick``, one
 typed record through the stages) and every episode begin and end: the store (learn.collect.Collector),
 evaluation statistics (``EvalStats``), traces (``Trace``), calibration samples (``Samples``).
@@ -190,6 +190,30 @@ class ExpertOnly(BetaMix):
 
     def _coin(self, ids: np.ndarray, n: int) -> np.ndarray:
         return np.ones(n, bool)
+
+
+class TakeOver(BetaMix):
+    """The student drives each episode for ``switch_at[episode seed]`` steps, then the expert's valid labels are
+    executed to its end: replaying a student episode from its seed up to a state and asking whether the expert
+    still succeeds from there (learn.evaluate.recoverability). The expert is asked on every step, so an expert
+    that keeps state has seen the whole episode when it takes over."""
+
+    def __init__(self, expert, mapping, switch_at: dict[int, int], *, timeout_s: float | None = None):
+        super().__init__(expert, mapping, seed=0, beta=1.0, timeout_s=timeout_s)
+        self.switch_at = {int(k): int(v) for k, v in switch_at.items()}
+        self._switch: dict[int, int] = {}
+        self._steps: dict[int, int] = {}
+
+    def seed_row(self, row: int, episode_seed: int) -> None:
+        self._switch[row] = self.switch_at[int(episode_seed)]
+        self._steps[row] = 0
+
+    def _coin(self, ids: np.ndarray, n: int) -> np.ndarray:
+        coin = np.zeros(n, bool)
+        for i in ids.tolist():
+            coin[i] = self._steps[i] >= self._switch[i]
+            self._steps[i] += 1
+        return coin
 
 
 # ---------------------------------------------------------------------- sinks
@@ -442,4 +466,4 @@ class Engine:
 
 
 __all__ = ["BetaMix", "Engine", "EpisodeRows", "EvalStats", "ExpertOnly", "Samples", "StudentOnly",
-           "Tick", "Trace", "clamp_values", "cut", "end_reason", "safety_stage", "task_safety"]
+           "TakeOver", "Tick", "Trace", "clamp_values", "cut", "end_reason", "safety_stage", "task_safety"]

@@ -50,6 +50,7 @@ class AutoRun:
         self.store_url = str(store_url or self.out / "store")
         self.checkpoint_path = self.out / "checkpoint.pt"
         self.metrics_path = self.out / "metrics.jsonl"
+        self._probe_expert = None  # the expert of the recoverability probes, built on first use
 
     # -------------------------------------------------------------- setup
 
@@ -122,13 +123,13 @@ class AutoRun:
             ev = self.executor.evaluate(trainer.student, self.cfg.task, self.cfg.eval)  # id or file, as given
         else:
             ev = closed_loop(trainer.student, env_eval, self.cfg.eval)
-        ev.pop("per_episode")
+        recover = self._recoverability(trainer.student, mapping, env_eval, ev.pop("per_episode"))
         row = {
             "iteration": it, "mode": self.cfg.mode, "beta": beta, "policy_version": trainer.student.version,
             "collected_with": collect.pop("policy_versions", None),
             **collect, "replay": trainer.replay.summary(), "train": fit,
             "eval_success_rate": ev["success_rate"], "eval_episode_length": ev["episode_length_mean"],
-            "eval": ev, "rss_mb": _rss_mb(),
+            "eval": ev, "recoverability": recover, "rss_mb": _rss_mb(),
         }
         if dataset is not None:
             from hg_dagger.datasets.repository import record_training
@@ -142,9 +143,25 @@ class AutoRun:
             f.write(line + "\n")
         log.info("iteration %d: beta %.3f labels %d eval success %.0f%% (policy %s)", it, beta, len(trainer.replay),
                  100 * ev["success_rate"], trainer.student.version)
+        if recover and recover["probed"]:
+            log.info("iteration %d: the expert recovers %d of %d failed evaluation episodes from the student's "
+                     "first-failure step", it, recover["recovered"], recover["probed"])
         if getattr(self, "on_round", None) is not None:  # unattended runs: a summary line, ETA, curve.png
             self.on_round(row)
         return row
+
+    def _recoverability(self, student, mapping, env_eval, episodes) -> dict[str, Any] | None:
+        """The round's expert recoverability (learn.evaluate.recoverability) on the evaluation env, or None when off."""
+        from hg_dagger.learn.collect import build_expert
+        from hg_dagger.learn.evaluate import recoverability
+
+        n = self.cfg.recoverability_episodes
+        if not n or env_eval is None:
+            return None
+        if self._probe_expert is None:
+            self._probe_expert = build_expert(self.cfg.expert, mapping, relabel=False)
+        return recoverability(student, self._probe_expert, env_eval, episodes, max_episodes=n,
+                              limit=self.cfg.eval.max_steps, safety=self.cfg.safety)
 
     def _dataset_version(self, it: int):
         """dataset_v(N+1) of this run's store after iteration ``it``'s episodes are committed (None when off)."""

@@ -66,6 +66,9 @@ class AutoConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: LabelBufferConfig = Field(default_factory=LabelBufferConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    recoverability_episodes: int = Field(
+        default=10, ge=0, description="per iteration: failed evaluation episodes the expert takes over at the "
+        "student's first-failure step; the share it completes is the round's expert recoverability (0: off)")
     safety: SafetyConfig | None = Field(default=None, description="the safety monitor every collected action "
                                         "passes (default: the task's run config safety section, as a session)")
     recorder_queue_steps: int = Field(default=16384, gt=0)

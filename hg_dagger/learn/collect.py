@@ -11,6 +11,7 @@ with a valid expert label trainable.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ class CollectStats:
     episode_ids: list[str] = field(default_factory=list)
     partial_ids: list[str] = field(default_factory=list)
     episode_index: dict[str, int] = field(default_factory=dict)  # episode id -> its index in ``seeds`` (if given)
+    label_phases: Counter = field(default_factory=Counter)  # the expert's phase at each valid label (planners name one)
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latency_ns, dtype=np.float64) / 1e6
@@ -78,6 +80,7 @@ class CollectStats:
             "disagreement": self.disagreement_sum / self.disagreement_n if self.disagreement_n else None,
             "collect_success_rate": float(np.mean(self.successes)) if self.successes else None,
             "collect_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
+            "label_phases": dict(self.label_phases.most_common()),
         }
 
 
@@ -177,6 +180,9 @@ class Collector:
         stats.expert_used += int(tick.expert_used[ids].sum())
         stats.latency_ns.append(int(q.metadata.get("latency_ns", 0)))
         stats.inference_ns.append(int(out.inference_ns))
+        phase = q.metadata.get("phase")
+        if phase is not None and len(phase) == len(ids):
+            stats.label_phases.update(np.asarray(phase)[q.valid].tolist())
         both = ids[q.valid]
         if len(both):
             d = np.linalg.norm(tick.expert_action[both] - out.action[both], axis=1)

@@ -61,6 +61,43 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
     return summarize(sorted(stats.episodes, key=lambda e: e["index"]), steps=engine.ticks)
 
 
+def recoverability(student, expert, env, episodes: list[dict[str, Any]], *, max_episodes: int = 10,
+                   limit: int | None = None, safety=None) -> dict[str, Any]:
+    """Of a closed-loop evaluation's failed episodes (``episodes``: its ``per_episode``), the share that the expert
+    completes when it takes over at the student's first-failure step (at the latest half way through the horizon, so
+    the expert always has half an episode), replayed from the same seed with the same student (the rollout engine,
+    ``TakeOver``). A recoverable failure is one that labels at the student's own states can teach; an unrecoverable
+    one is a state the student must learn not to reach (docs/learning.md).
+
+    Up to ``max_episodes`` failures are probed, the earliest seeds first; ``env`` should be the evaluation's env
+    (the same rows, so the student's replayed steps match its evaluated ones)."""
+    from hg_dagger.control.engine import Engine, EpisodeRows, EvalStats, TakeOver, task_safety
+    from hg_dagger.control.safety import SafetyMonitor
+
+    failed = [e for e in episodes if not e["success"]]
+    probed = sorted(failed, key=lambda e: e["index"])[:max(0, int(max_episodes))]
+    out: dict[str, Any] = {"failed": len(failed), "probed": len(probed), "recovered": 0, "rate": None,
+                           "per_episode": []}
+    if not probed:
+        return out
+    limit = limit or env.mapping.horizon
+    seeds = [int(e["seed"]) for e in probed]
+    latest = limit - limit // 2
+    switch = {int(e["seed"]): min(int(e["first_failure_step"]), latest) for e in probed}
+    stats = EvalStats(env.num_envs, seeds)
+    monitor = SafetyMonitor(safety if safety is not None else task_safety(env.mapping.task_id),
+                            num_envs=env.num_envs, action_dim=env.mapping.action_dim)
+    engine = Engine(env, student, TakeOver(expert, env.mapping, switch), monitor,
+                    rows=EpisodeRows(env.num_envs, seeds=seeds, limit=limit), sinks=[stats])
+    engine.run(episodes=len(seeds))
+    for e in sorted(stats.episodes, key=lambda e: e["index"]):
+        out["per_episode"].append({"seed": e["seed"], "switch_step": switch[e["seed"]], "recovered": e["success"],
+                                   "length": e["length"]})
+    out["recovered"] = sum(e["recovered"] for e in out["per_episode"])
+    out["rate"] = out["recovered"] / len(probed)
+    return out
+
+
 def summarize(episodes: list[dict[str, Any]], *, steps: int = 0) -> dict[str, Any]:
     ok = np.array([e["success"] for e in episodes], dtype=bool)
     lengths = np.array([e["length"] for e in episodes], dtype=np.float64)

@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ def merge_stats(parts: list) -> Any:
             a, b = getattr(out, f.name), getattr(p, f.name)
             if isinstance(a, list):
                 a.extend(b)
+            elif isinstance(a, Counter):
+                a.update(b)  # counts add up
             elif isinstance(a, dict):
                 a.update(b)
             elif f.name != "seconds":

@@ -105,6 +105,13 @@ class RoundReporter:
             parts.append(f"intervention {row['intervention_rate']:.1%} ({row.get('windows', 0)} windows)")
         elif row.get("expert_used_rate") is not None:
             parts.append(f"expert steps {row['expert_used_rate']:.1%}")
+        recover = row.get("recoverability") or {}
+        if recover.get("probed"):  # can labels at the student's own failures teach it? (learn.evaluate.recoverability)
+            parts.append(f"expert recovers {recover['recovered']}/{recover['probed']} failures")
+        phases = row.get("label_phases") or {}
+        if phases:  # which part of the task this round's labels cover
+            total = sum(phases.values())
+            parts.append("labels by phase " + ", ".join(f"{k} {v / total:.0%}" for k, v in phases.items()))
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
         parts.append(f"{_duration(per)}/round")

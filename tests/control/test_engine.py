@@ -137,3 +137,52 @@ def test_one_seeding_rule_and_one_cut_in_auto_evaluation_and_the_session(tmp_pat
     for path in ("auto", "gated"):  # a cut step is the cut's, not the env's: a replay says so
         assert replay_store(str(tmp_path / path), write=False, progress=False).mismatches == []
     assert all(e["length"] == 6 for e in ev["per_episode"] if not e["success"])
+
+
+class _PerEpisode:
+    """A sink that keeps each episode's applied actions and action sources, by episode seed."""
+
+    def __init__(self, n):
+        self.seed_of, self.steps = [None] * n, {}
+
+    def begin(self, row, seed, index):
+        self.seed_of[row] = seed
+        self.steps[seed] = []
+
+    def step(self, tick):
+        for r in np.flatnonzero(tick.active).tolist():
+            self.steps[self.seed_of[r]].append((tick.applied[r].copy(), int(tick.source[r])))
+
+    def end(self, row, tick, *, complete):
+        pass
+
+
+def _take_over_run(student, switch_at, seeds):
+    from hg_dagger.control.engine import Engine, EpisodeRows, TakeOver, task_safety
+    from hg_dagger.control.safety import SafetyMonitor
+
+    mapping = load_mapping("toy_reach")
+    sink = _PerEpisode(2)
+    with make_env(mapping, num_envs=2, seed=0) as env:
+        arbiter = TakeOver(make_expert("toy_reach", "planner", mapping=mapping), mapping, switch_at)
+        monitor = SafetyMonitor(task_safety("toy_reach"), num_envs=2, action_dim=mapping.action_dim)
+        Engine(env, student, arbiter, monitor, rows=EpisodeRows(2, seeds=seeds, limit=40), sinks=[sink]).run(
+            episodes=len(seeds))
+    return sink.steps
+
+
+def test_take_over_replays_the_students_episode_then_hands_it_to_the_expert(student):
+    """An episode replayed from its seed is the student's own up to the switch step (the same applied actions), and
+    the expert's from there on; switch steps are per episode seed, whatever row runs it."""
+    seeds = [30, 31, 32]
+    never = _take_over_run(student, {s: 10**6 for s in seeds}, seeds)
+    switched = _take_over_run(student, {30: 5, 31: 0, 32: 12}, seeds)
+    for seed, k in ((30, 5), (31, 0), (32, 12)):
+        assert all(src == int(ActionSource.POLICY.code) for _, src in never[seed])
+        for i, ((a, src), (b, _)) in enumerate(zip(switched[seed], never[seed], strict=False)):
+            if i < k:
+                assert src == int(ActionSource.POLICY.code) and np.array_equal(a, b), (seed, i)
+            else:
+                assert src in (EXPERT, SAFETY), (seed, i)
+        assert any(not np.array_equal(a, b) for (a, _), (b, _) in zip(switched[seed][k:], never[seed][k:],
+                                                                       strict=False))

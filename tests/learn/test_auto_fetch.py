@@ -38,3 +38,22 @@ def test_auto_runs_on_fetch_pick_place_with_the_planner(tmp_path):
     assert row["replay"]["labels"] == sum(
         int((store.labels(i.episode_id).mask == LabelMask.TRAINABLE.code).sum()) for i in infos)
     assert validate_store(store) == []
+    # the labels by the planner's phase at each labelled state: the planner asked again on the stored states agrees
+    from hg_dagger.envs import load_mapping
+    from hg_dagger.experts import make_expert
+
+    mapping = load_mapping("fetch_pick_place")
+    planner = make_expert("fetch_pick_place", "planner", mapping=mapping)
+    phases: dict[str, int] = {}
+    for info in infos:
+        d = store.read_steps(info.episode_id)
+        obs = {k: d[f"obs/{k}"] for k in mapping.obs_spec()}
+        names = planner.act(obs, env_ids=list(range(len(d["valid"])))).metadata["phase"][d["expert_valid"]]
+        for name in names.tolist():
+            phases[name] = phases.get(name, 0) + 1
+    assert row["label_phases"] == phases and sum(phases.values()) == row["replay"]["labels"]
+    # the round's expert recoverability: every failed evaluation episode probed from its first-failure step
+    rec = row["recoverability"]
+    assert rec["probed"] == rec["failed"] == round(2 * (1 - row["eval_success_rate"]))
+    assert rec["recovered"] == sum(p["recovered"] for p in rec["per_episode"])
+    assert all(p["switch_step"] <= 10 for p in rec["per_episode"])

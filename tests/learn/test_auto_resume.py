@@ -112,6 +112,22 @@ def test_round_reporter_line_eta_and_curve(tmp_path):
     assert [r["iteration"] for r in got] == [0, 1, 2] and got[-1]["eval_success_rate"] == 0.9
     assert rep.line(rows[2] | {"iteration": 4}, 10.0).endswith("done")
     assert write_curve_png(tmp_path / "none.jsonl", tmp_path / "x.png") is None
+    # why a round helped or did not: the expert's recoveries of the student's failures, the labels by planner phase
+    line = rep.line(rows[2] | {"recoverability": {"probed": 4, "recovered": 3},
+                               "label_phases": {"approach": 30, "descend": 10}}, 10.0)
+    assert "expert recovers 3/4 failures" in line and "labels by phase approach 75%, descend 25%" in line
+    assert "recovers" not in rep.line(rows[2] | {"recoverability": {"probed": 0, "recovered": 0}}, 10.0)
+
+
+def test_merged_worker_stats_add_up_label_phases():
+    from hg_dagger.learn.collect import CollectStats
+    from hg_dagger.learn.executor_worker import merge_stats
+
+    a, b = CollectStats(steps=3), CollectStats(steps=2)
+    a.label_phases.update(["approach", "approach", "grasp"])
+    b.label_phases.update(["approach", "lift"])
+    merged = merge_stats([a, b])
+    assert merged.steps == 5 and merged.summary()["label_phases"] == {"approach": 3, "grasp": 1, "lift": 1}
 
 
 @pytest.mark.parametrize("seconds,text", [(5, "5s"), (65, "1m05s"), (3725, "1h02m")])

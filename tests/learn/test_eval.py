@@ -135,3 +135,27 @@ def test_offline_never_scores_episodes_the_checkpoint_trained_on(tmp_path):
     res = evaluate(r["checkpoint"], "toy_reach", tmp_path / "e", store_url=str(tmp_path / "s"),
                    holdout_fraction=0.99, config=EvalConfig(episodes=2, num_envs=2, max_steps=10), progress=False)
     assert res["offline"]["episodes"] == 0 and res["offline"]["skipped_trained"] > 0
+
+
+def test_recoverability_probes_failed_episodes_from_the_students_first_failure_step():
+    """The expert takes over each failed evaluation episode at the student's first-failure step (at the latest half
+    way through the horizon); an untrained student's failures on toy_reach are ones the planner still completes."""
+    from hg_dagger.learn.evaluate import recoverability
+
+    mapping = load_mapping("toy_reach")
+    student = Student.create(mapping, ensemble=3, hidden=(32, 32), seed=4)
+    with make_env(mapping, num_envs=4, seed=0) as env:
+        ev = closed_loop(student, env, EvalConfig(episodes=6, num_envs=4, seed=500, max_steps=60))
+        failed = [e for e in ev["per_episode"] if not e["success"]]
+        assert len(failed) >= 3, "an untrained student fails most episodes"
+        rec = recoverability(student, make_expert("toy_reach", "planner", mapping=mapping), env, ev["per_episode"],
+                             max_episodes=3, limit=60)
+        none = recoverability(student, make_expert("toy_reach", "planner", mapping=mapping), env,
+                              [e for e in ev["per_episode"] if e["success"]], limit=60)
+    assert (rec["failed"], rec["probed"]) == (len(failed), 3)
+    probed = sorted(failed, key=lambda e: e["index"])[:3]
+    assert [p["seed"] for p in rec["per_episode"]] == [e["seed"] for e in probed]
+    assert [p["switch_step"] for p in rec["per_episode"]] == [min(e["first_failure_step"], 30) for e in probed]
+    assert rec["recovered"] == sum(p["recovered"] for p in rec["per_episode"]) and rec["recovered"] > 0
+    assert rec["rate"] == rec["recovered"] / 3
+    assert none == {"failed": 0, "probed": 0, "recovered": 0, "rate": None, "per_episode": []}
