@@ -5,8 +5,9 @@
     engine.run(episodes=8)                               # obs -> policy.act -> arbiter.decide -> safety -> env.step (a StepResult) -> sinks
 
 Arbiters: ``BetaMix`` (automatic DAgger: one coin per row and step), ``ExpertOnly`` (demonstrations),
-``StudentOnly`` (evaluation, calibration), ``TakeOver`` (recoverability probes: the student, then the expert); the human-gated handover is the session (control.session),
-which runs the same stages through ``safety_stage`` and ``cut``. Sinks receive every tick (``Tick``, one
+``StudentOnly`` (evaluation, calibration), ``TakeOver`` (recoverability probes: the student, then the
+expert); the human-gated handover is the session (control.session), which runs the same stages through
+``safety_stage`` and ``cut``. Sinks receive every tick (``Tick``, one
 typed record through the stages) and every episode begin and end: the store (learn.collect.Collector),
 evaluation statistics (``EvalStats``), traces (``Trace``), calibration samples (``Samples``).
 

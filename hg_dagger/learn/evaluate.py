@@ -42,23 +42,32 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
     whichever row is free: its result does not depend on how episodes are spread over rows or workers.
     ``trace`` (a list), when given, receives (obs, applied action) of every step, for audits and tests.
     """
-    from hg_dagger.control.engine import Engine, EpisodeRows, EvalStats, StudentOnly, Trace, task_safety
-    from hg_dagger.control.safety import SafetyMonitor
+    from hg_dagger.control.engine import EvalStats, StudentOnly, Trace
 
     seeds = [int(s) for s in seeds] if seeds is not None else [config.seed + k for k in range(config.episodes)]
     stats = EvalStats(env.num_envs, seeds)
     bar = tqdm(total=len(seeds), desc="eval", disable=not progress, leave=False)
     stats.on_episode = lambda: bar.update(1)
-    monitor = SafetyMonitor(safety if safety is not None else task_safety(env.mapping.task_id),
-                            num_envs=env.num_envs, action_dim=env.mapping.action_dim)
     sinks = [stats] if trace is None else [stats, Trace(trace)]
-    rows = EpisodeRows(env.num_envs, seeds=seeds, limit=config.max_steps or env.mapping.horizon)
-    engine = Engine(env, student, StudentOnly(), monitor, rows=rows, sinks=sinks)
     try:
-        engine.run(episodes=len(seeds))
+        ticks = _rollout(student, env, StudentOnly(), seeds, config.max_steps or env.mapping.horizon, safety, sinks)
     finally:
         bar.close()
-    return summarize(sorted(stats.episodes, key=lambda e: e["index"]), steps=engine.ticks)
+    return summarize(sorted(stats.episodes, key=lambda e: e["index"]), steps=ticks)
+
+
+def _rollout(student, env, arbiter, seeds: list[int], limit: int, safety, sinks: list) -> int:
+    """The rollout engine over one episode per seed, every action through the task's safety monitor (``safety``: a
+    SafetyConfig, default the task's); returns the ticks it stepped."""
+    from hg_dagger.control.engine import Engine, EpisodeRows, task_safety
+    from hg_dagger.control.safety import SafetyMonitor
+
+    monitor = SafetyMonitor(safety if safety is not None else task_safety(env.mapping.task_id),
+                            num_envs=env.num_envs, action_dim=env.mapping.action_dim)
+    engine = Engine(env, student, arbiter, monitor, rows=EpisodeRows(env.num_envs, seeds=seeds, limit=limit),
+                    sinks=sinks)
+    engine.run(episodes=len(seeds))
+    return engine.ticks
 
 
 def recoverability(student, expert, env, episodes: list[dict[str, Any]], *, max_episodes: int = 10,
@@ -71,8 +80,7 @@ def recoverability(student, expert, env, episodes: list[dict[str, Any]], *, max_
 
     Up to ``max_episodes`` failures are probed, the earliest seeds first; ``env`` should be the evaluation's env
     (the same rows, so the student's replayed steps match its evaluated ones)."""
-    from hg_dagger.control.engine import Engine, EpisodeRows, EvalStats, TakeOver, task_safety
-    from hg_dagger.control.safety import SafetyMonitor
+    from hg_dagger.control.engine import EvalStats, TakeOver
 
     failed = [e for e in episodes if not e["success"]]
     probed = sorted(failed, key=lambda e: e["index"])[:max(0, int(max_episodes))]
@@ -85,11 +93,7 @@ def recoverability(student, expert, env, episodes: list[dict[str, Any]], *, max_
     latest = limit - limit // 2
     switch = {int(e["seed"]): min(int(e["first_failure_step"]), latest) for e in probed}
     stats = EvalStats(env.num_envs, seeds)
-    monitor = SafetyMonitor(safety if safety is not None else task_safety(env.mapping.task_id),
-                            num_envs=env.num_envs, action_dim=env.mapping.action_dim)
-    engine = Engine(env, student, TakeOver(expert, env.mapping, switch), monitor,
-                    rows=EpisodeRows(env.num_envs, seeds=seeds, limit=limit), sinks=[stats])
-    engine.run(episodes=len(seeds))
+    _rollout(student, env, TakeOver(expert, env.mapping, switch), seeds, limit, safety, [stats])
     for e in sorted(stats.episodes, key=lambda e: e["index"]):
         out["per_episode"].append({"seed": e["seed"], "switch_step": switch[e["seed"]], "recovered": e["success"],
                                    "length": e["length"]})
