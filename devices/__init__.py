@@ -33,8 +33,8 @@ from hg_dagger.devices.configs import (
 )
 from hg_dagger.devices.discovery import DeviceInfo, DeviceScanner
 from hg_dagger.devices.keyboard import Keyboard, key_layout
-from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline, ProcessingConfig
-from hg_dagger.devices.synthetic import SyntheticOperator
+from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline, CommandPipelines, ProcessingConfig
+from hg_dagger.devices.synthetic import SyntheticOperator, SyntheticOperatorRows
 from hg_dagger.devices.wizard import CalibrationWizard
 
 __all__ = [
@@ -42,5 +42,6 @@ __all__ = [
     "AxisCalibration", "Calibration", "CalibrationPhase", "Calibrator", "CalibrationWizard", "default_calibration_dir",
     "DeviceInfo", "DeviceScanner", "key_layout",
     "DeviceConfig", "GamepadConfig", "KeyboardConfig", "SpaceMouseConfig", "SyntheticConfig", "load_device_config",
-    "AxisNormalizer", "CommandPipeline", "ProcessingConfig", "Keyboard", "SyntheticOperator",
+    "AxisNormalizer", "CommandPipeline", "CommandPipelines", "ProcessingConfig", "Keyboard", "SyntheticOperator",
+    "SyntheticOperatorRows",
 ]

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hg_dagger.contract.clock import NO_TIME
+from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.command import COMMAND_DIM, ESTOP, RETURN, TAKEOVER
 from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.control.handover import AUTO, HUMAN, REQUESTED, WARNING
@@ -200,66 +200,62 @@ class DeviceOperator(Operator):
                 "deadzone": tuple(float(v) for v in dev.deadzone)}
 
 
-class SyntheticOperators(DeviceOperator):
-    """One planner-driven hg_dagger.devices.SyntheticOperator per row: it watches the scene, answers a
-    request after its reaction delay (or not, by its availability) and sends the planner's label mapped
-    to the human motion space (mapping.raw_to_human), through the same command pipeline as a device."""
+class SyntheticOperators(Operator):
+    """The planner-driven synthetic operator in every row (hg_dagger.devices.SyntheticOperatorRows): it watches the
+    scene, answers a request after its reaction delay (or not, by its availability) and sends the planner's label
+    mapped to the human motion space (mapping.raw_to_human), through the same command pipeline stages as a device
+    (hg_dagger.devices.CommandPipelines). All rows at once, as arrays: the tick costs the same few numpy calls
+    with 64 envs as with one."""
 
     kind = "synthetic"
+    has_devices = True
 
     def __init__(self, expert, mapping, num_envs: int, *, reaction_delay_steps: int = 5, noise_std: float = 0.0,
                  availability: float = 1.0, return_after_steps: int | None = None, seed: int = 0, name: str = ""):
-        from hg_dagger.devices import SyntheticOperator
+        from hg_dagger.devices import CommandPipelines, SyntheticConfig, SyntheticOperatorRows
 
         if expert is None:
             raise ConfigError("operator 'synthetic' needs the task's expert")
+        super().__init__(num_envs, mapping, name)
         self.expert = expert
-        self._planner_raw = np.full((num_envs, mapping.action_dim), np.nan, np.float32)
-        devices = [
-            SyntheticOperator(lambda _obs, r=r: mapping.raw_to_human(self._planner_raw[r]),
-                              reaction_delay_steps=reaction_delay_steps, noise_std=noise_std,
-                              availability=availability, seed=seed * 1000 + r, return_after_steps=return_after_steps)
-            for r in range(num_envs)
-        ]
-        super().__init__(devices, mapping, name)
+        config = SyntheticConfig(reaction_delay_steps=reaction_delay_steps, noise_std=noise_std,
+                                 availability=availability, return_after_steps=return_after_steps, seed=seed)
+        self.rows = SyntheticOperatorRows(config, [seed * 1000 + r for r in range(num_envs)])
+        self.pipeline = CommandPipelines(config.processing, num_envs)
         self.person_available = availability > 0
-        self._connected = np.ones(num_envs, bool)
-        self._read_rows = np.zeros(0, np.int64)
-
-    def _rows_to_read(self, state) -> Any:
-        # a row neither requested nor watched by its operator would read nothing and change nothing: its device
-        # counts as answering when connected (what _read and _answering would conclude), the loop skips it
-        watching = np.fromiter((d.watching for d in self.devices), bool, self.n)
-        read = watching | (state == REQUESTED)
-        self._connected[:] = [d.connected for d in self.devices]
-        self._read_rows = np.flatnonzero(read)
-        return self._read_rows.tolist()
+        self._prev_engaged = np.zeros(num_envs, bool)
+        self._last_raw = np.full((num_envs, COMMAND_DIM), np.nan, np.float32)  # for the operator's panel
+        self._last_ret = np.zeros(num_envs, bool)
 
     def poll(self, obs, state, active) -> OperatorTick:
+        # the planner is asked wherever a person would be looking (it keeps its own phase per row), and what it
+        # says reaches the rows whose operator is speaking
         want = np.flatnonzero(active & ((state == REQUESTED) | (state == HUMAN)))
-        self._planner_raw[:] = np.nan
-        if want.size:
-            self._planner_raw[want] = _query(self.expert, obs, want, self.mapping)[0][want]
-        tick = super().poll(obs, state, active)
-        idle = np.ones(self.n, bool)
-        idle[self._read_rows] = False
-        tick.device_ok[idle] = self._connected[idle]
+        planner = np.full((self.n, self.mapping.action_dim), np.nan, np.float32)
+        if want.size and obs:
+            planner[want] = _query(self.expert, obs, want, self.mapping)[0][want]
+        self.rows.observe(state == REQUESTED)
+        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
+        tick.device_ok[:] = self.rows.connected
+        speak = self.rows.speaking()
+        if speak.size:
+            t_ns = now_ns()
+            raw, ret = self.rows.commands(speak, self.mapping.raw_to_human(planner[speak]))
+            motion, engaged = self.pipeline.process(speak, raw, hold=np.ones(speak.size, bool), t_ns=t_ns)
+            tick.raw[speak], tick.motion[speak], tick.t_device[speak] = raw, motion, t_ns
+            tick.engaged[speak], tick.ret[speak] = engaged, ret
+            self._last_raw[speak], self._last_ret[speak] = raw, ret
+        armed = (state == AUTO) | (state == WARNING)  # as a device grabbed while the policy drives
+        tick.takeover |= tick.engaged & ~self._prev_engaged & armed
+        self._prev_engaged = tick.engaged
+        has_cmd = np.isfinite(tick.motion).all(axis=1)
+        if has_cmd.any():
+            tick.action[has_cmd] = self.mapping.human_to_raw(tick.motion[has_cmd])
         return tick
-
-    def _read(self, r, dev, obs, state):
-        requested = bool(state[r] == REQUESTED)
-        row = {k: v[r : r + 1] for k, v in obs.items()} if (requested or dev.engaged) and obs else None
-        dev.observe(row, requested)  # the synthetic operator watches the scene
-        if not dev.engaged:  # nothing to say until it answers a request
-            return None
-        return super()._read(r, dev, obs, state)
-
-    def _answering(self, r, dev) -> bool:
-        return dev.engaged
 
     def poll_idle(self) -> OperatorTick:
         tick = OperatorTick.empty(self.n, self.mapping.action_dim)
-        tick.device_ok[:] = [d.connected for d in self.devices]
+        tick.device_ok[:] = self.rows.connected
         return tick
 
     def begin(self, row, obs_row) -> None:
@@ -267,7 +263,29 @@ class SyntheticOperators(DeviceOperator):
         self.release(row)
 
     def release(self, row: int) -> None:
-        self.devices[row].release()
+        self.rows.release(row)
+
+    def disconnect(self, row: int) -> None:
+        """Simulate losing row's device: it sends nothing (the session holds) until connect(row)."""
+        self.rows.connected[row] = False
+
+    def connect(self, row: int) -> None:
+        self.rows.connected[row] = True
+        self.pipeline.reset(row)
+
+    def close(self) -> None:
+        self.rows.connected[:] = False
+
+    def device_id(self, row: int) -> str:
+        return f"synthetic:{self.rows.seeds[row]}"
+
+    def device_state(self, row: int) -> dict[str, Any]:
+        raw = self._last_raw[row]
+        return {"device_id": self.device_id(row), "kind": self.kind, "connected": bool(self.rows.connected[row]),
+                "engaged": bool(self._prev_engaged[row]),
+                "axes": np.clip(raw, -1.0, 1.0) if np.isfinite(raw).all() else None,
+                "buttons": (RETURN,) if self._last_ret[row] and self._prev_engaged[row] else (),
+                "deadzone": tuple(float(v) for v in self.pipeline.cfg.deadzone)}
 
 
 class ExpertOperator(Operator):

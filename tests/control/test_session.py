@@ -166,11 +166,11 @@ def test_device_loss_mid_correction_holds_within_the_tick(tmp_path, student):
     for _ in range(3):
         s.tick()
     lost_at = int(s.ep_step[0])
-    s.operator.devices[0].disconnect()
+    s.operator.disconnect(0)
     s.tick()
     assert s.machine.state[0] == ControlState.HANDOVER_REQUESTED.code
     s.tick()
-    s.operator.devices[0].connect()
+    s.operator.connect(0)
     _tick_until(s, lambda: not s.running)
     store = _finish(rig)
     info = store.episodes()[0]

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline, ProcessingConfig, rpy_matrix
+from hg_dagger.devices.processing import (
+    AxisNormalizer,
+    CommandPipeline,
+    CommandPipelines,
+    ProcessingConfig,
+    rpy_matrix,
+)
 
 MS = 1_000_000
 
@@ -113,3 +119,41 @@ def test_end_effector_frame_uses_the_current_ee_orientation():
 def test_invalid_processing_config_says_what_is_wrong(cfg, message):
     with pytest.raises(ValidationError, match=message):
         ProcessingConfig(**cfg)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_row_pipelines_match_one_pipeline_per_row_bit_for_bit(seed):
+    """CommandPipelines (the synthetic operators of a many-env session) is CommandPipeline on arrays: the same
+    motion and engagement per row, tick after tick, whatever the processing config and whichever rows tick."""
+    rng = np.random.default_rng(seed)
+    cfg = ProcessingConfig(
+        deadzone=rng.uniform(0, 0.3, 7).round(2).tolist(), expo=[0.0, 0.5, 0.0, 1.0, 0.2, 0.0, 0.7],
+        scale=rng.uniform(0.5, 2.0, 7).tolist(), max_rate=[0.3, None, 0.1, 0.5, None, 0.2, None],
+        hold={"engage_on": ["button", "motion", "always"][seed % 3], "release_delay_s": 0.08 * (seed % 2)},
+        frame={"rpy_deg": [10.0 * seed, -20.0, 35.0]} if seed % 2 else {})
+    norm = AxisNormalizer(center=rng.uniform(-0.2, 0.2, 7), neg_span=rng.uniform(0.5, 1.5, 7),
+                          pos_span=rng.uniform(0.5, 1.5, 7), sign=rng.choice([-1.0, 1.0], 7))
+    n = 6
+    one = [CommandPipeline(cfg, normalizer=norm) for _ in range(n)]
+    rows = CommandPipelines(cfg, n, normalizer=norm)
+    t = 1_000_000_000
+    for tick in range(60):
+        t += 40_000_000
+        ticking = np.flatnonzero(rng.random(n) < 0.7)
+        raw = rng.normal(0, 0.8, (ticking.size, 7)).astype(np.float32)
+        raw[rng.random(raw.shape) < 0.2] = 0.0  # rest values: deadzone and "no motion" cases
+        hold = rng.random(ticking.size) < 0.6
+        motion, engaged = rows.process(ticking, raw, hold=hold, t_ns=t)
+        for i, r in enumerate(ticking):
+            m, e = one[r].process(raw[i], hold=bool(hold[i]), t_ns=t)
+            assert engaged[i] == e, (tick, r)
+            np.testing.assert_array_equal(motion[i], m)
+        if tick == 30:
+            rows.reset([1, 4])
+            one[1].reset()
+            one[4].reset()
+
+
+def test_row_pipelines_refuse_the_end_effector_frame():
+    with pytest.raises(ValueError, match="frame.target 'ee'"):
+        CommandPipelines(ProcessingConfig(frame={"target": "ee"}), 2)

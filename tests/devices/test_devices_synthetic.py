@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from hg_dagger.contract.command import RETURN
-from hg_dagger.devices import DeviceError, SyntheticOperator, load_device_config, make_device
+from hg_dagger.devices import (
+    DeviceError,
+    SyntheticConfig,
+    SyntheticOperator,
+    SyntheticOperatorRows,
+    load_device_config,
+    make_device,
+)
 
 
 class Expert:
@@ -166,3 +173,35 @@ def test_drives_the_toy_arm_to_its_target_through_the_task_mapping():
     env.close()
     assert engaged_at == 4
     assert success
+
+
+def test_rows_answer_as_one_operator_per_row():
+    """SyntheticOperatorRows (every row of a session at once) answers, waits, jitters and returns exactly as one
+    SyntheticOperator per row with the same seed, whatever the other rows do."""
+    cfg = SyntheticConfig(reaction_delay_steps=2, noise_std=0.05, availability=0.7, return_after_steps=4)
+    seeds = [3, 8, 11, 20]
+    rows = SyntheticOperatorRows(cfg, seeds)
+    singles = [SyntheticOperator(Expert(), config=cfg.model_copy(update={"seed": s})) for s in seeds]
+    rng = np.random.default_rng(0)
+    motion = Expert().motion
+    spoken = 0
+    for _ in range(300):
+        requested = rng.random(len(seeds)) < 0.5
+        rows.observe(requested)
+        for op, req in zip(singles, requested, strict=True):
+            op.observe(None, bool(req))
+        speak = rows.speaking().tolist()
+        raw, ret = rows.commands(np.array(speak, np.int64), np.tile(motion, (len(speak), 1)))
+        for r, op in enumerate(singles):
+            cmd = op.poll()
+            assert cmd.engaged == (r in speak)
+            if r in speak:
+                np.testing.assert_array_equal(cmd.raw, raw[speak.index(r)])
+                assert (RETURN in cmd.buttons) == ret[speak.index(r)]
+        spoken += len(speak)
+        for r in np.flatnonzero(rng.random(len(seeds)) < 0.15):
+            rows.release(r)
+            singles[r].release()
+    assert rows.requests.tolist() == [op.requests for op in singles]
+    assert rows.answered.tolist() == [op.answered for op in singles]
+    assert spoken > 100 and 0 < rows.answered.sum() < rows.requests.sum()  # answered some, declined some
