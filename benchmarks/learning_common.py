@@ -8,9 +8,10 @@ the planner), labels read back from the zarr store through the training boundary
 
 Fairness rules (issue 12):
 - every arm starts from the same round 0 (the same expert demonstrations, same seed, same student init);
-- training steps are tied to labels: after every round the trainer runs until its total gradient steps
-  equal ``steps_per_label`` x the labels it has trained on, so each method gets the same budget per label;
-  with ``train.warm_start: false`` every round starts from fresh weights and runs that whole budget;
+- training steps are tied to labels (``train.steps_per_label``, the trainer's rule): after every round with new
+  labels the trainer runs until its total gradient steps equal ``steps_per_label`` x the labels it holds, so
+  each method gets the same budget per label; with ``train.warm_start: false`` every such round starts from
+  fresh weights and runs that whole budget;
 - evaluation: the same ``eval`` episodes (fixed seeds) after every round, nothing tuned per method.
 
 Human effort per round, counted three ways:
@@ -132,7 +133,8 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     keys = list(mapping.obs_spec())
     sc = spec["student"]
     student = Student.create(mapping, kind=sc["kind"], ensemble=sc["ensemble"], hidden=tuple(sc["hidden"]), seed=seed)
-    trainer = Trainer(student, TrainConfig(**{**spec["train"], "seed": seed}), LabelBuffer(LabelBufferConfig(**spec.get("replay", {})), seed=seed))
+    train = TrainConfig(**{**spec["train"], "seed": seed, "steps_per_label": spec["steps_per_label"]})
+    trainer = Trainer(student, train, LabelBuffer(LabelBufferConfig(**spec.get("replay", {})), seed=seed))
     store = EpisodeStore.create(out / "store")
     expert = make_expert(task, kind="planner", mapping=mapping)
     ev = EvalConfig(**spec["eval"])
@@ -209,12 +211,10 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
             totals["operator_s"] += row["operator_s"]
             totals["context_switches"] += row["context_switches"]
             totals["episodes"] += row["episodes"]
-            budget = int(round(spec["steps_per_label"] * totals["labels"]))
-            steps = budget if not trainer.config.warm_start else budget - trainer.total_steps
             fit = None
-            if steps > 0 and len(trainer.replay):
+            if labels:  # the trainer's per-label budget (train.steps_per_label) sets the round's steps
                 trainer.iteration = r + 1
-                fit = trainer.fit(steps, progress=False, info={"round": r, "method": method})
+                fit = trainer.fit(progress=False, info={"round": r, "method": method})
             e = closed_loop(trainer.student, env_eval, ev)
             row.update(labels=totals["labels"], operator_s_total=totals["operator_s"],
                        context_switches_total=totals["context_switches"], episodes_total=totals["episodes"],

@@ -48,6 +48,10 @@ class TrainConfig(StrictModel):
         default="cosine", description="per round: constant lr, or cosine decay from lr to lr_min over the round's steps")
     lr_min: float = Field(default=1e-5, ge=0)
     warm_start: bool = Field(default=True, description="each round continues from the last weights; False: re-init")
+    steps_per_label: float | None = Field(
+        default=None, gt=0, description="instead of `steps`: a round's budget is this many gradient steps per label "
+        "in the replay; with warm_start false each round trains the whole budget from fresh weights, with warm start "
+        "the part of it not trained yet")
     weight_decay: float = Field(default=1e-5, ge=0)
     bootstrap: bool = True  # per-member Poisson(1) weights: ensemble diversity from one batch
     log_every: int = Field(default=50, gt=0)
@@ -148,13 +152,22 @@ class Trainer:
     ) -> dict[str, Any]:
         """One training round on the current replay; returns loss figures and the new policy version."""
         cfg = self.config
-        steps = int(steps or cfg.steps)
+        steps = int(steps or self.round_steps())
         threads = torch.get_num_threads()
         torch.set_num_threads(cfg.threads)
         try:
             return self._fit(steps, log_path, progress, info or {}, on_batch)
         finally:
             torch.set_num_threads(threads)
+
+    def round_steps(self) -> int:
+        """Gradient steps the next round trains: ``steps``, or the per-label budget over the current replay (at
+        least one step, so every round ends on a new policy version)."""
+        cfg = self.config
+        if cfg.steps_per_label is None:
+            return cfg.steps
+        budget = round(cfg.steps_per_label * len(self.replay))
+        return max(1, budget if not cfg.warm_start else budget - self.total_steps)
 
     def _fit(self, steps, log_path, progress, info, on_batch) -> dict[str, Any]:
         cfg, student = self.config, self.student

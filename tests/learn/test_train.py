@@ -218,6 +218,22 @@ def test_rounds_warm_start_or_restart_from_fresh_weights(warm):
         assert trainer.optimizer.t == 20  # the optimizer restarted with the weights
 
 
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_per_label_budget_sets_each_rounds_steps(warm):
+    """train.steps_per_label: the round's steps follow the labels the replay holds; with fresh weights every round
+    trains the whole budget, with warm start only what the new labels add."""
+    mapping = load_mapping("toy_reach")
+    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
+    trainer = Trainer(student, TrainConfig(steps=999, batch_size=16, warm_start=warm, steps_per_label=0.3),
+                      _toy_replay(100))
+    assert trainer.fit(progress=False)["steps"] == 30
+    trainer.replay = _toy_replay(250)  # the next round holds 150 more labels
+    assert trainer.round_steps() == (75 - 30 if warm else 75)
+    assert trainer.fit(progress=False)["steps"] == trainer.total_steps - 30
+    assert trainer.total_steps == (75 if warm else 105)
+    assert Trainer(student, TrainConfig(steps=40), _toy_replay(100)).round_steps() == 40  # no per-label budget
+
+
 def test_train_cli_and_its_errors(tmp_path, capsys):
     from hg_dagger.cli import main
 
