@@ -6,15 +6,21 @@ one of the window's dialogs (or its help) closes that dialog and stops nothing. 
 while a request waits. Auto-repeat is not a new press. When the window loses focus every held key is
 let go (ReleaseKeys), so a key released elsewhere cannot leave the robot moving.
 
-While a gate asks for the person or the person drives (``robot_keys``), the keyboard is the robot's
-in the window's own dialogs too: a dialog open on an episode never keeps the person from taking over.
-One exception: a text field of a dialog keeps its text while a request only waits (``driving`` is False):
-a person typing a reason means to type, and spaces and letters becoming a takeover and motion would record
-their typing as a correction. The robot holds while it waits; Tab out of the field (or Esc, closing the
-dialog) and Space takes over. While the person drives, every key is the robot's.
+In the window's own dialogs (a question about an episode, the help) the keys are the robot's as in the
+console, and never click a dialog's button: Space is the take-over and Enter the hand-back wherever the focus
+is, so a dialog open on an episode never keeps the person from taking over, and a key meant for the robot
+never discards or flags anything (Tab still moves between the dialog's fields; the mouse answers it). One
+exception: a text field keeps its text while the person does not drive (``driving`` is False): a person
+typing a reason means to type, and spaces and letters becoming a takeover and motion would record their
+typing as a correction. The robot holds while a request waits; Tab out of the field (or Esc, closing the
+dialog) and Space takes over; Enter in the field answers the dialog. While the person drives every key is
+the robot's, and so it stays while any key of the drive is still held or for ``AFTER_DRIVE_S`` after control
+left them: the Enter that hands back as the episode ends never lands in a reason field.
 """
 
 from __future__ import annotations
+
+import time
 
 from PyQt6.QtCore import QEvent, QObject, Qt
 from PyQt6.QtGui import QKeyEvent
@@ -43,6 +49,7 @@ _NAMED = {
 _MODIFIER_KEYS = {K.Key_Shift, K.Key_Control, K.Key_Alt, K.Key_Meta}
 _SHORTCUT_MODIFIERS = (Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier
                        | Qt.KeyboardModifier.MetaModifier)
+AFTER_DRIVE_S = 1.0  # keys in a dialog stay the robot's this long after the person stopped driving
 TEXT_INPUTS = (QLineEdit, QAbstractSpinBox, QTextEdit, QPlainTextEdit)
 
 
@@ -104,7 +111,23 @@ class KeyboardBridge(QObject):
         self.enabled = True
         self.request_pending = False
         self.robot_keys = False
-        self.driving = False  # the person has control (robot_keys is also True then)
+        self._driving = False
+        self._drove_until = 0.0  # monotonic seconds: a person's drive reaches this far in a dialog's keys
+
+    @property
+    def driving(self) -> bool:
+        """The person has control (robot_keys is also True then)."""
+        return self._driving
+
+    @driving.setter
+    def driving(self, value: bool) -> None:
+        if self._driving and not value:
+            self._drove_until = time.monotonic() + AFTER_DRIVE_S
+        self._driving = value
+
+    def _just_drove(self) -> bool:
+        """A drive is still in the person's hands: one of its keys is held, or it ended a moment ago."""
+        return bool(self.held) or time.monotonic() < self._drove_until
 
     def release_all(self) -> None:
         self.held.clear()
@@ -119,12 +142,12 @@ class KeyboardBridge(QObject):
             if obj.window() is self.window:
                 return self._key(obj, ev, down)
             if ev.key() != K.Key_Escape and self._owned(obj):  # Esc in a dialog is the dialog's: it closes it
-                typing = _typing_at(obj)
-                if self.driving or (self.robot_keys and not typing) or key_name(ev.key()) in self.held:
-                    # a request or a correction: the robot's keys; a key still held from one stays the robot's
-                    # (its auto-repeat and its release) after the episode has ended
-                    return self._key(obj, ev, down, forced=True)
-                if self.request_pending and ev.key() == K.Key_N and not typing:
+                if ev.key() in (K.Key_Tab, K.Key_Backtab) and not self.driving:
+                    return False  # moving between the dialog's fields
+                if not _typing_at(obj) or self.driving or self._just_drove():
+                    # the robot's keys, never a button's; a drive that has just ended (the episode with it)
+                    # keeps them in a text field too: its held keys, and what is pressed while one is held or a
+                    # moment after
                     return self._key(obj, ev, down, forced=True)
             return False
         if t == QEvent.Type.WindowDeactivate and (obj is self.window or (

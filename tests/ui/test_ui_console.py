@@ -199,6 +199,47 @@ def test_discard_names_its_episode_holds_starts_and_the_keyboard_still_takes_ove
     assert sent(q) == [DiscardEpisode("bumped the table again", episode_id=EP1), HoldStarts(False)]
 
 
+def test_keys_meant_for_the_robot_never_answer_a_dialog(qtbot, console):
+    """A person opens Discard..., types why, Tabs to the buttons and corrects with the dialog open. Space on
+    a focused button is the take-over, never a click, even while nothing asks; the episode ends while Space is
+    held and their Enter (hand back) stays the robot's, and in the reason field too for a moment after they
+    let go: the correction is not discarded. Enter in the reason field answers the dialog once the drive is
+    over; the mouse answers it any time."""
+    from hg_dagger.ui import keys
+
+    win, slot, q = console
+    show(qtbot, win, slot, running())
+    QTest.mouseClick(win.controls.discard, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(win.controls.dialogs) and win.controls.dialogs[0].isVisible(), timeout=5000)
+    dlg = win.controls.dialogs[0]
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is dlg.reason, timeout=5000)
+    QTest.keyClicks(dlg.reason, "bumped")
+    QTest.keyClick(dlg.reason, Qt.Key.Key_Tab)
+    qtbot.waitUntil(lambda: QApplication.focusWidget() not in (None, dlg.reason), timeout=5000)
+    button = QApplication.focusWidget()
+    assert button.window() is dlg
+    sent(q)
+    QTest.keyClick(button, Qt.Key.Key_Space)  # nothing asks: still the take-over key, not a click
+    assert sent(q) == [KeyEvent("space", True), KeyEvent("space", False)] and dlg.isVisible()
+    show(qtbot, win, slot, requested())
+    QTest.keyPress(button, Qt.Key.Key_Space)
+    show(qtbot, win, slot, running(control_state="human"))
+    show(qtbot, win, slot, running(phase="idle", episode_id=None, ended_episode_id=EP1))  # the episode ends
+    QTest.keyClick(button, Qt.Key.Key_Return)  # Space still held: the hand-back key is the robot's
+    QTest.keyRelease(button, Qt.Key.Key_Space)
+    assert sent(q) == [KeyEvent("space", True), KeyEvent("enter", True), KeyEvent("enter", False),
+                       KeyEvent("space", False)] and dlg.isVisible()
+    dlg.reason.setFocus()
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is dlg.reason, timeout=5000)
+    QTest.keyClick(dlg.reason, Qt.Key.Key_Return)  # let go a moment ago: in the field too, the robot's
+    assert sent(q) == [KeyEvent("enter", True), KeyEvent("enter", False)] and dlg.isVisible()
+    assert dlg.reason.text() == "bumped"
+    qtbot.wait(int(keys.AFTER_DRIVE_S * 1000) + 100)  # the moment passes
+    QTest.keyClick(dlg.reason, Qt.Key.Key_Return)  # Enter in the field answers: the discard names the episode
+    qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=5000)
+    assert sent(q) == [DiscardEpisode("bumped", episode_id=EP1), HoldStarts(False)]
+
+
 def test_an_empty_reason_is_asked_for_and_the_dialog_grows_to_show_it(qtbot, console):
     win, slot, q = console
     show(qtbot, win, slot, running())
