@@ -1,8 +1,9 @@
 """Student.act() latency per head, against the MSE student measured in the same run and the 25 Hz tick.
 
 Every kind acts on the same observations (FetchPickAndPlace's state; fetch_pick_place_rgb's 128 px camera
-for the CNN kinds), one torch thread, K = 5 members (3 for the CNN kinds, as bench_learning), 256x256. The
-kinds are measured interleaved, call by call, so load on a shared machine falls on all of them alike.
+for the CNN kinds) as in a rollout over that many rows (a chunk head ensembles its chunks), one torch
+thread, K = 5 members (3 for the CNN kinds, as bench_learning), 256x256. The kinds are measured
+interleaved, call by call, so load on a shared machine falls on all of them alike.
 
     python benchmarks/bench_student.py [--calls 300] [--envs 1,8,64]
 """
@@ -22,7 +23,8 @@ from hg_dagger.envs import load_mapping  # noqa: E402
 from hg_dagger.policy import Student  # noqa: E402
 
 TICK_MS = 40.0  # 25 Hz
-PAIRS = {"fetch_pick_place": (("mlp", "mlp_gmm"), 5), "fetch_pick_place_rgb": (("cnn", "cnn_gmm"), 3)}
+PAIRS = {"fetch_pick_place": (("mlp", "mlp_gmm", "mlp_chunk"), 5),
+         "fetch_pick_place_rgb": (("cnn", "cnn_gmm", "cnn_chunk"), 3)}
 
 
 def observations(mapping, n: int, rng) -> dict[str, np.ndarray]:
@@ -43,6 +45,8 @@ def measure(task: str, envs: list[int], calls: int) -> list[dict]:
     rows = []
     for n in envs:
         obs = observations(mapping, n, rng)
+        for s in students.values():
+            s.reset_rows(range(n), n)  # a rollout over n rows: a chunk head ensembles its chunks, as in a session
         times = {kind: [] for kind in kinds}
         for _ in range(5):  # warm-up
             for s in students.values():

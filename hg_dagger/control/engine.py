@@ -126,6 +126,14 @@ def cut(step: StepResult, counted: np.ndarray, limit: int | None) -> StepResult:
 # ---------------------------------------------------------------------- arbiters
 
 
+class Policy(Protocol):
+    """What acts on every row each tick (the student; a zero action where no student runs)."""
+
+    def reset_rows(self, rows: Sequence[int], num_envs: int) -> None: ...  # episodes begin in these rows
+
+    def act(self, obs: dict[str, np.ndarray]) -> Any: ...  # a PolicyOutput
+
+
 class Arbiter(Protocol):
     def begin(self, rows: list[int], obs: dict[str, np.ndarray], info: dict) -> None: ...
 
@@ -339,7 +347,7 @@ class EpisodeRows:
 class Engine:
     """Steps ``env`` with ``policy`` through an arbiter, the safety monitor and sinks, one episode per row at a time."""
 
-    def __init__(self, env, policy, arbiter, safety, *, rows: EpisodeRows, sinks: Sequence[Any] = (),
+    def __init__(self, env, policy: Policy, arbiter, safety, *, rows: EpisodeRows, sinks: Sequence[Any] = (),
                  on_clamp: Callable[[int, str, Tick], None] | None = None):
         self.env, self.policy, self.arbiter, self.safety = env, policy, arbiter, safety
         self.mapping = env.mapping
@@ -381,6 +389,10 @@ class Engine:
             for s in self.sinks:
                 if hasattr(s, "reset_info"):
                     s.reset_info(self.info)
+        if first:
+            self.policy.reset_rows(range(n), n)  # every row was reset, the idle ones too
+        elif starting:
+            self.policy.reset_rows(starting, n)
         if not starting:
             return
         for r in starting:
@@ -466,5 +478,5 @@ class Engine:
                     self.rows.free(r)
 
 
-__all__ = ["BetaMix", "Engine", "EpisodeRows", "EvalStats", "ExpertOnly", "Samples", "StudentOnly",
+__all__ = ["BetaMix", "Engine", "EpisodeRows", "EvalStats", "ExpertOnly", "Policy", "Samples", "StudentOnly",
            "TakeOver", "Tick", "Trace", "clamp_values", "cut", "end_reason", "safety_stage", "task_safety"]

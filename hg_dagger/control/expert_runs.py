@@ -57,6 +57,9 @@ class HoldStill:
     def __init__(self, action_dim: int):
         self.action_dim = action_dim
 
+    def reset_rows(self, rows, num_envs: int) -> None:
+        """Nothing to forget."""
+
     def act(self, obs: dict[str, np.ndarray]) -> PolicyOutput:
         n = len(next(iter(obs.values())))
         zeros = np.zeros(n, np.float32)

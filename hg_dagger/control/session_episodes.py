@@ -94,6 +94,7 @@ class SessionEpisodes:
         self._started += 1
         self.summary.episode_ids.append(self.eids[r])
         self.acted[r] = 0
+        self.student.reset_rows([r], self.n)
         self.machine.reset([r])
         self.gates.rearm([r], grace="reset", step=0)
         self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})

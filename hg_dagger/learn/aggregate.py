@@ -161,6 +161,18 @@ class LabelBuffer:
         u = (rng or self._rng).random(batch_size)
         return np.minimum(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)
 
+    def chunk_rows(self, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+        """For every row, the rows of the ``horizon`` steps from it on within its segment (a chunk head's targets):
+        indices [n, H] and which of them exist [n, H]. A chunk never crosses a handover boundary or mixes label
+        sources (a segment holds consecutive steps labelled from one source); past the segment's end it is
+        padding, masked out of the loss."""
+        a = self.arrays()
+        n = len(a["target"])
+        idx = np.minimum(np.arange(n)[:, None] + np.arange(horizon)[None, :], n - 1)
+        valid = ((a["episode"][idx] == a["episode"][:, None]) & (a["segment"][idx] == a["segment"][:, None])
+                 & (a["step"][idx] == a["step"][:, None] + np.arange(horizon)[None, :]))
+        return idx, valid
+
     def segments(self) -> list[tuple[str, int, int]]:
         """(episode_id, first_step, end_step) of every trainable segment, in replay order."""
         out = []

@@ -3,7 +3,8 @@
 The trainer sees nothing but a LabelBuffer (hg_dagger.learn.aggregate), which holds only rows whose
 label mask is TRAINABLE with their label target; so invalid expert outputs and non-trainable rows
 cannot reach the loss. The loss is the mean squared error in the normalized policy action space (a GMM
-head's negative log-likelihood there, ``kind: mlp_gmm``),
+head's negative log-likelihood there, ``kind: mlp_gmm``; a chunk head's error over the next steps of the
+row's label segment, ``kind: mlp_chunk``),
 each ensemble member seeing its own bootstrap weights over a shared batch, optionally
 upweighting correction rows (IWR-style, ``LabelBufferConfig.intervention_weight``).
 """
@@ -132,11 +133,15 @@ class Trainer:
         m = self.student.mapping
         state = np.asarray(m.flatten_obs(a["obs"]), dtype=np.float32)
         target = np.asarray(m.raw_to_policy(a["target"]), dtype=np.float32)
+        horizon = self.student.net.horizon
+        idx, valid = self.replay.chunk_rows(horizon) if horizon > 1 else (None, None)
         return {
             "state": torch.from_numpy(np.ascontiguousarray(state)),
             "target": torch.from_numpy(np.ascontiguousarray(target)),
             "images": {k: torch.from_numpy(a["obs"][k]) for k in self.student.spec.image_keys},
             "weight": torch.from_numpy(a["weight"]),
+            "chunk_rows": None if idx is None else torch.from_numpy(idx),
+            "chunk_valid": None if valid is None else torch.from_numpy(valid),
         }
 
     # ------------------------------------------------------------------ training
@@ -193,7 +198,11 @@ class Trainer:
                     on_batch(rows)
                 idx = torch.from_numpy(rows)
                 images = {key: v[idx] for key, v in data["images"].items()}
-                err = net.member_loss(data["state"][idx], images, z_target[idx])  # [K, B]: MSE, or a GMM's NLL
+                if data["chunk_rows"] is None:
+                    err = net.member_loss(data["state"][idx], images, z_target[idx])  # [K, B]: MSE, or a GMM's NLL
+                else:  # a chunk head: the next steps of the row's segment, padding masked
+                    ahead = data["chunk_rows"][idx]
+                    err = net.member_loss(data["state"][idx], images, z_target[ahead], data["chunk_valid"][idx])
                 w = data["weight"][idx].unsqueeze(0).expand(k, -1)
                 if cfg.bootstrap and k > 1:
                     w = w * torch.poisson(torch.ones(k, len(rows)), generator=self._gen)

@@ -1,4 +1,5 @@
-"""Student heads beyond the MSE regressor: a mixture-density (GMM) head per ensemble member.
+"""Student heads beyond the MSE regressor: a mixture-density (GMM) head per ensemble member, and action
+chunks with temporal ensembling.
 
 An MSE head that sees the planner hover in one state and descend in a nearly identical one learns the
 average of the two, a hover that never ends. A mixture head keeps both: each member predicts
@@ -8,12 +9,21 @@ stateless per step (unlike chunking with temporal ensembling, which needs the lo
 episodes and hand-backs begin), so it drops into ``act`` unchanged: the members' modes are the
 per-member actions, their mean is the action and their spread is the uncertainty the confidence gate
 reads, exactly as for the MSE ensemble.
+
+A chunk head (``kind: mlp_chunk``, ACT-style) predicts the next ``CHUNK`` actions at once. It trains on
+chunks of one label segment (learn.aggregate: a chunk never crosses a handover boundary or mixes label
+sources; steps past the segment's end are masked out of the loss), so the hover and the descent that
+follow a state are a sequence to predict, not two labels to average. In a rollout the action of a row
+is the weighted mean of what its last ``CHUNK`` predictions said about the current step
+(``TemporalEnsemble``); a row forgets its predictions when an episode begins in it. The uncertainty the
+gate reads is the members' spread over the current step of the newest chunk.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -21,7 +31,9 @@ from torch.nn import functional as F
 MIXTURES = 5  # components per member (robomimic's BC-GMM uses 5)
 MIN_STD = 0.1  # normalized action units: a component never collapses onto one label (0.01 closed the loop
 # at 33% where 0.1 reached 73% on the same FetchPickAndPlace labels, docs/learning.md "Student heads")
-HEADS = ("gmm",)
+CHUNK = 10  # steps per predicted chunk (0.4 s at 25 Hz)
+CHUNK_DECAY = 0.01  # temporal ensembling: an older prediction of a step weighs exp(CHUNK_DECAY) more (ACT's m)
+HEADS = ("gmm", "chunk")
 
 
 def split_kind(kind: str) -> tuple[str, str]:
@@ -64,3 +76,29 @@ class GMMHead(nn.Module):
         z = (target[None, :, None, :] - means) / stds
         comp = -0.5 * z.pow(2).sum(-1) - stds.log().sum(-1) - 0.5 * self.a * math.log(2 * math.pi)  # [K, B, M]
         return -torch.logsumexp(torch.log_softmax(logits, -1) + comp, dim=-1) / self.a
+
+
+class TemporalEnsemble:
+    """Per-row memory of a rollout's last ``CHUNK`` predicted chunks; the action of a step is their weighted
+    mean over that step (older predictions a little heavier, as ACT weighs them)."""
+
+    def __init__(self, num_envs: int, horizon: int, action_dim: int):
+        self.n, self.h = int(num_envs), int(horizon)
+        self.chunks = np.zeros((self.n, self.h, self.h, int(action_dim)), np.float32)  # [row, age, step, A]
+        self.valid = np.zeros((self.n, self.h), bool)  # [row, age]: a prediction made ``age`` steps ago
+        self.weights = np.exp(CHUNK_DECAY * np.arange(self.h)).astype(np.float32)  # by age
+        self._ages = np.arange(self.h)
+
+    def forget(self, rows) -> None:
+        """An episode begins in ``rows``: their earlier predictions say nothing about it."""
+        self.valid[np.asarray(rows, np.int64)] = False
+
+    def step(self, chunk: np.ndarray) -> np.ndarray:
+        """Take each row's newest chunk [N, H, A] (policy space); the current action of each row [N, A]."""
+        self.chunks[:, 1:] = self.chunks[:, :-1]
+        self.valid[:, 1:] = self.valid[:, :-1]
+        self.chunks[:, 0] = chunk
+        self.valid[:, 0] = True
+        now = self.chunks[:, self._ages, self._ages]  # [N, age, A]: what each prediction said about this step
+        w = self.valid * self.weights  # [N, age]
+        return (now * w[..., None]).sum(1) / w.sum(1, keepdims=True)

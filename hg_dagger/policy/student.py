@@ -22,9 +22,9 @@ from torch import nn
 
 from hg_dagger.errors import ConfigError, ContractError
 from hg_dagger.policy.checkpoint_file import check_mapping, first_line, read_checkpoint, save_checkpoint
-from hg_dagger.policy.heads import GMMHead, split_kind
+from hg_dagger.policy.heads import CHUNK, GMMHead, TemporalEnsemble, split_kind
 
-KINDS = ("mlp", "cnn", "mlp_gmm", "cnn_gmm")  # <encoder>[_<head>]: heads beyond MSE live in policy/heads.py
+KINDS = ("mlp", "cnn", "mlp_gmm", "cnn_gmm", "mlp_chunk", "cnn_chunk")  # <encoder>[_<head>]: heads beyond MSE live in policy/heads.py
 
 
 def one_inference_thread() -> None:
@@ -133,11 +133,13 @@ class StudentNet(nn.Module):
         for key in spec.image_keys:
             self.encoders[key] = ConvEncoder(spec.image_shape, spec.cnn_channels, spec.cnn_features)
             n_in += spec.cnn_features
-        if split_kind(spec.kind)[1] == "gmm":
+        head = split_kind(spec.kind)[1]
+        self.horizon = CHUNK if head == "chunk" else 1  # actions predicted per step (a chunk head: several)
+        if head == "gmm":
             self.head = GMMHead(EnsembleMLP(spec.ensemble, n_in, spec.hidden, GMMHead.width(spec.action_dim)),
                                 spec.action_dim)
         else:
-            self.head = EnsembleMLP(spec.ensemble, n_in, spec.hidden, spec.action_dim)
+            self.head = EnsembleMLP(spec.ensemble, n_in, spec.hidden, spec.action_dim * self.horizon)
         self.register_buffer("obs_mean", torch.zeros(spec.state_dim))
         self.register_buffer("obs_std", torch.ones(spec.state_dim))
         self.register_buffer("act_mean", torch.zeros(spec.action_dim))
@@ -150,16 +152,32 @@ class StudentNet(nn.Module):
             x = torch.cat([x] + [self.encoders[k](images[k]) for k in self.spec.image_keys], dim=-1)
         return x
 
+    def chunks(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Normalized per-member predictions of the next ``horizon`` actions [K, N, H, A] (H = 1 but for a chunk
+        head)."""
+        z = self.head(self.features(state, images))
+        return z.reshape(*z.shape[:2], self.horizon, self.spec.action_dim)
+
     def forward(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Normalized per-member predictions [K, N, A]."""
+        """Normalized per-member predictions of the current action [K, N, A]."""
+        if self.horizon > 1:
+            return self.chunks(state, images)[:, :, 0]
         return self.head(self.features(state, images))
 
-    def member_loss(self, state: torch.Tensor, images: dict[str, torch.Tensor], z_target: torch.Tensor) -> torch.Tensor:
-        """Per-member, per-row training loss [K, B] against normalized targets [B, A]: the squared error, or
-        the mixture's negative log-likelihood for a GMM head."""
+    def member_loss(self, state: torch.Tensor, images: dict[str, torch.Tensor], z_target: torch.Tensor,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-member, per-row training loss [K, B] against normalized targets: the squared error over [B, A],
+        the mixture's negative log-likelihood for a GMM head, or for a chunk head the squared error over the
+        chunk's valid steps (targets [B, H, A], ``valid`` [B, H]; the current step is always valid)."""
         x = self.features(state, images)
         if isinstance(self.head, GMMHead):
             return self.head.nll(x, z_target)
+        if self.horizon > 1:
+            z = self.head(x)
+            z = z.reshape(*z.shape[:2], self.horizon, self.spec.action_dim)
+            err = ((z - z_target.unsqueeze(0)) ** 2).mean(-1)  # [K, B, H]
+            w = valid.to(err.dtype).unsqueeze(0)
+            return (err * w).sum(-1) / w.sum(-1).clamp(min=1.0)
         return ((self.head(x) - z_target.unsqueeze(0)) ** 2).mean(-1)
 
 
@@ -190,6 +208,7 @@ class Student:
         # the gate thresholds calibrated for these weights (policy.checkpoint stores them with the student):
         # {"confidence": {"trigger", "warn", "samples", "target_rate", "uncertainty": {min, p50, p90, max}}}
         self.gate_thresholds: dict[str, Any] = {}
+        self._rollout: TemporalEnsemble | None = None  # a chunk head's per-row memory in a rollout
 
     # ------------------------------------------------------------------ construction
 
@@ -266,6 +285,8 @@ class Student:
         calibrated for the old weights no longer hold."""
         self._version = None
         self.gate_thresholds = {}
+        if self._rollout is not None:  # chunks of the old weights say nothing about the new ones' actions
+            self._rollout.forget(np.arange(self._rollout.n))
 
     def finish_round(self, info: dict[str, Any]) -> str:
         """Close a training round: bump the round, record lineage, return the new version."""
@@ -306,6 +327,16 @@ class Student:
 
     # ------------------------------------------------------------------ acting
 
+    def reset_rows(self, rows, num_envs: int) -> None:
+        """Episodes begin in ``rows`` of a rollout over ``num_envs`` rows (the engine and the session say so).
+        A chunk head then forgets those rows' earlier chunks; from here on ``act`` on ``num_envs`` rows
+        ensembles each row's chunks over time. Other heads act on each step alone: nothing to forget."""
+        if self.net.horizon <= 1:
+            return
+        if self._rollout is None or self._rollout.n != num_envs:
+            self._rollout = TemporalEnsemble(num_envs, self.net.horizon, self.spec.action_dim)
+        self._rollout.forget(rows)
+
     def predict_members(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-member actions in policy space [K, N, A] (differentiable)."""
         z = self.net(state, images)
@@ -315,14 +346,24 @@ class Student:
     def act(self, obs: dict[str, np.ndarray]) -> PolicyOutput:
         t0 = time.perf_counter_ns()
         state, images = self.encode(obs)
-        z = self.net(state, images)  # normalized [K, N, A]
+        if self.net.horizon > 1:
+            chunks = self.net.chunks(state, images)  # normalized [K, N, H, A]
+            z = chunks[:, :, 0]
+            chunk = (chunks.mean(0) * self.net.act_std + self.net.act_mean).numpy()
+        else:
+            z = self.net(state, images)  # normalized [K, N, A]
         mean = z.mean(0)
         if z.shape[0] > 1:
             unc = z.std(0, unbiased=False).mean(-1)
         else:
             unc = torch.zeros(z.shape[1])
         conf = torch.exp(-unc / self.net.uncertainty_ref)
-        policy = (mean * self.net.act_std + self.net.act_mean).numpy().astype(np.float32, copy=False)
+        if self.net.horizon > 1:
+            rollout = self._rollout
+            now = rollout.step(chunk) if rollout is not None and rollout.n == len(chunk) else chunk[:, 0]
+            policy = np.asarray(now, np.float32)
+        else:
+            policy = (mean * self.net.act_std + self.net.act_mean).numpy().astype(np.float32, copy=False)
         raw = np.asarray(self.mapping.policy_to_raw(policy), dtype=np.float32)
         return PolicyOutput(
             action=raw,

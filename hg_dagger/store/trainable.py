@@ -35,7 +35,7 @@ class EpisodeLabels:
     obs: dict[str, np.ndarray]  # key -> [n, ...] (pre-action observation of each labelled step)
     target: np.ndarray  # float32 [n, A], raw action space
     step: np.ndarray  # int64 [n]
-    segment: np.ndarray  # int64 [n], segment index within the episode
+    segment: np.ndarray  # int64 [n], segment within the episode: consecutive steps labelled from one source
     intervention: np.ndarray  # bool [n], the correcting action was the one executed
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -70,8 +70,8 @@ def extract_labels(
     if len(bad):
         raise ContractError(f"episode {episode_id} step {int(bad[0])}: trainable label target is NaN/inf "
                             f"(field {_TARGET_FIELD[int(target_code[bad[0]])]})")
-    starts = np.ones(len(rows), dtype=bool)
-    starts[1:] = np.diff(rows) != 1
+    starts = np.ones(len(rows), dtype=bool)  # a segment: consecutive trainable steps labelled from one source
+    starts[1:] = (np.diff(rows) != 1) | (codes[1:] != codes[:-1])
     source = _get(data, "action_source")[rows]
     return EpisodeLabels(
         episode_id=episode_id,

@@ -186,3 +186,39 @@ def test_take_over_replays_the_students_episode_then_hands_it_to_the_expert(stud
                 assert src in (EXPERT, SAFETY), (seed, i)
         assert any(not np.array_equal(a, b) for (a, _), (b, _) in zip(switched[seed][k:], never[seed][k:],
                                                                        strict=False))
+
+
+def test_the_engine_tells_a_chunk_student_where_each_episode_begins():
+    """A chunk head ensembles its chunks over a row's steps; each episode's first action is the fresh chunk's own
+    (nothing of the row's previous episode), later ones blend the chunks made on the episode's earlier steps."""
+    from hg_dagger.control.engine import Engine, EpisodeRows, StudentOnly, task_safety
+    from hg_dagger.control.safety import SafetyMonitor
+
+    mapping = load_mapping("toy_reach")
+    chunked = Student.create(mapping, kind="mlp_chunk", ensemble=2, hidden=(16,), seed=0)
+    seen = []
+
+    class Actions:
+        def begin(self, row, seed, index):
+            pass
+
+        def step(self, tick):
+            seen.append(({k: v.copy() for k, v in tick.obs.items()}, tick.policy.action.copy(), tick.steps.copy()))
+
+        def end(self, row, tick, *, complete):
+            pass
+
+    with make_env(mapping, num_envs=2, seed=0) as env:
+        safety = SafetyMonitor(task_safety("toy_reach"), num_envs=2, action_dim=mapping.action_dim)
+        Engine(env, chunked, StudentOnly(), safety, rows=EpisodeRows(2, limit=5), sinks=[Actions()]).run(episodes=4)
+    firsts = lasts = 0
+    for obs, action, steps in seen:
+        for r in range(2):
+            alone = chunked.act({k: v[r : r + 1] for k, v in obs.items()}).action[0]  # one row: no rollout memory
+            if steps[r] == 1:
+                np.testing.assert_allclose(action[r], alone, atol=1e-6)
+                firsts += 1
+            else:
+                assert not np.allclose(action[r], alone, atol=1e-6)
+                lasts += 1
+    assert firsts == 4 and lasts > 0

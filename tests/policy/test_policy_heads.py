@@ -1,5 +1,7 @@
-"""The mixture-density (GMM) student head: it keeps one mode where the MSE head averages two, reports its
-members' spread to the confidence gate, and is selected, saved and loaded as a student kind."""
+"""The student heads beyond MSE. The mixture-density (GMM) head keeps one mode where the MSE head averages two,
+reports its members' spread to the confidence gate, and is selected, saved and loaded as a student kind. The
+chunk head learns the steps ahead within one label segment and ensembles its chunks over a rollout's steps,
+forgetting a row when an episode begins in it."""
 
 from __future__ import annotations
 
@@ -83,3 +85,106 @@ def test_mse_students_keep_their_version_hash():
     student = Student.create(load_mapping("toy_reach"), kind="mlp", ensemble=2, hidden=(16,), seed=3)
     assert set(student.spec.as_dict()) == {"kind", "ensemble", "hidden", "state_dim", "action_dim", "image_keys",
                                            "image_shape", "cnn_channels", "cnn_features"}
+
+
+# ---------------------------------------------------------------------- action chunks (kind: *_chunk)
+
+
+def _segmented_labels():
+    """One episode: steps 0-5 labelled by the expert, 6-8 by a person's window (applied action), 9-10 not
+    trainable, 11-14 the expert again; each label its step number, so a chunk's targets name their steps."""
+    n = 15
+    step = np.arange(n, dtype=np.float32)
+    data = {f"obs/{k}": np.stack([step, -step], 1) for k in KEYS}
+    expert = np.stack([step, step], 1).astype(np.float32)
+    target = np.where(np.isin(np.arange(n), [6, 7, 8]), LabelTarget.APPLIED_ACTION.code,
+                      LabelTarget.EXPERT_ACTION.code).astype(np.uint8)
+    mask = np.where(np.isin(np.arange(n), [9, 10]), LabelMask.CONTEXT_ONLY.code, LabelMask.TRAINABLE.code)
+    data.update(expert_action=expert, applied_action=expert.copy(),
+                action_source=np.full(n, ActionSource.EXPERT.code, np.uint8), label_mask=mask.astype(np.uint8),
+                label_target=target)
+    return data
+
+
+def test_a_chunk_never_crosses_a_handover_boundary_or_mixes_label_sources():
+    replay = LabelBuffer(LabelBufferConfig())
+    replay.add([extract_labels(_segmented_labels(), episode_id="a", obs_keys=KEYS),
+                extract_labels(_segmented_labels(), episode_id="b", obs_keys=KEYS)])
+    idx, valid = replay.chunk_rows(4)
+    a = replay.arrays()
+    labelled = a["target"][:, 0]  # each row's label is its own step
+    for row in range(len(labelled)):
+        ahead = labelled[idx[row][valid[row]]]
+        assert valid[row, 0] and ahead[0] == labelled[row]
+        np.testing.assert_array_equal(ahead, labelled[row] + np.arange(len(ahead)))  # consecutive steps only
+        same_episode = a["episode"][idx[row][valid[row]]] == a["episode"][row]
+        assert same_episode.all()
+    by_step = {int(s): valid[r].sum() for r, s in enumerate(labelled[: len(labelled) // 2])}
+    assert by_step == {0: 4, 1: 4, 2: 4, 3: 3, 4: 2, 5: 1,  # the expert's segment ends where the person's begins
+                       6: 3, 7: 2, 8: 1,  # the person's window ends where the labels stop
+                       11: 4, 12: 3, 13: 2, 14: 1}  # and the last segment at the episode's end
+
+
+def test_temporal_ensembling_weighs_what_each_prediction_said_about_the_step():
+    from hg_dagger.policy.heads import CHUNK_DECAY, TemporalEnsemble
+
+    te = TemporalEnsemble(num_envs=2, horizon=3, action_dim=1)
+    first = te.step(np.array([[[1.0], [2.0], [3.0]], [[10.0], [20.0], [30.0]]], np.float32))
+    np.testing.assert_allclose(first, [[1.0], [10.0]])  # one prediction so far: its first step
+    second = te.step(np.array([[[5.0], [6.0], [7.0]], [[50.0], [60.0], [70.0]]], np.float32))
+    w_old, w_new = np.exp(CHUNK_DECAY), 1.0  # the older prediction weighs a little more
+    np.testing.assert_allclose(second[:, 0], [(2.0 * w_old + 5.0 * w_new) / (w_old + w_new),
+                                              (20.0 * w_old + 50.0 * w_new) / (w_old + w_new)], rtol=1e-6)
+    te.forget([1])  # an episode begins in row 1: its memory is gone, row 0 keeps its own
+    third = te.step(np.array([[[9.0], [9.0], [9.0]], [[7.0], [8.0], [9.0]]], np.float32))
+    assert third[1, 0] == pytest.approx(7.0)
+    w = np.exp(CHUNK_DECAY * np.arange(3))
+    assert third[0, 0] == pytest.approx((9.0 * w[0] + 6.0 * w[1] + 3.0 * w[2]) / w.sum())
+
+
+def test_a_chunk_student_learns_the_steps_ahead_and_forgets_a_row_when_its_episode_begins():
+    data = _segmented_labels()
+    data["label_mask"][:] = LabelMask.TRAINABLE.code
+    data["label_target"][:] = LabelTarget.EXPERT_ACTION.code
+    data["expert_action"] = np.where(np.arange(15)[:, None] < 8, 0.5, -0.5).astype(np.float32) * np.ones((15, 2))
+    for k in KEYS:
+        data[f"obs/{k}"] = data[f"obs/{k}"] / 15.0
+    student = _trained("mlp_chunk", 2, data, steps=800)
+    assert student.spec.kind == "mlp_chunk"
+    obs = {k: data[f"obs/{k}"].astype(np.float32) for k in KEYS}
+    import torch
+
+    with torch.inference_mode():
+        state, images = student.encode(obs)
+        chunks = student.net.chunks(state, images).mean(0) * student.net.act_std + student.net.act_mean
+    ahead = chunks.numpy()[4, :, 0]  # from step 4 (steps 4-13): +0.5 up to step 7, then the switch to -0.5
+    assert (ahead[:3] > 0.3).all() and (ahead[5:] < -0.3).all()
+    one, nxt = ({k: v[i : i + 1] for k, v in obs.items()} for i in (4, 5))
+    alone = student.act(one).policy_action  # no rollout: the current step of the chunk
+    np.testing.assert_allclose(alone[0], chunks.numpy()[4, 0], atol=1e-5)
+    student.reset_rows([0], 1)  # an episode begins in the rollout's one row
+    np.testing.assert_allclose(student.act(one).policy_action, alone, atol=1e-6)  # a fresh row: the same
+    from hg_dagger.policy.heads import CHUNK_DECAY
+
+    w = np.exp(CHUNK_DECAY)  # next step: what step 4's chunk said about it, beside step 5's own
+    expected = (chunks.numpy()[4, 1] * w + chunks.numpy()[5, 0]) / (w + 1.0)
+    np.testing.assert_allclose(student.act(nxt).policy_action[0], expected, atol=1e-5)
+    student.reset_rows([0], 1)  # the next episode: step 4's chunk is forgotten
+    np.testing.assert_allclose(student.act(nxt).policy_action[0], chunks.numpy()[5, 0], atol=1e-5)
+
+
+def test_a_chunk_student_round_trips_and_is_refused_without_a_camera_as_cnn():
+    data = _two_mode_labels(n=60)[0]
+    student = _trained("mlp_chunk", 2, data, steps=20)
+    obs = {k: data[f"obs/{k}"].astype(np.float32) for k in KEYS}
+    mapping = load_mapping("toy_reach")
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        student.save(Path(tmp) / "s.pt")
+        back = Student.load(Path(tmp) / "s.pt", mapping)
+    assert back.version == student.version and back.spec.kind == "mlp_chunk"
+    np.testing.assert_array_equal(back.act(obs).action, student.act(obs).action)
+    with pytest.raises(ConfigError, match="'cnn_chunk' needs a camera"):
+        Student.create(mapping, kind="cnn_chunk")
