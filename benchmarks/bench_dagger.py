@@ -6,7 +6,8 @@
 (1) Same env, same num_envs, same process, alternating repeats: env-steps/s of the auto collector (student
     forward pass + expert query + beta mixing + recording into a zarr store) against a loop that only queries
     the expert and steps the env. Target: ratio >= 0.9. The collector is the rollout engine (control.engine)
-    with beta mixing and the safety monitor of the task's run config, as every mode steps.
+    with beta mixing and the safety monitor of the task's run config, as every mode steps. The same collector
+    with a policy that costs nothing (a zero action) separates its own cost from the student's.
 (2) FetchPickAndPlace (state): `auto` in dagger_sync mode against expert_demo (behaviour cloning on expert-only
     demonstrations) with identical seeds, episodes per iteration and training steps, so both see the same number
     of expert labels per iteration. Student-only success after every iteration is printed for both.
@@ -84,7 +85,10 @@ def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
     mapping = load_mapping(task)
     expert = make_expert(task, "planner", mapping=mapping)
     student = Student.create(mapping, kind="mlp", ensemble=5, hidden=(256, 256))
-    bare, auto, bare_cpu, auto_cpu, details = [], [], [], [], []
+    from hg_dagger.control.expert_runs import HoldStill
+
+    no_student = HoldStill(mapping.action_dim)  # the collector's own cost: a policy that costs nothing
+    bare, auto, bare_cpu, auto_cpu, details, machinery = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp, make_env(mapping, num_envs=num_envs, seed=0) as env:
         bare_loop(env, expert, mapping, 5)  # warm-up
         for r in range(repeats):
@@ -96,11 +100,15 @@ def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
             auto.append(wall)
             auto_cpu.append(cpu)
             details.append(info)
+            store = EpisodeStore.create(Path(tmp) / f"n{r}")
+            machinery.append(auto_loop(env, expert, no_student, store, ticks)[0])
     ratio = statistics.median(a / b for a, b in zip(auto, bare, strict=True))
     ratio_cpu = statistics.median(a / b for a, b in zip(auto_cpu, bare_cpu, strict=True))
     return {
         "task": task, "num_envs": num_envs, "ticks": ticks, "repeats": repeats,
         "bare_steps_per_s": bare, "auto_steps_per_s": auto, "ratio_median": ratio,
+        "no_student_steps_per_s": machinery,
+        "no_student_ratio_median": statistics.median(a / b for a, b in zip(machinery, bare, strict=True)),
         "bare_steps_per_cpu_s": bare_cpu, "auto_steps_per_cpu_s": auto_cpu, "ratio_cpu_median": ratio_cpu,
         "expert_latency_ms_mean": statistics.mean(d["expert_latency_ms_mean"] for d in details),
         "student_inference_ms_mean": statistics.mean(d["student_inference_ms_mean"] for d in details),
@@ -210,11 +218,15 @@ def main(argv=None) -> int:
                    unit="steps/s", baseline=statistics.median(o["bare_steps_per_s"]),
                    baseline_name="bare env + expert loop", target=">= 0.9x baseline" if task.startswith("fetch") else "",
                    met=o["ratio_median"] >= 0.9 if task.startswith("fetch") else None)
+            record(f"auto collection {task} x{args.num_envs}, no student (the collector's own cost): env-steps/s",
+                   statistics.median(o["no_student_steps_per_s"]), unit="steps/s",
+                   baseline=statistics.median(o["bare_steps_per_s"]), baseline_name="bare env + expert loop")
             print(f"overhead {task} x{args.num_envs}: bare {statistics.median(o['bare_steps_per_s']):.0f} env-steps/s, "
                   f"auto {statistics.median(o['auto_steps_per_s']):.0f} env-steps/s, ratio {o['ratio_median']:.2f} "
                   f"(target >= 0.9); per CPU-second: bare {statistics.median(o['bare_steps_per_cpu_s']):.0f}, auto "
                   f"{statistics.median(o['auto_steps_per_cpu_s']):.0f}, ratio {o['ratio_cpu_median']:.2f}; expert {o['expert_latency_ms_mean']:.2f} ms/query, student "
-                  f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}", flush=True)
+                  f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}; without the student "
+                  f"(a zero action that costs nothing) ratio {o['no_student_ratio_median']:.2f}", flush=True)
     if not args.skip_learning:
         print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
         result["learning"] = learning(args.task, args.quick, out, args.iterations, args.bc_iterations,
