@@ -68,7 +68,7 @@ class GateLight(QFrame):
         if snap.phase in style.PHASES and snap.estop is None:
             self.set_state(snap.phase, snap.message)  # nothing is in control: say what the loop is doing
             return
-        reason = snap.gate_reason
+        reason = gate_words(snap.gate_reason)
         if snap.estop is not None:
             reason = f"e-stop: {snap.estop[1]}" if snap.estop[1] else "e-stop latched"
         headline = None
@@ -101,6 +101,27 @@ class GateLight(QFrame):
         text = self.reason.fontMetrics().elidedText(full, Qt.TextElideMode.ElideRight, max(40, self.reason.width() - 8))
         if self.reason.text() != text:
             self.reason.setText(text)
+
+
+GATE_WORDS = {  # a shipped gate's name -> why it asks, in a person's words (the name stays, for the review)
+    "confidence": "the student is unsure here",
+    "risk": "a failure looks likely",
+    "progress_stall": "no progress for a while",
+    "constraint": "a command near a limit",
+    "policy_failed": "the task is going backwards",
+    "collision": "a collision is close",
+    "object_drop": "the object was dropped",
+    "operator": "you asked for control",
+}
+
+
+def gate_words(reason: str) -> str:
+    """'confidence+progress_stall' -> 'the student is unsure here; no progress for a while (confidence,
+    progress_stall)'; a gate named in a config of one's own reads as its name."""
+    names = [n for n in reason.split("+") if n]
+    if not names or not any(n in GATE_WORDS for n in names):
+        return reason
+    return f"{'; '.join(GATE_WORDS.get(n, n) for n in names)} ({', '.join(names)})"
 
 
 class HandoverBanner(QFrame):

@@ -246,6 +246,13 @@ def test_gate_light_names_state_and_colour(qtbot, live):
         publish_and_wait(qtbot, slot, reader, snap(i, phase="running", control_state=state, gate_reason=f"why {state}"))
         assert light.state == state and light.colour == colour
         assert light.headline.text() == style.STATES[state][0] and light.reason.text() == f"why {state}"
+    publish_and_wait(qtbot, slot, reader, snap(10, phase="running", control_state="handover_requested",
+                                               gate_reason="confidence+progress_stall"))
+    assert light.reason.toolTip() == ("the student is unsure here; no progress for a while "
+                                      "(confidence, progress_stall)")  # a person's words, and the gates' names
+    publish_and_wait(qtbot, slot, reader, snap(11, phase="running", control_state="handover_requested",
+                                               gate_reason="policy_failed"))
+    assert light.reason.toolTip() == "the task is going backwards (policy_failed)"
     publish_and_wait(qtbot, slot, reader, snap(20, phase="estopped", control_state="safe_stop",
                                                estop=("pedal", "foot down")))
     assert light.reason.text() == "e-stop: foot down" and light.colour == style.SAFETY
