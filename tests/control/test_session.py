@@ -395,3 +395,23 @@ def test_shipped_run_configs_load_and_name_gate_configs_that_exist():
         assert isinstance(cfg, RunConfig)
         gates = load_gate_config(cfg.gates, cfg.task)
         assert gates.task in ("", cfg.task)
+
+
+def test_a_chunk_student_in_a_session_forgets_each_row_when_its_next_episode_begins(tmp_path):
+    """The session tells the student where episodes begin: the policy action recorded at each episode's first
+    step is the fresh chunk's own, whatever the row ran before; later steps blend the row's earlier chunks."""
+    chunked = Student.create(make_env("toy_reach", num_envs=1).mapping, kind="mlp_chunk", seed=0, ensemble=2,
+                             hidden=(16,))
+    rig = _rig(tmp_path, chunked, n=2, gates=ALWAYS, max_episode_steps=6)
+    rig.session.run(4, progress=False)
+    store = _finish(rig)
+    infos = store.episodes()
+    assert len(infos) == 4
+    keys = list(chunked.mapping.obs_spec())
+    for info in infos:
+        d = store.read_steps(info.episode_id)
+        obs = {k: d[f"obs/{k}"] for k in keys}
+        alone = np.stack([chunked.act({k: v[i : i + 1] for k, v in obs.items()}).policy_action[0]
+                          for i in range(len(d["policy_action"]))])  # one row at a time: no rollout memory
+        np.testing.assert_allclose(d["policy_action"][0], alone[0], atol=1e-6)
+        assert not np.allclose(d["policy_action"][1:], alone[1:], atol=1e-6)
