@@ -1,6 +1,6 @@
 """The operator app's control loop with and without the window, in the same run.
 
-Task fetch_pick_place_rgb (128 px policy camera, CNN student), 25 Hz control, the planner-driven
+Task fetch_pick_place_rgb (128 px policy camera, CNN student; --student-kind picks its head), 25 Hz control, the planner-driven
 synthetic operator answering gates (so handovers happen), and the 256 px live view rendered in the
 control process (the app runs its ControlLoop in a process of its own). Three scenarios, each for
 --seconds:
@@ -46,7 +46,7 @@ from hg_dagger.control.run_config import load_run_config  # noqa: E402
 TASK = "fetch_pick_place_rgb"
 
 
-def build(store: str, seed: int):
+def build(store: str, seed: int, kind: str = "cnn"):
     """The session (runs in the control process)."""
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student
@@ -55,7 +55,7 @@ def build(store: str, seed: int):
     cfg = load_run_config(None, TASK, num_envs=1, seed=seed, **{
         "operator.type": "synthetic", "operator.return_after_steps": 25})
     env = make_env(TASK, num_envs=1, seed=seed)
-    student = Student.create(env.mapping, kind="cnn", seed=seed)
+    student = Student.create(env.mapping, kind=kind, seed=seed)
     s = build_session(cfg, EpisodeStore.create(store, exist_ok=True).recorder(), student, env=env)
     s.calibrate(100)
     return s
@@ -100,9 +100,9 @@ def measure(loop, seconds: float, app=None, block: bool = False) -> dict:
     }
 
 
-def scenario(kind: str, seconds: float, seed: int) -> dict:
+def scenario(kind: str, seconds: float, seed: int, student_kind: str = "cnn") -> dict:
     store = os.path.join(tempfile.mkdtemp(prefix="bench-app-"), "store.zarr")
-    loop = ControlProcess(functools.partial(build, store, seed), view_size=256, store=store)
+    loop = ControlProcess(functools.partial(build, store, seed, student_kind), view_size=256, store=store)
     app = window = None
     if kind != "headless":
         from PyQt6 import QtCore, QtWidgets
@@ -255,12 +255,13 @@ def main() -> None:
     p.add_argument("--only", choices=("loop", "human"), help="run only the loop scenarios or the human-paced run")
     p.add_argument("--human-episodes", type=int, default=10, help="episodes per operator in the human-paced run")
     p.add_argument("--human-seed", type=int, default=0, help="the human operator model's seed")
+    p.add_argument("--student-kind", default="cnn", help="the loop scenarios' student (cnn, cnn_gmm, cnn_chunk)")
     args = p.parse_args()
     seconds = 10.0 if args.quick else args.seconds
     episodes = 4 if args.quick else args.human_episodes
     out: dict = {"seconds": seconds}
     if args.only != "human":
-        out["results"] = loop_scenarios(seconds, args.seed)
+        out["results"] = loop_scenarios(seconds, args.seed, args.student_kind)
     if args.only != "loop":
         out["human_paced"] = human_paced(episodes, args.human_seed)
         print_human(out["human_paced"], episodes)
@@ -269,10 +270,10 @@ def main() -> None:
             json.dump(out, f, indent=2, default=float)
 
 
-def loop_scenarios(seconds: float, seed: int) -> dict:
-    res = {k: scenario(k, seconds, seed) for k in ("headless", "app", "blocked")}
+def loop_scenarios(seconds: float, seed: int, student_kind: str = "cnn") -> dict:
+    res = {k: scenario(k, seconds, seed, student_kind) for k in ("headless", "app", "blocked")}
     base = res["headless"]
-    print(f"{TASK}, 25 Hz, 256 px live view, synthetic operator, {seconds:.0f} s per scenario, "
+    print(f"{TASK}, 25 Hz, 256 px live view, {student_kind} student, synthetic operator, {seconds:.0f} s per scenario, "
           f"load {os.getloadavg()[0]:.1f}")
     cols = ("achieved_hz", "jitter_p99_ms", "missed_ticks", "tick_ms_p99", "latency_p50_ms", "latency_p99_ms",
             "gui_fps", "drawn_per_s", "handovers")
