@@ -20,6 +20,7 @@ def ask_reviewer(parent=None) -> str | None:
 def run_review(stores: list[str], reviewer: str | None) -> int:
     """Open the workspace on ``stores`` and run until it is closed; 2 when no reviewer is given."""
     from PyQt6 import QtWidgets
+    from PyQt6.QtGui import QKeySequence, QShortcut
 
     from hg_dagger.review.decisions import open_store
     from hg_dagger.ui.lifetime import close_on_signals, delete_now
@@ -35,6 +36,8 @@ def run_review(stores: list[str], reviewer: str | None) -> int:
     if not name:
         raise HgDaggerError("review open: a reviewer pseudonym is required (--reviewer, or the dialog)")
     window = ReviewWorkspace(list(stores), name)
+    quit_keys = QShortcut(QKeySequence("Ctrl+Q"), window)  # as in the operator app: Ctrl+Q closes the window
+    quit_keys.activated.connect(window.close)
     window.show()
     with close_on_signals(app):
         code = int(app.exec() or 0)

@@ -449,3 +449,33 @@ def test_planner_certified_windows_show_as_certified_not_unauthorized(qtbot, sto
         assert "certified by its planner" in ws.panel.current.text()
     finally:
         ws.close()
+
+
+def test_the_review_window_closes_with_ctrl_q_as_the_operator_app_does(qtbot, store):
+    """`hg-dagger review open` runs until its window closes; Ctrl+Q closes it, as in the operator app."""
+    from PyQt6.QtCore import QTimer
+    from PyQt6.QtTest import QTest
+    from PyQt6.QtWidgets import QApplication
+
+    from hg_dagger.ui.review_main import run_review
+
+    seen = []
+
+    def press_ctrl_q() -> None:
+        windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, ReviewWorkspace) and w.isVisible()]
+        if not windows:
+            QTimer.singleShot(100, press_ctrl_q)
+            return
+        seen.append(windows[0].windowTitle())
+        windows[0].activateWindow()
+        QTest.keyClick(windows[0], Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
+
+    QTimer.singleShot(100, press_ctrl_q)
+    guard = QTimer()
+    guard.setSingleShot(True)
+    guard.timeout.connect(QApplication.closeAllWindows)  # a missing shortcut fails the test, never hangs it
+    guard.start(20_000)
+    assert run_review([str(store)], "rev-02") == 0
+    assert guard.isActive(), "Ctrl+Q did not close the window"
+    guard.stop()
+    assert seen and "rev-02" in seen[0]
