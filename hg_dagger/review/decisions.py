@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.contract.enums import LabelMask, ReviewStatus
 from hg_dagger.contract.labels import (
     certified_windows,
     current_review,
@@ -79,6 +79,7 @@ class WindowRow:
     label_version: int
     certified: bool = False  # covered by a counting certification (a planner's): trainable without authorization
     problem: str = ""  # why its current decision authorizes nothing although it says so (review_problem)
+    trainable_steps: int = -1  # its steps the latest label mask keeps trainable (0: a decision trains nothing)
 
     @property
     def short_id(self) -> str:
@@ -86,8 +87,11 @@ class WindowRow:
 
     @property
     def auth(self) -> str:
-        """May it train: "yes" (a reviewer authorized it), "certified" (its planner did), "void" (an authorization
-        that counts for nothing: by the operator, or off the roster) or "no"."""
+        """May it train: "no labels" (none of its steps is a trainable label any more: its episode was discarded or
+        its labels excluded, so no decision trains it), "yes" (a reviewer authorized it), "certified" (its planner
+        did), "void" (an authorization that counts for nothing: by the operator, or off the roster) or "no"."""
+        if self.trainable_steps == 0:
+            return "no labels"
         return "yes" if self.authorized else "certified" if self.certified else "void" if self.problem else "no"
 
     def to_json(self) -> dict[str, Any]:
@@ -96,7 +100,7 @@ class WindowRow:
                 "handover_start": self.handover_start, "handover_end": self.handover_end, "source": self.source,
                 "outcome": self.outcome, "status": self.status.value, "authorized": self.authorized,
                 "reviewer": self.reviewer, "label_version": self.label_version, "certified": self.certified,
-                "problem": self.problem}
+                "problem": self.problem, "trainable_steps": self.trainable_steps}
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,9 @@ def open_store(store: EpisodeStore | str | os.PathLike, mode: str = "r") -> Epis
     return EpisodeStore.open(os.fspath(store), mode=mode)
 
 
+_TRAINABLE = LabelMask.TRAINABLE.code
+
+
 def _current(layer: LabelLayer, window_id: str) -> ReviewDecision | None:
     return current_review(layer.reviews, window_id)
 
@@ -151,7 +158,8 @@ def window_row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str]
         handover_start=w.handover_start, handover_end=w.handover_end, source=w.source.value,
         outcome=w.outcome.value, status=d.status if d else ReviewStatus.PENDING,
         authorized=bool(d and d.replay_training_authorized) and not problem, reviewer=d.reviewer if d else "",
-        label_version=layer.version, certified=w.window_id in certified, problem=problem)
+        label_version=layer.version, certified=w.window_id in certified, problem=problem,
+        trainable_steps=int(np.count_nonzero(layer.mask[w.handover_start:w.handover_end] == _TRAINABLE)))
 
 
 def _status(value: ReviewStatus | str | None) -> ReviewStatus | None:

@@ -264,3 +264,25 @@ def test_two_reviewers_deciding_at_once_lose_nothing(store, tmp_path):
     latest = EpisodeStore.open(store).labels(eid)
     assert sorted((r.reviewer, r.notes) for r in latest.reviews if r.window_id == wid) == want  # current layer: all six
     assert _ok("validate", store, "--quick").returncode == 0
+
+
+def test_a_window_of_a_discarded_episode_says_no_decision_trains_it(store):
+    """The operator discards an episode after it ended (the app's undoable discard: a stricter label layer); its
+    window still lists, with "no labels" where its training authorization would be, before and after a decision."""
+    from hg_dagger.control.store_actions import StoreActions
+
+    rows = list_windows(store)
+    assert all(0 < r.trainable_steps <= r.handover_end - r.handover_start and r.auth == "no" for r in rows)
+    gone = rows[0]
+    actions = StoreActions(str(store), "synthetic", wait_s=30)
+    actions.discard(gone.episode_id, "bumped the table")
+    actions.close()
+    assert any("discarded" in m for m in actions.take_messages())
+    after = {r.window_id: r for r in list_windows(store)}
+    assert after[gone.window_id].trainable_steps == 0 and after[gone.window_id].auth == "no labels"
+    assert all(r.auth == "no" for wid, r in after.items() if r.episode_id != gone.episode_id)
+    decide(store, gone.window_id, ReviewStatus.APPROVED, "rev-02", authorize=True)
+    row = next(r for r in list_windows(store) if r.window_id == gone.window_id)
+    assert row.authorized and row.auth == "no labels"  # approved and authorized, and still nothing to train
+    listed = _ok("review", "list", store, "--quiet").stdout
+    assert any(gone.short_id in line and "no labels" in line for line in listed.splitlines())

@@ -137,7 +137,9 @@ class DecisionPanel(QGroupBox):
                              f"{w.episode_id[:12]}: <b>{w.status.value}</b>"
                              + (", training authorized" if w.authorized else "")
                              + (f" (by {w.reviewer})" if w.reviewer else "")
-                             + ("; certified by its planner: trains without authorization" if w.certified else ""))
+                             + ("; certified by its planner: trains without authorization" if w.certified else "")
+                             + ("; <b>none of its steps is a trainable label</b> (its episode was discarded, or its "
+                                "labels excluded): no decision trains it" if w.trainable_steps == 0 else ""))
         self.refresh_trail()
 
     def refresh_trail(self) -> None:
