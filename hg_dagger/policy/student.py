@@ -24,7 +24,8 @@ from hg_dagger.errors import ConfigError, ContractError
 from hg_dagger.policy.checkpoint_file import check_mapping, first_line, read_checkpoint, save_checkpoint
 from hg_dagger.policy.heads import CHUNK, GMMHead, TemporalEnsemble, split_kind
 
-KINDS = ("mlp", "cnn", "mlp_gmm", "cnn_gmm", "mlp_chunk", "cnn_chunk")  # <encoder>[_<head>]: heads beyond MSE live in policy/heads.py
+# <encoder>[_<head>]: heads beyond MSE live in policy/heads.py
+KINDS = ("mlp", "cnn", "mlp_gmm", "cnn_gmm", "mlp_chunk", "cnn_chunk")
 
 
 def one_inference_thread() -> None:
@@ -169,15 +170,13 @@ class StudentNet(nn.Module):
         """Per-member, per-row training loss [K, B] against normalized targets: the squared error over [B, A],
         the mixture's negative log-likelihood for a GMM head, or for a chunk head the squared error over the
         chunk's valid steps (targets [B, H, A], ``valid`` [B, H]; the current step is always valid)."""
+        if self.horizon > 1:
+            err = ((self.chunks(state, images) - z_target.unsqueeze(0)) ** 2).mean(-1)  # [K, B, H]
+            w = valid.to(err.dtype).unsqueeze(0)
+            return (err * w).sum(-1) / w.sum(-1).clamp(min=1.0)
         x = self.features(state, images)
         if isinstance(self.head, GMMHead):
             return self.head.nll(x, z_target)
-        if self.horizon > 1:
-            z = self.head(x)
-            z = z.reshape(*z.shape[:2], self.horizon, self.spec.action_dim)
-            err = ((z - z_target.unsqueeze(0)) ** 2).mean(-1)  # [K, B, H]
-            w = valid.to(err.dtype).unsqueeze(0)
-            return (err * w).sum(-1) / w.sum(-1).clamp(min=1.0)
         return ((self.head(x) - z_target.unsqueeze(0)) ** 2).mean(-1)
 
 
