@@ -461,13 +461,15 @@ def test_the_review_window_closes_with_ctrl_q_as_the_operator_app_does(qtbot, st
 
     seen = []
 
-    def press_ctrl_q() -> None:
-        windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, ReviewWorkspace) and w.isVisible()]
-        if not windows:
-            QTimer.singleShot(100, press_ctrl_q)
+    def press_ctrl_q() -> None:  # at the window run_review opened (its title names the store), once it is active
+        windows = [w for w in QApplication.topLevelWidgets()
+                   if isinstance(w, ReviewWorkspace) and w.isVisible() and str(store) in w.windowTitle()]
+        if not windows or not windows[0].isActiveWindow():
+            if windows:
+                windows[0].activateWindow()
+            QTimer.singleShot(50, press_ctrl_q)
             return
         seen.append(windows[0].windowTitle())
-        windows[0].activateWindow()
         QTest.keyClick(windows[0], Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
 
     QTimer.singleShot(100, press_ctrl_q)
