@@ -181,6 +181,8 @@ class Trainer:
             self.optimizer = AdamW(student.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         data = self._tensors()
         student.set_normalization(data["state"].numpy(), data["target"].numpy())
+        if data["chunk_valid"] is not None:  # how far ahead these labels supervise a chunk (its ensembling trusts that)
+            student.net.chunk_coverage.copy_(data["chunk_valid"].float().mean(0))
         net = student.net
         act_mean, act_std = net.act_mean, net.act_std
         z_target = (data["target"] - act_mean) / act_std

@@ -15,7 +15,8 @@ chunks of one label segment (learn.aggregate: a chunk never crosses a handover b
 sources; steps past the segment's end are masked out of the loss), so the hover and the descent that
 follow a state are a sequence to predict, not two labels to average. In a rollout the action of a row
 is the weighted mean of what its last ``CHUNK`` predictions said about the current step
-(``TemporalEnsemble``); a row forgets its predictions when an episode begins in it. The uncertainty the
+(``TemporalEnsemble``), each weighed by how often training supervised a step that far ahead; a row forgets
+its predictions when an episode begins in it. The uncertainty the
 gate reads is the members' spread over the current step of the newest chunk.
 """
 
@@ -82,12 +83,20 @@ class TemporalEnsemble:
     """Per-row memory of a rollout's last ``CHUNK`` predicted chunks; the action of a step is their weighted
     mean over that step (older predictions a little heavier, as ACT weighs them)."""
 
-    def __init__(self, num_envs: int, horizon: int, action_dim: int):
+    def __init__(self, num_envs: int, horizon: int, action_dim: int, coverage: np.ndarray | None = None):
         self.n, self.h = int(num_envs), int(horizon)
         self.chunks = np.zeros((self.n, self.h, self.h, int(action_dim)), np.float32)  # [row, age, step, A]
         self.valid = np.zeros((self.n, self.h), bool)  # [row, age]: a prediction made ``age`` steps ago
-        self.weights = np.exp(CHUNK_DECAY * np.arange(self.h)).astype(np.float32)  # by age
         self._ages = np.arange(self.h)
+        self.trust(np.ones(self.h) if coverage is None else coverage)
+
+    def trust(self, coverage: np.ndarray) -> None:
+        """Weigh a prediction made ``age`` steps ago by how often training supervised a step that far ahead
+        (``coverage[age]``, the student's ``chunk_coverage``): where labels come in short segments, most far
+        steps of a chunk were padding, and their predictions are not averaged in as if they had been learnt."""
+        cov = np.clip(np.asarray(coverage, np.float32), 0.0, 1.0)
+        self.weights = (np.exp(CHUNK_DECAY * self._ages) * cov).astype(np.float32)  # by age
+        self.weights[0] = max(float(self.weights[0]), 1e-6)  # the newest chunk's own step always counts
 
     def forget(self, rows) -> None:
         """An episode begins in ``rows``: their earlier predictions say nothing about it."""

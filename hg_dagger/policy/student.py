@@ -146,6 +146,8 @@ class StudentNet(nn.Module):
         self.register_buffer("act_mean", torch.zeros(spec.action_dim))
         self.register_buffer("act_std", torch.ones(spec.action_dim))
         self.register_buffer("uncertainty_ref", torch.ones(()))
+        if self.horizon > 1:  # share of training rows whose chunk target reached each step ahead (set by training)
+            self.register_buffer("chunk_coverage", torch.ones(self.horizon))
 
     def features(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
         x = (state - self.obs_mean) / self.obs_std
@@ -286,6 +288,7 @@ class Student:
         self.gate_thresholds = {}
         if self._rollout is not None:  # chunks of the old weights say nothing about the new ones' actions
             self._rollout.forget(np.arange(self._rollout.n))
+            self._rollout.trust(self.net.chunk_coverage.numpy())
 
     def finish_round(self, info: dict[str, Any]) -> str:
         """Close a training round: bump the round, record lineage, return the new version."""
@@ -333,7 +336,8 @@ class Student:
         if self.net.horizon <= 1:
             return
         if self._rollout is None or self._rollout.n != num_envs:
-            self._rollout = TemporalEnsemble(num_envs, self.net.horizon, self.spec.action_dim)
+            self._rollout = TemporalEnsemble(num_envs, self.net.horizon, self.spec.action_dim,
+                                             self.net.chunk_coverage.numpy())
         self._rollout.forget(rows)
 
     def predict_members(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:

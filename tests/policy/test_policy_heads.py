@@ -135,6 +135,9 @@ def test_temporal_ensembling_weighs_what_each_prediction_said_about_the_step():
     w_old, w_new = np.exp(CHUNK_DECAY), 1.0  # the older prediction weighs a little more
     np.testing.assert_allclose(second[:, 0], [(2.0 * w_old + 5.0 * w_new) / (w_old + w_new),
                                               (20.0 * w_old + 50.0 * w_new) / (w_old + w_new)], rtol=1e-6)
+    te.trust(np.array([1.0, 0.0, 0.0]))  # training never reached one step ahead: only the newest chunk counts
+    np.testing.assert_allclose(te.weights, [1.0, 0.0, 0.0])
+    te.trust(np.ones(3))
     te.forget([1])  # an episode begins in row 1: its memory is gone, row 0 keeps its own
     third = te.step(np.array([[[9.0], [9.0], [9.0]], [[7.0], [8.0], [9.0]]], np.float32))
     assert third[1, 0] == pytest.approx(7.0)
@@ -166,7 +169,9 @@ def test_a_chunk_student_learns_the_steps_ahead_and_forgets_a_row_when_its_episo
     np.testing.assert_allclose(student.act(one).policy_action, alone, atol=1e-6)  # a fresh row: the same
     from hg_dagger.policy.heads import CHUNK_DECAY
 
-    w = np.exp(CHUNK_DECAY)  # next step: what step 4's chunk said about it, beside step 5's own
+    coverage = student.net.chunk_coverage.numpy()  # trained on one 15-step segment: 14 of 15 rows reach 1 ahead
+    np.testing.assert_allclose(coverage, (15 - np.arange(10)) / 15, rtol=1e-6)
+    w = np.exp(CHUNK_DECAY) * coverage[1]  # next step: what step 4's chunk said about it, beside step 5's own
     expected = (chunks.numpy()[4, 1] * w + chunks.numpy()[5, 0]) / (w + 1.0)
     np.testing.assert_allclose(student.act(nxt).policy_action[0], expected, atol=1e-5)
     student.reset_rows([0], 1)  # the next episode: step 4's chunk is forgotten
