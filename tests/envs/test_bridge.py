@@ -590,3 +590,20 @@ def test_serve_without_a_token_fails_clearly_and_token_writes_a_private_file(tmp
                          text=True, timeout=60)
     assert out.returncode == 0
     assert len(path.read_text().strip()) == 64 and (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_robot_times_stay_inside_the_round_trip_whatever_the_clock_estimate(robot):
+    """A loaded machine can skew the ping/pong offset by more than the time from a reply to the next act; the
+    robot's times are still put inside the round trip that carried them (after the request left, before the reply
+    arrived), so an observation never seems taken after the student acted on it."""
+    from hg_dagger.contract.clock import ClockMapping
+
+    with robot.client() as env:
+        env.reset(seed=0)
+        for skew_ms in (+5.0, -5.0):
+            env._clock = ClockMapping(offset_ns=int(skew_ms * 1e6), error_ns=100_000)  # an estimate off by 5 ms
+            for _ in range(5):
+                t0 = now_ns()
+                res = env.step(np.zeros((env.num_envs, env.mapping.action_dim), np.float32))
+                t1 = now_ns()
+                assert np.all((t0 <= res.t_action_apply) & (res.t_action_apply <= res.t_obs) & (res.t_obs <= t1))

@@ -283,9 +283,12 @@ class BridgeEnv(VecEnv):
         if t_apply.shape != (n,):
             t_apply = np.broadcast_to(t_apply, (n,))
         robot_ns = int(reply.get("t_send", 0)) - int(reply.get("t_recv", 0))
+        # a robot-side time mapped onto our clock never leaves the round trip that carried it: the robot applied the
+        # action and took the observation after our request left and before its reply arrived, whatever the offset's
+        # error (a loaded machine can skew the ping/pong estimate by more than the time from a reply to the next act)
         info = {
-            "t_obs": t_obs + clock.offset_ns,
-            "t_action_apply": np.where(t_apply == NO_TIME, NO_TIME, t_apply + clock.offset_ns),
+            "t_obs": np.clip(t_obs + clock.offset_ns, t_send, t_recv),
+            "t_action_apply": np.where(t_apply == NO_TIME, NO_TIME, np.clip(t_apply + clock.offset_ns, t_send, t_recv)),
             "alignment_error_ms": np.full(n, clock.error_ms, dtype=np.float32),
             "transport_ns": np.full(n, max(0, (t_recv - t_send) - robot_ns), dtype=np.int64),
             "robot_state": reply.get("state"),
