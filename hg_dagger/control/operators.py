@@ -230,11 +230,14 @@ class SyntheticOperators(Operator):
     def poll(self, obs, state, active) -> OperatorTick:
         # the planner is asked wherever a person would be looking (it keeps its own phase per row), and what it
         # says reaches the rows whose operator is speaking
-        want = np.flatnonzero(active & ((state == REQUESTED) | (state == HUMAN)))
+        requested = state == REQUESTED
+        want = np.flatnonzero(active & (requested | (state == HUMAN)))
+        if not want.size and not requested.any() and not self.rows.watching.any() and not self._prev_engaged.any():
+            return self.poll_idle()  # nobody asked, nobody is correcting: nothing of the below can change
         planner = np.full((self.n, self.mapping.action_dim), np.nan, np.float32)
         if want.size and obs:
             planner[want] = _query(self.expert, obs, want, self.mapping)[0][want]
-        self.rows.observe(state == REQUESTED)
+        self.rows.observe(requested)
         tick = OperatorTick.empty(self.n, self.mapping.action_dim)
         tick.device_ok[:] = self.rows.connected
         speak = self.rows.speaking()
