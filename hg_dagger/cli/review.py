@@ -97,6 +97,8 @@ def _show(args) -> int:
     print(f"episode {ep['episode_id']}  task {ep['task']}, mode {ep['mode']}, policy {ep['policy_version'] or '-'}, "
           f"end {ep['end_reason']}, success {ep['task_success']}, replay {ep['replay_status']}, "
           f"{ep['windows_in_episode']} window(s), label layers {ep['label_versions']}")
+    if row.trainable_steps == 0:
+        print(f"  none of its steps is a trainable label: {row.excluded_why or 'its labels are excluded'}")
     for q in ctx["qc"]:
         print(f"  QC {'passed' if q.passed else 'FAILED'}" + (f": {', '.join(q.flags)}" if q.flags else ""))
     trail = ctx["trail"]

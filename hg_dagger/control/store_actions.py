@@ -51,7 +51,7 @@ class StoreActions:
         self.wait_s = wait_s
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._messages: deque[str] = deque()
-        self._before: dict[str, np.ndarray] = {}  # episode id -> its mask before this sitting's discard
+        self._before: dict[str, tuple[np.ndarray, str]] = {}  # episode id -> its mask and note before the discard
         self._pending = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -174,14 +174,15 @@ class StoreActions:
         if job.kind == "discard":
             if eid in self._before:
                 return f"episode {eid[:12]} is already discarded"
-            self._before[eid] = latest.mask.copy()
+            self._before[eid] = (latest.mask.copy(), latest.note)
             mask = np.where(latest.mask == _TRAINABLE, _CONTEXT, latest.mask).astype(np.uint8)
-            version = store.write_labels(eid, author=author, mask=mask)
+            version = store.write_labels(eid, author=author, mask=mask, note=f"discarded by {self.operator}"
+                                         + (f": {job.reason}" if job.reason else ""))
             return f"episode {eid[:12]} discarded ({job.reason}): kept on disk, never trained (labels v{version})"
         before = self._before.pop(eid, None)
         if before is None:
             return f"episode {eid[:12]}: no discard of it in this sitting to undo"
-        version = store.write_labels(eid, author=author, mask=before)
+        version = store.write_labels(eid, author=author, mask=before[0], note=before[1])
         return f"episode {eid[:12]}: discard undone, trainable as before (labels v{version})"
 
     def _flag(self, store, job: _Job) -> str:

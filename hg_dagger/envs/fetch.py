@@ -2,7 +2,9 @@
 
 Stock Fetch steps at 25 Hz (20 substeps of 2 ms) and ends after 50 steps (2 s); the horizon here
 comes from the task mapping (150 steps = 6 s). reset(seed) is bit-for-bit deterministic.
-Signals: progress (-distance achieved->desired goal), contact_force (N, normal forces of the
+Signals: progress (-distance achieved->desired goal), task_progress (with an object: -(gripper->object +
+object->target distance), which also rises while the gripper reaches for the object, so a stall gate on it sees
+a student stuck before the grasp within a second instead of the whole reach phase), contact_force (N, normal forces of the
 gripper's contacts with anything but the robot), object_dropped (the object was lifted in a grasp and fell back to
 the table or below, once per drop), collision_imminent (fingertips at the table surface).
 """
@@ -97,7 +99,7 @@ class FetchVecEnv(MujocoRowsEnv):
         out["desired_goal"][i] = raw["desired_goal"]
 
     def _signal_names(self) -> tuple[str, ...]:
-        return ("progress", "contact_force", "object_dropped", "collision_imminent")
+        return ("progress", "task_progress", "contact_force", "object_dropped", "collision_imminent")
 
     def _reset_signals(self, rows: np.ndarray) -> None:
         self._lifted[rows] = False
@@ -115,6 +117,8 @@ class FetchVecEnv(MujocoRowsEnv):
     def _signals(self, i: int, raw: Any, info: dict, out: dict[str, np.ndarray]) -> None:
         env = self.envs[i]
         out["progress"][i] = -math.dist(raw["achieved_goal"], raw["desired_goal"])
+        reach = math.dist(raw["observation"][0:3], raw["observation"][3:6]) if self._has_object else 0.0
+        out["task_progress"][i] = out["progress"][i] - reach
         out["contact_force"][i] = contact_force(env.model, env.data, self._hand_geoms, exclude=self._robot_geoms)
         grip_z = float(raw["observation"][2])
         out["collision_imminent"][i] = grip_z < self._table_z + NEAR_TABLE

@@ -76,6 +76,7 @@ def contact_force(model, data, geoms: np.ndarray, exclude: np.ndarray | None = N
 # joints damped this hard (Fetch's base slides and torso lift) are locked in place by the model: their
 # velocity is not motion anyone commanded, and zeroing it only jolts them against their limits
 LOCKED_DAMPING = 1e5
+FLAG_SIGNALS = ("object_dropped", "collision_imminent")  # bool signals; every other signal is a float32 reading
 MAX_SAG_CORRECTION = 0.005  # m (free-space corrections are 0-4 mm); a hand blocked by contact is not pressed harder
 
 
@@ -449,7 +450,7 @@ class MujocoRowsEnv(VecEnv):
         obs = self._alloc()
         reward = np.empty(n, np.float32)
         success = np.zeros(n, bool)
-        signals = {name: np.zeros(n, np.float32 if name in ("progress", "contact_force") else bool) for name in self._signal_names()}
+        signals = {name: np.zeros(n, bool if name in FLAG_SIGNALS else np.float32) for name in self._signal_names()}
         t_apply = np.empty(n, np.int64)
         t_obs = np.empty(n, np.int64)
         for i in range(n):

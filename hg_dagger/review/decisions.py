@@ -80,6 +80,7 @@ class WindowRow:
     certified: bool = False  # covered by a counting certification (a planner's): trainable without authorization
     problem: str = ""  # why its current decision authorizes nothing although it says so (review_problem)
     trainable_steps: int = -1  # its steps the latest label mask keeps trainable (0: a decision trains nothing)
+    excluded_why: str = ""  # with no trainable step: the label layer's note (an operator's discard reason)
 
     @property
     def short_id(self) -> str:
@@ -100,7 +101,7 @@ class WindowRow:
                 "handover_start": self.handover_start, "handover_end": self.handover_end, "source": self.source,
                 "outcome": self.outcome, "status": self.status.value, "authorized": self.authorized,
                 "reviewer": self.reviewer, "label_version": self.label_version, "certified": self.certified,
-                "problem": self.problem, "trainable_steps": self.trainable_steps}
+                "problem": self.problem, "trainable_steps": self.trainable_steps, "excluded_why": self.excluded_why}
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ def window_row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str]
     problem = ""
     if d is not None and d.status == ReviewStatus.APPROVED and d.replay_training_authorized:
         problem = review_problem(d, operator=operator, reviewers=reviewers) or ""
+    trainable = int(np.count_nonzero(layer.mask[w.handover_start:w.handover_end] == _TRAINABLE))
     return WindowRow(
         window_id=w.window_id, episode_id=info.episode_id, task=info.task_id,
         operator=operator, gate_reason=w.gate_reason,
@@ -159,7 +161,7 @@ def window_row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str]
         outcome=w.outcome.value, status=d.status if d else ReviewStatus.PENDING,
         authorized=bool(d and d.replay_training_authorized) and not problem, reviewer=d.reviewer if d else "",
         label_version=layer.version, certified=w.window_id in certified, problem=problem,
-        trainable_steps=int(np.count_nonzero(layer.mask[w.handover_start:w.handover_end] == _TRAINABLE)))
+        trainable_steps=trainable, excluded_why=layer.note if trainable == 0 else "")
 
 
 def _status(value: ReviewStatus | str | None) -> ReviewStatus | None:

@@ -33,6 +33,7 @@ class LabelLayer:
     qc: list[QCResult] = field(default_factory=list)
     replay: ReplayCheck | None = None  # None: never replayed (status unverified)
     created_wall: str = ""
+    note: str = ""  # why the mask is stricter than the label rules (an operator's discard reason); "" = it is not
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +47,7 @@ class LabelLayer:
             "reviews": [r.model_dump(mode="json") for r in self.reviews],
             "qc": [q.model_dump(mode="json") for q in self.qc],
             "replay": None if self.replay is None else self.replay.model_dump(mode="json"),
+            **({"note": self.note} if self.note else {}),
         }
 
     @classmethod
@@ -62,6 +64,7 @@ class LabelLayer:
             qc=[QCResult.model_validate(q) for q in d.get("qc", [])],
             replay=None if d.get("replay") is None else ReplayCheck.model_validate(d["replay"]),
             created_wall=str(d.get("created_wall", "")),
+            note=str(d.get("note", "")),
         )
 
     @classmethod

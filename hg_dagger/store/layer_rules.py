@@ -31,7 +31,7 @@ LABEL_INPUTS = ("action_source", "valid", "step_flags", "expert_valid")
 def new_layer(episode_id: str, start: EpisodeStart, quality_flags: list[str], n: int, inputs: dict[str, Any],
               version: int, author: str, mask: np.ndarray | None, *, windows: list[CorrectionWindow],
               certifications: list[ExpertCertification], reviews: list[ReviewDecision], qc: list[QCResult],
-              replay: ReplayCheck | None) -> LabelLayer:
+              replay: ReplayCheck | None, note: str = "") -> LabelLayer:
     """A label layer checked against the bindings and the label rules (ContractError naming the episode)."""
     check_bindings(episode_id, n, windows, certifications, reviews, qc, ContractError)
     check_replay(episode_id, n, replay, ContractError)
@@ -58,7 +58,7 @@ def new_layer(episode_id: str, start: EpisodeStart, quality_flags: list[str], n:
         trainable = new_mask == LabelMask.TRAINABLE.code
         new_target = np.where(trainable, derived.target, LabelTarget.NONE.code).astype(np.uint8)
     return LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
-                      certifications=certifications, reviews=reviews, qc=qc, replay=replay,
+                      certifications=certifications, reviews=reviews, qc=qc, replay=replay, note=note,
                       created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
 
 

@@ -395,10 +395,13 @@ class EpisodeStore:
         qc: Iterable[QCResult] | None = None,
         mask: np.ndarray | None = None,
         replay: ReplayCheck | None = None,
+        note: str | None = None,
     ) -> int:
         """Add a label layer (never overwrites one); returns its version. Arguments left as None are carried over
         from the latest layer. Without a mask, mask and target follow contract.derive_labels; a given mask may
-        only be stricter than those rules (ContractError otherwise)."""
+        only be stricter than those rules (ContractError otherwise). ``note`` says why the mask is stricter (an
+        operator's discard reason); it travels with the mask: None keeps the latest layer's note when a mask is
+        given (the latest mask carried over), and drops it when the mask is derived again."""
         self._writable()
         if not author:
             raise ContractError(f"episode {episode_id}: write_labels needs an author")
@@ -416,7 +419,8 @@ class EpisodeStore:
             prev = self.labels(episode_id)
             kept: dict[str, Any] = {k: (getattr(prev, k) if v is None else list(v)) for k, v in given.items()}
             layer = new_layer(episode_id, rec.start, end.quality_flags, n, inputs, prev.version + 1, author, mask,
-                              replay=prev.replay if replay is None else replay, **kept)
+                              replay=prev.replay if replay is None else replay,
+                              note=note if note is not None else prev.note if mask is not None else "", **kept)
             key = f"{layout.LABELS}/{episode_id}/v{layer.version}.json"
             try:
                 stored = layout.put_bytes(self._zstore, key, layout.dumps(layer.to_json()).encode(), exclusive=True)

@@ -86,6 +86,28 @@ def test_grasp_lift_and_release_signals_a_drop():
     assert sum(dropped) == 1  # fires once, when the block lands
 
 
+def test_task_progress_rises_while_the_gripper_reaches_for_the_block():
+    """The stall gate's signal: before the grasp the block does not move (``progress`` stays flat), but the
+    gripper closes in on it, and ``task_progress`` says so."""
+    env = make_env("fetch_pick_place", num_envs=1, seed=3)
+    obs, _ = env.reset(seed=3)
+    phase = np.zeros(1, int)
+    progress, task = [], []
+    while phase[0] < 2:
+        res = env.step(_pick(obs, phase))
+        obs = res.obs
+        progress.append(float(res.info["signals"]["progress"][0]))
+        task.append(float(res.info["signals"]["task_progress"][0]))
+        assert len(task) < 60, "the scripted reach should get around the block"
+    o = obs["observation"][0]
+    assert task[-1] == pytest.approx(progress[-1] - np.linalg.norm(o[0:3] - o[3:6]), abs=1e-5)
+    assert max(progress) - min(progress) < 0.005  # the block did not move
+    assert task[-1] - task[0] > 0.05  # the reach showed as progress
+    reach = make_env("fetch_reach", num_envs=1, seed=0)  # no object: the same as progress
+    res = reach.step(np.zeros((1, 4), np.float32))
+    assert res.info["signals"]["task_progress"][0] == res.info["signals"]["progress"][0]
+
+
 def test_rgb_variant_renders_lean_frames():
     env = make_env("fetch_pick_place_rgb", num_envs=2, seed=0)
     obs, _ = env.reset(seed=0)

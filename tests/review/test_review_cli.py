@@ -18,9 +18,11 @@ from support.cli import run_cli as _cli
 from support.store import fields, start, step
 
 from hg_dagger.contract.enums import ReviewStatus
+from hg_dagger.contract.enums import LabelMask
 from hg_dagger.review import decisions
 from hg_dagger.review.decisions import ReviewError, WindowFilter, audit_trail, decide, list_windows
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.labels import LabelLayer
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
 
@@ -268,7 +270,8 @@ def test_two_reviewers_deciding_at_once_lose_nothing(store, tmp_path):
 
 def test_a_window_of_a_discarded_episode_says_no_decision_trains_it(store):
     """The operator discards an episode after it ended (the app's undoable discard: a stricter label layer); its
-    window still lists, with "no labels" where its training authorization would be, before and after a decision."""
+    window still lists, with "no labels" where its training authorization would be, before and after a decision,
+    and with the operator's reason, which later layers (a decision, QC) carry with the mask."""
     from hg_dagger.control.store_actions import StoreActions
 
     rows = list_windows(store)
@@ -280,9 +283,31 @@ def test_a_window_of_a_discarded_episode_says_no_decision_trains_it(store):
     assert any("discarded" in m for m in actions.take_messages())
     after = {r.window_id: r for r in list_windows(store)}
     assert after[gone.window_id].trainable_steps == 0 and after[gone.window_id].auth == "no labels"
-    assert all(r.auth == "no" for wid, r in after.items() if r.episode_id != gone.episode_id)
+    assert after[gone.window_id].excluded_why == "discarded by synthetic: bumped the table"
+    assert all(r.auth == "no" and not r.excluded_why for wid, r in after.items() if r.episode_id != gone.episode_id)
     decide(store, gone.window_id, ReviewStatus.APPROVED, "rev-02", authorize=True)
     row = next(r for r in list_windows(store) if r.window_id == gone.window_id)
     assert row.authorized and row.auth == "no labels"  # approved and authorized, and still nothing to train
+    assert row.excluded_why == "discarded by synthetic: bumped the table"
     listed = _ok("review", "list", store, "--quiet").stdout
     assert any(gone.short_id in line and "no labels" in line for line in listed.splitlines())
+    shown = _ok("review", "show", store, gone.window_id).stdout
+    assert "none of its steps is a trainable label: discarded by synthetic: bumped the table" in shown
+
+
+def test_a_label_layer_note_travels_with_the_mask(store):
+    """write_labels: a note given is stored with the layer; a later layer that carries the mask keeps it, one whose
+    mask is derived again from the rules drops it; a layer written before notes existed reads as no note."""
+    st = EpisodeStore.open(store, mode="a")
+    eid = list_windows(st)[0].episode_id
+    strict = st.labels(eid).mask.copy()
+    strict[:] = np.where(strict == LabelMask.TRAINABLE.code, LabelMask.CONTEXT_ONLY.code, strict)
+    v = st.write_labels(eid, author="operator:ana", mask=strict, note="discarded by ana: wrong block")
+    assert st.labels(eid, v).note == "discarded by ana: wrong block"
+    v = st.write_labels(eid, author="qc", mask=st.labels(eid).mask)  # carried: note kept
+    assert st.labels(eid, v).note == "discarded by ana: wrong block"
+    v = st.write_labels(eid, author="rules")  # mask from the rules again: the exclusion and its note are gone
+    assert st.labels(eid, v).note == "" and (st.labels(eid, v).mask == LabelMask.TRAINABLE.code).any()
+    layer = st.labels(eid, v)
+    assert "note" not in layer.to_json()  # no key for no note: earlier layers' bytes stay as they were
+    assert LabelLayer.from_json({**layer.to_json()}).note == ""

@@ -451,6 +451,30 @@ def test_planner_certified_windows_show_as_certified_not_unauthorized(qtbot, sto
         ws.close()
 
 
+def test_a_discarded_episode_s_window_says_why_it_trains_nothing(qtbot, store):
+    """The operator discarded the episode after it ended, with a reason: the reviewer reads "no labels" in the
+    table and the operator's words in the panel, not a guess."""
+    from hg_dagger.control.store_actions import StoreActions
+
+    gone = list_windows(store)[0]
+    actions = StoreActions(store, "ana", wait_s=30)
+    actions.discard(gone.episode_id, "the block slid off the table")
+    actions.close()
+    ws = ReviewWorkspace([store], REVIEWER)
+    qtbot.addWidget(ws)
+    ws.show()
+    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    try:
+        model, col = ws.browser.model, COLUMNS.index("auth")
+        auth = {model.rows[i].window_id: model.data(model.index(i, col)) for i in range(model.rowCount())}
+        assert auth[gone.window_id] == "no labels"
+        ws.browser.select(gone.window_id)
+        qtbot.waitUntil(lambda: ws.shown is not None and ws.shown.window_id == gone.window_id, timeout=WAIT)
+        assert "discarded by ana: the block slid off the table" in ws.panel.current.text()
+    finally:
+        ws.close()
+
+
 def test_the_review_window_closes_with_ctrl_q_as_the_operator_app_does(qtbot, store):
     """`hg-dagger review open` runs until its window closes; Ctrl+Q closes it, as in the operator app."""
     from PyQt6.QtCore import QTimer

@@ -3,6 +3,8 @@ with a reason, and the window's audit trail. Every verdict goes through ``decisi
 
 from __future__ import annotations
 
+import html
+
 from PyQt6.QtCore import pyqtSignal
 from PyQt6.QtWidgets import (
     QAbstractItemView,
@@ -138,8 +140,8 @@ class DecisionPanel(QGroupBox):
                              + (", training authorized" if w.authorized else "")
                              + (f" (by {w.reviewer})" if w.reviewer else "")
                              + ("; certified by its planner: trains without authorization" if w.certified else "")
-                             + ("; <b>none of its steps is a trainable label</b> (its episode was discarded, or its "
-                                "labels excluded): no decision trains it" if w.trainable_steps == 0 else ""))
+                             + (f"; <b>none of its steps is a trainable label</b> ({_excluded(w)}): no decision "
+                                "trains it" if w.trainable_steps == 0 else ""))
         self.refresh_trail()
 
     def refresh_trail(self) -> None:
@@ -215,3 +217,8 @@ class DecisionPanel(QGroupBox):
         self.worker.submit(lambda _w: decide(row.store, row.window_id, status, reviewer, reason, authorize),
                            done, self._failed)
         return True
+
+
+def _excluded(w) -> str:
+    """Why a window's steps train nothing, as the panel says it."""
+    return html.escape(w.excluded_why) if w.excluded_why else "its episode was discarded, or its labels excluded"
