@@ -17,8 +17,7 @@ from support.cli import cli_ok as _ok
 from support.cli import run_cli as _cli
 from support.store import fields, start, step
 
-from hg_dagger.contract.enums import ReviewStatus
-from hg_dagger.contract.enums import LabelMask
+from hg_dagger.contract.enums import LabelMask, ReviewStatus
 from hg_dagger.review import decisions
 from hg_dagger.review.decisions import ReviewError, WindowFilter, audit_trail, decide, list_windows
 from hg_dagger.store import EpisodeStore
