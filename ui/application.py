@@ -182,6 +182,8 @@ class OperatorApp(QtCore.QObject):
         self.window.train_requested.connect(self._ask_train)
         self.window.rounds.set_trained(read_training_summary(path))
         self.window.show()
+        self.window.raise_()
+        self.window.activateWindow()  # the keyboard is the robot's from the start (a bare X server focuses nothing)
         self.loop.start()
         if o.episodes:
             self.loop.commands.put(live.StartEpisodes(o.episodes))

@@ -420,6 +420,12 @@ class EpisodeControls(QGroupBox):
         if self._holding and not self.dialogs:
             self._holding = False
             self.commands.put(HoldStarts(False))
+        window = self.window()
+        if not self.dialogs and not self.other_dialogs and window is not self and window.isVisible():
+            # the keyboard goes back to the window that routes the robot's keys: a desktop without a window
+            # manager leaves the focus on the closed dialog, and Space would take over nothing
+            window.raise_()
+            window.activateWindow()
 
     def ask_outcome(self, success: bool) -> EpisodeDialog | None:
         if self.episode_id is None:

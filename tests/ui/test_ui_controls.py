@@ -159,6 +159,25 @@ def test_discard_refuses_an_empty_reason(qtbot, live):
     assert q.drain() == [DiscardEpisode("camera bumped", episode_id="ep-1"), HoldStarts(False)] and not c.dialogs
 
 
+def test_the_keyboard_returns_to_the_window_when_its_last_dialog_closes(qtbot, live):
+    """A desktop without a window manager leaves the focus on a dialog that closed: the next Space would take over
+    nothing. The window that routes the robot's keys is made active again once no dialog is open."""
+    slot, reader, q = live
+    win = QWidget()
+    c = EpisodeControls(q, win)
+    QVBoxLayout(win).addWidget(c)
+    qtbot.addWidget(win)
+    reader.snapshot.connect(c.show_snapshot)
+    win.show()
+    publish_and_wait(qtbot, slot, reader, Snapshot(seq=1, phase="running", episode_id="ep-1"))
+    click(c.discard)
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is c.dialogs[0], timeout=5000)  # typing goes to the question
+    c.dialogs[0].reason.setText("camera bumped")
+    c.dialogs[0].buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert not c.dialogs
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is win, timeout=5000)
+
+
 def test_health_panel_levels(qtbot, live):
     slot, reader, _ = live
     p = LoopHealthPanel()
