@@ -107,6 +107,7 @@ GATE_WORDS = {  # a shipped gate's name -> why it asks, in a person's words (the
     "confidence": "the student is unsure here",
     "risk": "a failure looks likely",
     "progress_stall": "no progress for a while",
+    "progress_eta": "too slow to finish in time",
     "constraint": "a command near a limit",
     "policy_failed": "the task is going backwards",
     "collision": "a collision is close",

@@ -12,6 +12,7 @@ from hg_dagger.control.gate_specs import (
     ConfidenceGate,
     ConstraintGate,
     PolicyFailedGate,
+    ProgressEtaGate,
     ProgressStallGate,
     RiskGate,
 )
@@ -34,6 +35,7 @@ class GateInputs:
     prev_applied: np.ndarray | None = None  # float32 [N, A] last applied action
     prev_ok: np.ndarray | None = None  # bool [N] prev_applied is from this episode
     succeeding: np.ndarray | None = None  # bool [N] the task's success condition held after the last step
+    steps_left: np.ndarray | None = None  # int64 [N] steps each episode has left before its cut (None: no limit)
 
 
 
@@ -127,6 +129,48 @@ class StallScorer(GateScorer):
                 "best_step": int(self.best_step[row]), "stalled_s": float((inp.step[row] - self.best_step[row]) * self.step_dt)}
 
 
+class EtaScorer(GateScorer):
+    """Keeps each row's last ``window_s`` seconds of the signal (a ring over ticks) to measure its pace."""
+
+    def __init__(self, spec: ProgressEtaGate, *a):
+        super().__init__(spec, *a)
+        self.width = max(1, round(spec.window_s / self.step_dt))
+        self.ring = np.zeros((self.width + 1, self.n), np.float64)
+        self.seen = np.zeros(self.n, np.int64)  # ticks recorded since the row's last reset
+        self.pace = np.zeros(self.n, np.float64)  # signal units per second over the window (for values)
+
+    def reset(self, rows):
+        self.seen[rows] = 0
+
+    def score(self, inp, armed):
+        out = np.zeros(self.n, np.float32)
+        p = inp.signals.get(self.spec.signal)
+        if p is None or inp.steps_left is None:
+            return out
+        p = np.asarray(p, np.float64)
+        slot = self.seen % (self.width + 1)
+        ok = np.isfinite(p)
+        self.ring[slot[ok], np.flatnonzero(ok)] = p[ok]
+        self.seen[ok] += 1
+        full = self.seen > self.width
+        oldest = self.ring[self.seen % (self.width + 1), np.arange(self.n)]
+        self.pace = np.where(full, (p - oldest) / (self.width * self.step_dt), 0.0)
+        left_s = np.asarray(inp.steps_left, np.float64) * self.step_dt
+        remaining = self.spec.goal - p
+        rows = full & ok & (remaining > 0) & (left_s > 0)
+        if inp.succeeding is not None:  # the task's own success condition holds: done, whatever the signal says
+            rows &= ~np.asarray(inp.succeeding, bool)
+        need = np.where(self.pace > 0, remaining / np.where(self.pace > 0, self.pace, 1.0), np.inf)
+        ratio = np.minimum(need / np.where(left_s > 0, left_s, 1.0), self.spec.cap)
+        out[rows] = ratio[rows]
+        return out
+
+    def values(self, row, inp):
+        p = float(np.asarray(inp.signals[self.spec.signal])[row])
+        return {"progress": p, "goal": self.spec.goal, "pace_per_s": float(self.pace[row]),
+                "seconds_left": float(np.asarray(inp.steps_left)[row] * self.step_dt)}
+
+
 class ConstraintScorer(GateScorer):
     def __init__(self, spec: ConstraintGate, num_envs, step_dt, action_dim):
         super().__init__(spec, num_envs, step_dt, action_dim)
@@ -197,5 +241,6 @@ class OperatorScorer(GateScorer):
         return {"takeover": True}
 
 
-SCORERS = {"confidence": ConfidenceScorer, "risk": RiskScorer, "progress_stall": StallScorer, "constraint": ConstraintScorer, "signal": SignalScorer,
-          "policy_failed": PolicyFailedScorer, "operator": OperatorScorer}
+SCORERS = {"confidence": ConfidenceScorer, "risk": RiskScorer, "progress_stall": StallScorer,
+           "progress_eta": EtaScorer, "constraint": ConstraintScorer, "signal": SignalScorer,
+           "policy_failed": PolicyFailedScorer, "operator": OperatorScorer}

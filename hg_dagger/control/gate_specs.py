@@ -61,6 +61,21 @@ class ProgressStallGate(_GateBase):
     min_delta: float = Field(default=1e-3, ge=0)
 
 
+class ProgressEtaGate(_GateBase):
+    """The task will not be done in time at the pace of the last ``window_s`` seconds: the score is the time the
+    remaining progress to ``goal`` needs at that pace over the time the episode has left (1.0 = just in time; no
+    progress at all scores ``cap``). It sees a student that creeps or drifts, which a stall gate misses as long as
+    it improves by ``min_delta`` now and then. Quiet at the goal (or while the task's success condition holds) and
+    where the episode has no step limit."""
+
+    type: Literal["progress_eta"] = "progress_eta"
+    signal: str = "progress"
+    goal: float = Field(description="the signal's value at which the task counts as done")
+    window_s: float = Field(default=1.0, gt=0, description="seconds over which the pace is measured")
+    cap: float = Field(default=10.0, gt=0, description="score when the pace is zero or backwards")
+    trigger: float = Field(default=1.0, gt=0)
+
+
 class ConstraintGate(_GateBase):
     """The proposed action against the feasible set; the score is the largest normalized limit usage
     (1.0 = on a limit), so the default trigger 1.0 fires on or beyond a limit and warn 0.9 near it."""
@@ -99,12 +114,13 @@ class OperatorGate(_GateBase):
 
 
 GateSpec = Annotated[
-    ConfidenceGate | RiskGate | ProgressStallGate | ConstraintGate | SignalGate | PolicyFailedGate | OperatorGate,
+    ConfidenceGate | RiskGate | ProgressStallGate | ProgressEtaGate | ConstraintGate | SignalGate | PolicyFailedGate
+    | OperatorGate,
     Field(discriminator="type"),
 ]
 
 
-GRACE_TYPES = ("confidence", "risk", "progress_stall")
+GRACE_TYPES = ("confidence", "risk", "progress_stall", "progress_eta")
 """Gates that predict trouble and so may wait a moment after a reset or a hand-back; the gates that see it
 (constraint, signal, policy_failed) and the operator's own takeover are never delayed."""
 

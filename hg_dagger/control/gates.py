@@ -177,6 +177,13 @@ class GateEngine:
         for g in self.gates:
             g.reset(rows)
 
+    @property
+    def scores(self) -> np.ndarray:
+        """float32 [gates, N]: each gate's score at the last update (read-only view)."""
+        v = self._scores.view()
+        v.flags.writeable = False
+        return v
+
     def confident(self) -> np.ndarray:
         """bool [N]: the confidence gate's last score is back below its clear threshold (True without one)."""
         if self.confidence is None:

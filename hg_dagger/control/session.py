@@ -377,7 +377,8 @@ class Session(SessionControls, SessionEpisodes):
         unc = np.asarray(out.uncertainty, np.float32)
         gate_in = GateInputs(step=self.ep_step, t_ns=t_ns, action=np.asarray(out.action, np.float32), uncertainty=unc,
                              obs=self.obs, signals=self.signals, takeover=op.takeover,
-                             prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok, succeeding=self.succeeding)
+                             prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok, succeeding=self.succeeding,
+                             steps_left=None if self.step_limit is None else self.step_limit - self.acted)
         g = self.gates.update(gate_in, armed & active)
         for r, ev in g.events:
             self._event(r, ev.kind, ev.t_ns, ev.reason, ev.source, ev.values)

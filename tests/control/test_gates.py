@@ -14,6 +14,7 @@ from hg_dagger.control.gate_specs import (
     GateConfig,
     OperatorGate,
     PolicyFailedGate,
+    ProgressEtaGate,
     ProgressStallGate,
     SignalGate,
 )
@@ -29,13 +30,15 @@ def _engine(*gates, n=1, dt=0.1):
     return GateEngine(GateConfig(gates=list(gates)), num_envs=n, step_dt=dt, action_dim=A)
 
 
-def _inp(t, n=1, u=0.0, action=None, signals=None, takeover=None, obs=None, prev=None, succeeding=None):
+def _inp(t, n=1, u=0.0, action=None, signals=None, takeover=None, obs=None, prev=None, succeeding=None,
+         steps_left=None):
     return GateInputs(
         step=np.full(n, t, np.int64), t_ns=1000 + t, uncertainty=np.broadcast_to(np.float32(u), (n,)).copy(),
         action=np.zeros((n, A), np.float32) if action is None else np.asarray(action, np.float32),
         obs=obs or {}, signals=signals or {}, takeover=takeover,
         prev_applied=prev, prev_ok=None if prev is None else np.ones(n, bool),
-        succeeding=None if succeeding is None else np.asarray(succeeding, bool))
+        succeeding=None if succeeding is None else np.asarray(succeeding, bool),
+        steps_left=None if steps_left is None else np.asarray(steps_left, np.int64))
 
 
 def _run(engine, series, **kw):
@@ -110,6 +113,43 @@ def test_a_task_that_succeeds_is_not_stalled():
     assert levels[10:] == [OK, WARN, WARN, TRIGGER, TRIGGER, TRIGGER]  # counted from the last successful step (9)
     ev = next(ev for o in outs for _, ev in o.events if ev.kind == EventKind.GATE_TRIGGER)
     assert ev.values["progress_stall"]["best_step"] == 9
+
+
+def test_progress_eta_asks_when_the_pace_cannot_reach_the_goal_in_the_time_left():
+    """Two rows creep at the same pace, 0.1 per second (0.01 per 0.1 s tick), about 1.0 short of the goal: about
+    10 s needed. The one with about 20 s left is in time (score about 0.5); the one with about 5 s left asks (about
+    2). A stall gate would see neither: both improve every tick."""
+    e = _engine(ProgressEtaGate(goal=0.0, window_s=0.5, warn=0.8, trigger=1.0), n=2, dt=0.1)
+    prog = [np.full(2, -1.0 + 0.01 * t) for t in range(12)]
+    left = [np.array([200 - t, 50 - t]) for t in range(12)]
+    outs = _run(e, {"signals": [{"progress": p} for p in prog], "steps_left": left})
+    assert [int(o.level[1]) for o in outs[:5]] == [OK] * 5  # the first half second measures the pace
+    assert int(outs[5].level[1]) == TRIGGER and all(int(o.level[0]) == OK for o in outs)
+    assert e.scores[0, 0] == pytest.approx(0.89 / 0.1 / 18.9, rel=1e-4)  # 8.9 s needed, 18.9 s left
+    ev = outs[5].events[-1][1]
+    assert ev.reason == "progress_eta" and ev.values["progress_eta"]["pace_per_s"] == pytest.approx(0.1)
+    assert ev.values["progress_eta"]["seconds_left"] == pytest.approx(4.5)
+    assert e.scores[0, 1] == pytest.approx(0.89 / 0.1 / 3.9, rel=1e-4)
+
+
+def test_progress_eta_is_quiet_at_the_goal_without_a_limit_and_after_a_rearm():
+    """No pace at all scores its cap once the window is full, but not at the goal, not where the episode has no
+    step limit, not while the success condition holds, and not until a new window has filled after a rearm (a
+    hand-back)."""
+    e = _engine(ProgressEtaGate(goal=0.0, window_s=0.3, trigger=1.0, cap=10.0), n=3, dt=0.1)
+    flat = {"progress": np.array([-0.5, 0.01, -0.5])}
+    for t in range(4):
+        out = e.update(_inp(t, n=3, signals=flat, steps_left=[100, 100, 100]), np.ones(3, bool))
+    assert list(out.level) == [TRIGGER, OK, TRIGGER] and e.scores[0, 0] == pytest.approx(10.0)
+    e.rearm([0, 2])
+    out = e.update(_inp(4, n=3, signals=flat, steps_left=[100, 100, 100]), np.ones(3, bool))
+    assert list(out.level) == [OK, OK, OK]
+    out = e.update(_inp(5, n=3, signals=flat), np.ones(3, bool))  # steps_left None: no limit, no deadline
+    assert list(out.level) == [OK, OK, OK]
+    for t in range(6, 10):  # the success condition holds in row 2: done, whatever the signal says
+        out = e.update(_inp(t, n=3, signals=flat, steps_left=[100] * 3, succeeding=[False, False, True]),
+                       np.ones(3, bool))
+    assert list(out.level) == [TRIGGER, OK, OK]
 
 
 def test_progress_stall_without_signal_never_fires():
