@@ -34,10 +34,10 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 from learning_common import first_reaching, run_arm  # noqa: E402
 
-METHODS = ("bc", "dagger", "gated", "gated_risk")
+METHODS = ("bc", "dagger", "gated", "gated_risk", "gated_human")
 DEFAULT_METHODS = ("bc", "dagger", "gated")
 LABEL = {"bc": "BC", "dagger": "classic DAgger", "gated": "human-gated DAgger",
-         "gated_risk": "human-gated + risk gate"}
+         "gated_risk": "human-gated + risk gate", "gated_human": "human-gated, human-paced"}
 
 # Settings per task. quick = toy_reach sized for about 10 minutes on 2 shared cores.
 PRESETS = {
@@ -187,7 +187,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m, color in zip(METHODS, ("tab:gray", "tab:blue", "tab:red", "tab:orange"), strict=True):
+    for m, color in zip(METHODS, ("tab:gray", "tab:blue", "tab:red", "tab:orange", "tab:purple"), strict=True):
         s = summary.get(m)
         if not s:
             continue
@@ -243,7 +243,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="3", help="a count (3 = seeds 0,1,2) or a comma list (0,4,7; one seed: 2,)")
     p.add_argument("--out", default=None, help="output folder (default: runs/bench_learning_<task>)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma list of bc, dagger, gated, gated_risk (gated plus the learned risk gate)")
+                   help="comma list of bc, dagger, gated, gated_risk (gated plus the learned risk gate), "
+                        "gated_human (gated, answered in real time by the human operator model at the keyboard)")
     p.add_argument("--rounds", type=int)
     p.add_argument("--episodes-per-round", type=int)
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")

@@ -108,6 +108,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     OUT/curve.jsonl as it grows (one line per round)."""
     import torch
 
+    from hg_dagger.contract.labels import TrainingRule
     from hg_dagger.control.build import build_session
     from hg_dagger.control.run_config import load_run_config
     from hg_dagger.envs import load_mapping, make_env
@@ -143,8 +144,11 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     gated_infos: list = []
     t_start = time.perf_counter()
 
+    # the human-paced arm's windows are a person's: they train as if a reviewer approved every one of them
+    rule = TrainingRule(require_review=False, require_qc=False) if method == "gated_human" else None
+
     def add(infos) -> int:
-        eps = [load_labels(store, i, keys) for i in infos]
+        eps = [load_labels(store, i, keys, rule) for i in infos]
         trainer.replay.add(eps)
         return sum(len(e) for e in eps)
 
@@ -152,7 +156,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
         for r in range(int(spec["rounds"])):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"round": r}
-            gated = method in ("gated", "gated_risk") and r > 0
+            gated = method in ("gated", "gated_risk", "gated_human") and r > 0
             if not gated:  # round 0 of every arm, and every round of bc / dagger: the auto collector
                 mode = "expert_demo" if (method != "dagger" or r == 0) else "dagger_sync"
                 beta = 1.0 if mode == "expert_demo" else float(spec["beta_decay"]) ** r
@@ -182,21 +186,29 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 # sessions run to the task horizon: autonomous steps cost no person anything, and a stall (the
                 # gate's cue to ask) needs time to show; labels and operator time count what was spent
                 over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0, "gates": gate_cfg}
+                if method == "gated_human":  # a person at the keyboard: one env, the device operator
+                    over = {"operator.type": "device", "operator.device": "keyboard", "operator.name": "human-model",
+                            "gates": gate_cfg}
                 over.update(g.get("overrides", {}))
-                cfg = load_run_config(None, task, num_envs=g["num_envs"], seed=seed + 1000 * r,
-                                      calibrate_steps=g["calibrate_steps"], **over)
+                cfg = load_run_config(None, task, num_envs=1 if method == "gated_human" else g["num_envs"],
+                                      seed=seed + 1000 * r, calibrate_steps=g["calibrate_steps"], **over)
                 rec = store.recorder(flush_interval_s=2.0, queue_steps=1 << 16)
-                with make_env(task, num_envs=g["num_envs"], seed=seed + r) as env:
-                    session = build_session(cfg, rec, trainer.student, env=env, expert=expert)
-                    try:
-                        cal = session.calibrate(g["calibrate_steps"]) if g["calibrate_steps"] else None
-                        if risk_states is not None:
-                            gate = next(x for x in session.gates.gates if x.name == "risk")
-                            row["risk"]["calibration"] = session.gates.calibrate_gate(
-                                "risk", gate.model.predict(risk_states))
-                        summary = session.run(int(spec["episodes_per_round"]), progress=False)
-                    finally:
-                        rec.close()
+                if method == "gated_human":
+                    summary, cal, row["human_model"] = _human_paced_round(
+                        cfg, rec, str(store.url), trainer.student, expert, mapping, seed + r, g["calibrate_steps"],
+                        int(spec["episodes_per_round"]), seed=seed * 1000 + r)
+                else:
+                    with make_env(task, num_envs=g["num_envs"], seed=seed + r) as env:
+                        session = build_session(cfg, rec, trainer.student, env=env, expert=expert)
+                        try:
+                            cal = session.calibrate(g["calibrate_steps"]) if g["calibrate_steps"] else None
+                            if risk_states is not None:
+                                gate = next(x for x in session.gates.gates if x.name == "risk")
+                                row["risk"]["calibration"] = session.gates.calibrate_gate(
+                                    "risk", gate.model.predict(risk_states))
+                            summary = session.run(int(spec["episodes_per_round"]), progress=False)
+                        finally:
+                            rec.close()
                 infos = _new_episodes(store, summary.episode_ids)
                 gated_infos += infos
                 labels = add(infos)
@@ -230,6 +242,58 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
             if "gates" in row:
                 log(f"  {method} seed {seed} round {r} gates: {describe(row['gates'])}")
     return {"method": method, "seed": seed, "rounds": rows, "seconds": time.perf_counter() - t_start}
+
+
+def _human_paced_round(cfg, rec, store_url: str, student, expert, mapping, env_seed: int, calibrate_steps: int,
+                       episodes: int, *, seed: int):
+    """One round answered by the human operator model (hg_dagger.control.human_model) at the keyboard device, in
+    real time: the app's control loop without its window, the model reading the loop's Snapshots as a person
+    reads the console and pressing keys as the window's keyboard bridge would send them. Reaction times,
+    look-aways, declined requests and imprecise steering are the model's; the world waits while a request waits
+    (the run config's handover.wait). Returns (the session's summary, the gate calibration, what the person did)."""
+    from types import SimpleNamespace
+
+    from hg_dagger.control import live
+    from hg_dagger.control.build import build_session
+    from hg_dagger.control.human_model import DECLINE, HumanOperatorModel, summarize
+    from hg_dagger.control.loop import ControlLoop
+    from hg_dagger.envs import make_env
+
+    held: dict = {}
+
+    def build():
+        env = make_env(mapping.task_id, num_envs=1, seed=env_seed)
+        session = build_session(cfg, rec, student, env=env, expert=expert)
+        held["cal"] = session.calibrate(calibrate_steps) if calibrate_steps else None
+        return session
+
+    loop = ControlLoop(build, store=store_url)
+    model = HumanOperatorModel(mapping, seed=seed)  # its own planner: the person's intent, apart from the session's
+    loop.start()
+    started = False
+    try:
+        while loop.alive:
+            snap = loop.slot.read()
+            if snap.phase == "error":
+                raise RuntimeError(f"human-paced round: {snap.message}")
+            if not started and not snap.loading and snap.phase == "idle" and loop.session is not None:
+                loop.commands.put(live.StartEpisodes(episodes))
+                started = True
+            elif started and snap.phase == "idle" and snap.counters.episodes >= episodes:
+                break
+            for a in model.step(snap, time.monotonic()):
+                loop.commands.put(live.DeclineRequest() if a.key == DECLINE else live.KeyEvent(a.key, a.down))
+            time.sleep(0.02)
+    finally:
+        for a in model.release_all(time.monotonic()):
+            if a.key != DECLINE:
+                loop.commands.put(live.KeyEvent(a.key, a.down))
+        loop.stop()
+        if loop.session is None:  # never built: the loop closed nothing
+            rec.close()
+    if loop.error:
+        raise RuntimeError(f"human-paced round: {loop.error}")
+    return SimpleNamespace(**loop.summary), held.get("cal"), summarize(model.facts)
 
 
 def _with_risk_gate(gate_cfg, store, infos, keys, g: dict, out: Path, r: int):

@@ -104,3 +104,23 @@ def test_report_rebuilds_the_summary_from_the_curve_files(bench, result):
         assert again["summary"][m]["labels_mean"] == res["summary"][m]["labels_mean"]
     # the arms ran 2 of the 3 rounds asked for: reported, and marked partial
     assert sorted(again["partial_arms"]) == ["bc_s0", "dagger_s0", "gated_s0"]
+
+
+def test_a_human_paced_arm_is_answered_in_real_time_by_the_operator_model(bench, tmp_path):
+    """The fourth arm: the app's control loop (no window) at the keyboard device, answered by the human operator
+    model reading the loop's snapshots. Its corrections are the model's key presses, recorded as a person's
+    (operator "human-model", not certified), and they train as if a reviewer approved them."""
+    from learning_common import run_arm
+
+    from hg_dagger.review.decisions import list_windows
+
+    spec = bench.arm_spec("toy_reach", 0, rounds=2, warm_episodes=2, episodes_per_round=2, eval_episodes=4,
+                          steps_per_label=0.2)
+    arm = run_arm("gated_human", spec, tmp_path / "human", log=lambda *_: None)
+    gated = arm["rounds"][1]
+    person = gated["human_model"]
+    assert gated["mode"] == "gated" and gated["episodes"] == 2
+    assert person["requests"] >= 1 and person["took_over"] >= 1 and person["act_p50_s"] >= 0.4  # a person's pace
+    people = [w for w in list_windows(tmp_path / "human" / "store") if w.source == "human"]  # round 0: the planner's
+    assert people and all(w.operator == "human-model" and not w.certified for w in people)
+    assert gated["new_labels"] > 0  # the windows' steps reached the replay without a review
