@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn, Protocol
+from typing import Any, Literal, NoReturn, Protocol, cast
 
 import numpy as np
 
@@ -188,9 +188,10 @@ class Recorder:
         (k, ...) column belongs to eids[i]; a field left out is its fill value. Dropped as a whole when the queue is
         full (returns False), as k put() calls would be."""
         get = self._episodes.get
-        eps = [get(eid) for eid in eids]
-        if self._fatal is not None or any(ep is None or ep.ended or ep.error is not None for ep in eps):
-            eps = [self._open(eid) for eid in eids]  # raises why one of them cannot take a step
+        found = [get(eid) for eid in eids]
+        if self._fatal is not None or any(ep is None or ep.ended or ep.error is not None for ep in found):
+            found = [self._open(eid) for eid in eids]  # raises why one of them cannot take a step
+        eps = cast(list[_Episode], found)
         if not eps:
             return True
         key = eps[0].key
