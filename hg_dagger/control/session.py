@@ -378,7 +378,7 @@ class Session(SessionControls, SessionEpisodes):
         gate_in = GateInputs(step=self.ep_step, t_ns=t_ns, action=np.asarray(out.action, np.float32), uncertainty=unc,
                              obs=self.obs, signals=self.signals, takeover=op.takeover,
                              prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok, succeeding=self.succeeding,
-                             steps_left=None if self.step_limit is None else self.step_limit - self.acted)
+                             steps_left=self._steps_left())
         g = self.gates.update(gate_in, armed & active)
         for r, ev in g.events:
             self._event(r, ev.kind, ev.t_ns, ev.reason, ev.source, ev.values)
@@ -386,6 +386,14 @@ class Session(SessionControls, SessionEpisodes):
                 self.summary.gate_triggers += int(self.eids[r] is not None)
         self.gates.observe_autonomous(unc[armed & active])
         return g
+
+    def _steps_left(self) -> np.ndarray | None:
+        """Steps each row's episode has before it is cut: the session's step limit, else the task's horizon, at
+        which a stepped simulator ends the episode itself (None: neither)."""
+        if self.step_limit is not None:
+            return self.step_limit - self.acted
+        horizon = self.mapping.horizon
+        return horizon - self.ep_step if horizon else None
 
     def _handover(self, out, op: OperatorTick, g, estop, t_ns: int):
         policy = np.asarray(out.action, np.float32)

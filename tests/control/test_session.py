@@ -20,7 +20,7 @@ from hg_dagger.contract.enums import (
     StepFlag,
 )
 from hg_dagger.control.build import build_session
-from hg_dagger.control.gate_specs import ConfidenceGate, GateConfig, OperatorGate
+from hg_dagger.control.gate_specs import ConfidenceGate, GateConfig, OperatorGate, ProgressEtaGate
 from hg_dagger.control.run_config import load_run_config
 from hg_dagger.devices import Keyboard
 from hg_dagger.envs import make_env
@@ -136,6 +136,23 @@ def test_max_episode_steps_cuts_every_episode_there_as_a_timeout(tmp_path, stude
     for info in cut:
         d = store.read_steps(info.episode_id, ["truncated"])
         assert d["truncated"].tolist() == [False] * 8 + [True]
+
+
+@pytest.mark.parametrize("max_steps", [None, 30])
+def test_the_eta_gate_counts_the_time_left_to_the_episode_s_cut(tmp_path, student, max_steps):
+    """The session tells the gates how long each episode has left: to the task's horizon, at which the simulator
+    ends it, or to the run's own step limit. A goal no pace can reach makes the gate ask once its window is
+    full, and its event says how many seconds were left."""
+    eta = GateConfig(name="eta", gates=[ProgressEtaGate(goal=1000.0, window_s=0.2, trigger=1.0)])
+    rig = _rig(tmp_path, student, n=2, gates=eta, max_episode_steps=max_steps, seed=5)
+    rig.session.run(2, progress=False)
+    store = _finish(rig)
+    m = rig.env.mapping
+    limit = max_steps or m.horizon
+    asked = [e for i in store.episodes() for e in _events(i, EventKind.GATE_TRIGGER) if e.reason == "progress_eta"]
+    assert asked
+    for e in asked:
+        assert e.values["progress_eta"]["seconds_left"] == pytest.approx((limit - e.step) * m.dt)
 
 
 def test_an_episode_that_ends_while_waiting_for_the_operator_leaves_its_row_idle(tmp_path, student):
