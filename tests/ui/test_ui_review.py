@@ -48,12 +48,24 @@ def store(recorded, tmp_path):
     return str(path)
 
 
-@pytest.fixture
-def workspace(qtbot, store):
-    ws = ReviewWorkspace([store], REVIEWER)
+def _opened(qtbot, stores, reviewer=REVIEWER):
+    """A review workspace on ``stores``, shown, with its rows loaded."""
+    ws = ReviewWorkspace(stores, reviewer)
     qtbot.addWidget(ws)
     ws.show()
     qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    return ws
+
+
+def _auth_column(ws, key) -> dict:
+    """The table's "auth" column by ``key(row)``."""
+    model, col = ws.browser.model, COLUMNS.index("auth")
+    return {key(model.rows[i]): model.data(model.index(i, col)) for i in range(model.rowCount())}
+
+
+@pytest.fixture
+def workspace(qtbot, store):
+    ws = _opened(qtbot, [store])
     yield ws
     ws.close()
 
@@ -433,14 +445,9 @@ def test_planner_certified_windows_show_as_certified_not_unauthorized(qtbot, sto
                              "operator.certification": "planner_auto"})
     run_gated(cfg, path, progress=False)
     assert all(r.certified for r in list_windows(path)) and not any(r.certified for r in list_windows(store))
-    ws = ReviewWorkspace([path, store], REVIEWER)
-    qtbot.addWidget(ws)
-    ws.show()
-    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    ws = _opened(qtbot, [path, store])
     try:
-        model, col = ws.browser.model, COLUMNS.index("auth")
-        text = {model.rows[i].store: model.data(model.index(i, col)) for i in range(model.rowCount())}
-        assert text == {path: "certified", store: "no"}
+        assert _auth_column(ws, lambda r: r.store) == {path: "certified", store: "no"}
         n = len(list_windows(path))
         assert f"{n} certified" in ws.browser.counts.text()
         row = next(r for r in ws.browser.visible_rows() if r.store == path)
@@ -460,14 +467,9 @@ def test_a_discarded_episode_s_window_says_why_it_trains_nothing(qtbot, store):
     actions = StoreActions(store, "ana", wait_s=30)
     actions.discard(gone.episode_id, "the block slid off the table")
     actions.close()
-    ws = ReviewWorkspace([store], REVIEWER)
-    qtbot.addWidget(ws)
-    ws.show()
-    qtbot.waitUntil(lambda: ws.rows_loaded, timeout=WAIT)
+    ws = _opened(qtbot, [store])
     try:
-        model, col = ws.browser.model, COLUMNS.index("auth")
-        auth = {model.rows[i].window_id: model.data(model.index(i, col)) for i in range(model.rowCount())}
-        assert auth[gone.window_id] == "no labels"
+        assert _auth_column(ws, lambda r: r.window_id)[gone.window_id] == "no labels"
         ws.browser.select(gone.window_id)
         qtbot.waitUntil(lambda: ws.shown is not None and ws.shown.window_id == gone.window_id, timeout=WAIT)
         assert "discarded by ana: the block slid off the table" in ws.panel.current.text()
