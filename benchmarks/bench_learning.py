@@ -6,7 +6,9 @@
 Same student (architecture and initial weights per seed), same round 0 (expert demonstrations), same
 gradient steps per label (``--steps-per-label``), same fixed-seed evaluation episodes after every round.
 Human-gated DAgger uses the synthetic operator (the planner through ``raw_to_human``, certified with
-``operator.certification: planner_auto``) and the task's gates. Human effort is counted as labels,
+``operator.certification: planner_auto``) and the task's gates; ``gated_human`` answers the same gates with the
+human operator model at the keyboard, in real time (reaction times, look-aways, declines, key-level steering;
+one env). Human effort is counted as labels,
 operator seconds and context switches (benchmarks/learning_common.py says how).
 
 Writes OUT/results.json (every round of every arm and seed, and the summary), OUT/learning_curve.png

@@ -282,7 +282,10 @@ def _human_paced_round(cfg, rec, store_url: str, student, expert, mapping, env_s
             elif started and snap.phase == "idle" and snap.counters.episodes >= episodes:
                 break
             for a in model.step(snap, time.monotonic()):
-                loop.commands.put(live.DeclineRequest() if a.key == DECLINE else live.KeyEvent(a.key, a.down))
+                if a.key != DECLINE:
+                    loop.commands.put(live.KeyEvent(a.key, a.down))
+                elif a.down and snap.control_state == "handover_requested":  # as the window's decline key does
+                    loop.commands.put(live.DeclineRequest())
             time.sleep(0.02)
     finally:
         for a in model.release_all(time.monotonic()):
