@@ -183,26 +183,30 @@ def _gate_recall(runs: list[dict], n: int) -> dict:
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
+    """Success against human labels (left) and against operator-seconds (right), mean over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for m, color in zip(METHODS, ("tab:gray", "tab:blue", "tab:red", "tab:orange", "tab:purple"), strict=True):
         s = summary.get(m)
         if not s:
             continue
-        x, y = np.array(s["labels_mean"]), np.array(s["success_mean"])
+        y = np.array(s["success_mean"])
         lo, hi = y - np.array(s["success_min"]), np.array(s["success_max"]) - y
-        ax.errorbar(x, y, yerr=[lo, hi], xerr=s["labels_std"], marker="o", capsize=3, color=color,
-                    label=f"{LABEL[m]} (n={len(s['seeds'])} seeds)")
-    ax.set_xlabel("human labels (mean over seeds; x bars = std)")
-    ax.set_ylabel("student-only success (mean; bars = min..max)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="lower right")
+        for ax, x, xerr in ((axes[0], s["labels_mean"], s["labels_std"]), (axes[1], s["operator_s_mean"], None)):
+            ax.errorbar(np.array(x), y, yerr=[lo, hi], xerr=xerr, marker="o", capsize=3, color=color,
+                        label=f"{LABEL[m]} (n={len(s['seeds'])} seeds)")
+    axes[0].set_xlabel("human labels (mean over seeds; x bars = std)")
+    axes[1].set_xlabel("operator-seconds (mean over seeds)")
+    axes[0].set_ylabel("student-only success (mean; bars = min..max)")
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    axes[1].legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -325,8 +329,9 @@ def _report(args, argv, task, seeds, target, specs, arms, out: Path, t0: float) 
               "spec": specs[0][1], "partial_arms": [f"{a['method']}_s{a['seed']}" for a in arms if a.get("partial")],
               "summary": summary, "arms": arms, "seconds": time.perf_counter() - t0}
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    plot(summary, out / "learning_curve.png", f"{task}: success vs human labels, {len(seeds)} seeds, "
-         f"{specs[0][1]['steps_per_label']:g} grad steps/label, {specs[0][1]['eval']['episodes']} eval episodes")
+    plot(summary, out / "learning_curve.png", f"{task}: success vs human labels and operator-seconds, "
+         f"{len(seeds)} seeds, {specs[0][1]['steps_per_label']:g} grad steps/label, "
+         f"{specs[0][1]['eval']['episodes']} eval episodes")
     print_table(summary, target)
     if "gated_over_bc_labels_at_target" in summary:
         print(f"gated / BC labels to reach {target:.0%} per seed: "
