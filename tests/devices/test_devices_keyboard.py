@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hg_dagger import config
-from hg_dagger.contract.command import ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
+from hg_dagger.contract.command import COMMAND_AXES, ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
 from hg_dagger.devices import (
     DEVICE_TYPES,
     Device,
@@ -27,6 +27,7 @@ from hg_dagger.errors import ConfigError
 pytestmark = [pytest.mark.subprocess]
 
 CONFIGS = Path(config.CONFIG_DIR) / "devices"
+GRIPPER_AXIS = COMMAND_AXES.index("gripper")
 
 
 def keyboard(**processing) -> Keyboard:
@@ -213,3 +214,20 @@ def test_devices_do_not_import_qt_or_the_control_loop():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_shipped_keyboard_opens_and_closes_the_gripper_all_the_way():
+    """Its motion keys drive at 60% of full speed, but the gripper toggle is an open/close command, not a speed:
+    scaled like the motion it closed the fingers at -0.6, and a person's corrections taught the student so."""
+    kb = make_device(str(CONFIGS / "keyboard.yaml"))
+    kb.connect()
+    kb.press("space")
+    kb.press("w")
+    for _ in range(10):  # past the motion's rate limit
+        cmd = kb.poll()
+    assert cmd.motion[0] == pytest.approx(0.6)
+    assert abs(cmd.motion[GRIPPER_AXIS]) == pytest.approx(1.0)
+    kb.press("g")
+    kb.release("g")
+    toggled = kb.poll()
+    assert toggled.motion[GRIPPER_AXIS] == pytest.approx(-cmd.motion[GRIPPER_AXIS])
