@@ -387,14 +387,6 @@ class Session(SessionControls, SessionEpisodes):
         self.gates.observe_autonomous(unc[armed & active])
         return g
 
-    def _steps_left(self) -> np.ndarray | None:
-        """Steps each row's episode has before it is cut: the session's step limit, else the task's horizon, at
-        which a stepped simulator ends the episode itself (None: neither)."""
-        if self.step_limit is not None:
-            return self.step_limit - self.acted
-        horizon = self.mapping.horizon
-        return horizon - self.ep_step if horizon else None
-
     def _handover(self, out, op: OperatorTick, g, estop, t_ns: int):
         policy = np.asarray(out.action, np.float32)
         tol = self.machine.cfg.auto_return.agree_tol

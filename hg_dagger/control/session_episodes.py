@@ -171,6 +171,14 @@ class SessionEpisodes:
         for r in begin:
             self._begin(r, seed=self.seed + self._started)
 
+    def _steps_left(self) -> np.ndarray | None:
+        """Steps each row's episode has before it is cut: the session's step limit, else the task's horizon, at
+        which a stepped simulator ends the episode itself (None: neither)."""
+        if self.step_limit is not None:
+            return self.step_limit - self.acted
+        horizon = self.mapping.horizon
+        return horizon - self.ep_step if horizon else None
+
     def _end_now(self, row: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None:
         """An operator-driven end between ticks: end the row's episode, then begin the next as the env would (a
         reset begins the next at once; other ends keep the pause between episodes)."""
