@@ -23,7 +23,8 @@ def record(name: str, value: float | None, *, unit: str = "", baseline: float | 
     target, or not decidable). The ratio value / baseline is computed by run_all."""
     _ROWS.append({"name": name, "value": None if value is None else float(value), "unit": unit,
                   "baseline": None if baseline is None else float(baseline), "baseline_name": baseline_name,
-                  "target": target, "met": met, "higher_is_better": higher_is_better})
+                  "target": target, "met": None if met is None else bool(met),  # numpy's bool is no JSON
+                  "higher_is_better": bool(higher_is_better)})
 
 
 def _flush() -> None:

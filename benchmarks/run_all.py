@@ -59,7 +59,10 @@ def run_one(name: str, quick: bool, timeout_s: float) -> dict:
             code, tail = proc.returncode, (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
         except subprocess.TimeoutExpired:
             code, tail = -1, [f"stopped after {timeout_s:.0f} s"]
-        rows = json.loads(path.read_text()) if path.exists() else []
+        try:
+            rows = json.loads(path.read_text()) if path.exists() else []
+        except ValueError as exc:  # a script that died while writing its figures: say so in its row
+            rows, code, tail = [], code or 1, [f"{script}: its figures file is not JSON ({exc})"]
     return {"benchmark": name, "script": script, "args": cmd[2:], "exit_code": code, "error": tail[0] if code else "",
             "seconds": round(time.time() - t0, 1), "load": round((load0 + os.getloadavg()[0]) / 2, 1),
             "date": _dt.date.today().isoformat(), "quick": quick, "figures": rows}
