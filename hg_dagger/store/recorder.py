@@ -202,7 +202,8 @@ class Recorder:
         steps = [ep.next_step for ep in eps]
         for ep in eps:
             ep.next_step += 1
-        if not self._room(min(ep.capacity for ep in eps)):
+        capacity = min(ep.capacity for ep in eps)
+        if not self._room(capacity):
             for ep in eps:
                 ep.dropped += 1
             self.stats.dropped_steps += len(eps)
@@ -210,7 +211,7 @@ class Recorder:
         self._q.append(_Rows(eps, steps, dict(columns)))
         self._steps_in += len(eps)
         self.stats.queued_steps += len(eps)
-        self._wake_if_filling(min(ep.capacity for ep in eps))
+        self._wake_if_filling(capacity)
         return True
 
     def _wake_if_filling(self, capacity: int) -> None:
