@@ -36,6 +36,10 @@ class GateOutput:
 
 
 
+_NO_ROWS = np.zeros(0, np.int64)
+_NO_ROWS.flags.writeable = False
+
+
 def _steps(seconds: float, step_dt: float) -> int:
     return int(np.ceil(seconds / step_dt - 1e-9)) if seconds > 0 and step_dt > 0 else 0
 
@@ -82,6 +86,7 @@ class GateEngine:
         self.trig_clear = self.trig * (1 - hyst)
         self.warn_clear = self.warn_t * (1 - hyst)
         self.debounce = np.array([x.spec.debounce_ticks for x in g], np.int32)[:, None]
+        self._quiet_below = np.minimum.reduce([self.trig, self.warn_t, self.trig_clear, self.warn_clear])
 
     # ---- configuration in force ----------------------------------------------------------
 
@@ -202,6 +207,12 @@ class GateEngine:
         for i, g in enumerate(self.gates):
             self._scores[i] = g.score(inp, armed)
         s = self._scores
+        if not self.level.any() and (s < self._quiet_below).all():
+            # nothing warns and nothing did (a row's level is the max of its gates' levels): every level stays
+            # OK, and no rise is pending; the common tick of a policy on course costs two comparisons
+            if self.pending.any():
+                self.pending[:] = 0
+            return GateOutput(self.level.copy(), _NO_ROWS, _NO_ROWS, [])
         up = np.where(s >= self.trig, TRIGGER, np.where(s >= self.warn_t, WARN, OK)).astype(np.uint8)
         hold = np.where(s >= self.trig_clear, TRIGGER, np.where(s >= self.warn_clear, WARN, OK)).astype(np.uint8)
         quiet = np.asarray(inp.step, np.int64) < self.grace_until
