@@ -93,6 +93,8 @@ def arm_spec(task: str, seed: int, **over) -> dict:
             spec["eval"]["episodes"] = v
         elif k in ("target_rate", "gates"):
             spec["gated"][k] = v
+        elif k == "gated_episodes":
+            spec["gated"]["episodes_per_round"] = v
         else:
             spec[k] = v
     return spec
@@ -253,6 +255,9 @@ def main(argv=None) -> int:
                         "gated_human (gated, answered in real time by the human operator model at the keyboard)")
     p.add_argument("--rounds", type=int)
     p.add_argument("--episodes-per-round", type=int)
+    p.add_argument("--gated-episodes", type=int,
+                   help="gated: student episodes watched per round (default: --episodes-per-round); labels, "
+                        "operator-seconds and context switches count what they cost")
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
     p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
     p.add_argument("--eval-episodes", type=int)
@@ -280,7 +285,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
-            "target_rate": args.target_rate, "gates": args.gates}
+            "target_rate": args.target_rate, "gates": args.gates, "gated_episodes": args.gated_episodes}
     def pairs(items: list[str], flag: str) -> dict:
         out = {}
         for item in items:

@@ -179,6 +179,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                            collect_success=float(np.mean(stats.successes)) if stats.successes else None)
             else:
                 g = spec["gated"]
+                watched = int(g.get("episodes_per_round") or spec["episodes_per_round"])
                 gate_cfg = _gate_config(task, g.get("target_rate"), g.get("gates", ""))
                 risk_states = None
                 if method == "gated_risk":  # the novelty gate plus a risk gate fit on this arm's outcomes so far
@@ -196,7 +197,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 if method == "gated_human":
                     summary, cal, row["human_model"] = _human_paced_round(
                         cfg, rec, str(store.url), trainer.student, expert, mapping, seed + r, g["calibrate_steps"],
-                        int(spec["episodes_per_round"]), seed=seed * 1000 + r)
+                        watched, seed=seed * 1000 + r)
                 else:
                     with make_env(task, num_envs=g["num_envs"], seed=seed + r) as env:
                         session = build_session(cfg, rec, trainer.student, env=env, expert=expert)
@@ -206,7 +207,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                                 gate = next(x for x in session.gates.gates if x.name == "risk")
                                 row["risk"]["calibration"] = session.gates.calibrate_gate(
                                     "risk", gate.model.predict(risk_states))
-                            summary = session.run(int(spec["episodes_per_round"]), progress=False)
+                            summary = session.run(watched, progress=False)
                         finally:
                             rec.close()
                 infos = _new_episodes(store, summary.episode_ids)

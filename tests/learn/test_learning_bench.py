@@ -28,7 +28,8 @@ def bench():
 def result(bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_learning")
     rc = bench.main(["--quick", "--seeds", "1", "--rounds", "2", "--warm-episodes", "2", "--episodes-per-round", "2",
-                     "--eval-episodes", "4", "--steps-per-label", "0.2", "--jobs", "1", "--out", str(out)])
+                     "--eval-episodes", "4", "--steps-per-label", "0.2", "--gated-episodes", "3", "--jobs", "1",
+                     "--out", str(out)])
     assert rc == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -53,6 +54,13 @@ def test_same_round_zero_and_same_steps_per_label(result):
     for arm in res["arms"]:
         for r in arm["rounds"]:
             assert r["grad_steps"] == round(0.2 * r["labels"])
+
+
+def test_the_gated_arm_watches_its_own_number_of_episodes_per_round(result):
+    _, res = result
+    after_round_0 = {a["method"]: a["rounds"][1]["episodes"] for a in res["arms"]}
+    assert after_round_0 == {"bc": 2, "dagger": 2, "gated": 3}
+    assert res["spec"]["gated"]["episodes_per_round"] == 3
 
 
 def test_effort_is_counted_three_ways(result):
@@ -84,9 +92,9 @@ def test_gated_rounds_report_gate_recall_from_their_store(result):
     assert "gates" not in arm["rounds"][0]  # round 0 is demonstrations: no gate ran
     store = EpisodeStore.open(str(out / "gated_s0" / "store"), mode="r")
     gated = [i for i in store.episodes() if i.start.policy_version == arm["rounds"][0]["policy_version"]]
-    assert len(gated) == fig["episodes"] == 2
+    assert len(gated) == fig["episodes"] == 3
     assert recall_figures(gated) == fig
-    assert fig["caught"] <= fig["failed"] <= 2 and fig["requests_before_failure"] <= fig["requests"]
+    assert fig["caught"] <= fig["failed"] <= 3 and fig["requests_before_failure"] <= fig["requests"]
     assert fig["gate_miss"] == (fig["failed"] > 0 and fig["requests"] == 0)
     assert len(fig["missed_episodes"]) == fig["failed"] - fig["caught"]
     s = res["summary"]["gated"]
