@@ -4,13 +4,15 @@ gates (the engine)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from hg_dagger import config as config_io
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.gate_thresholds import Calibration
 from hg_dagger.control.limits import ActionLimits
+from hg_dagger.errors import ConfigError
 
 
 class _GateBase(StrictModel):
@@ -137,6 +139,13 @@ class GateConfig(StrictModel):
     grace_after_handback_s: float = Field(default=0.0, ge=0.0, description="the same after control came back "
                                           "to the policy (hand-back, or a declined or expired request)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _extends(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "extends" in data:
+            return with_base(data)
+        return data
+
     @model_validator(mode="after")
     def _unique(self) -> GateConfig:
         seen = set()
@@ -147,3 +156,33 @@ class GateConfig(StrictModel):
                 raise ValueError(f"two gates are named {g.name!r}; give each a unique name")
             seen.add(g.name)
         return self
+
+
+def _gate_name(g: Any) -> Any:
+    return (g.get("name") or g.get("type")) if isinstance(g, dict) else None
+
+
+def with_base(data: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A gate config that says ``extends: <name in configs/gates, or a path>`` is its base with its own keys on top:
+    its ``gates`` replace the base's gates of the same name in place and add the others after them, so a variant
+    lists only what it changes and a change to the base reaches every variant."""
+    ref = data["extends"]
+    if not isinstance(ref, str) or not ref:
+        raise ValueError(f"extends: give the name or path of a gate config, got {ref!r}")
+    try:
+        path = config_io.named_config("gates", ref, what="gate")
+        base = config_io.read_yaml(path)
+    except ConfigError as exc:
+        raise ValueError(f"extends: {exc}") from None
+    if str(path) in seen:
+        raise ValueError(f"extends: {' -> '.join([*seen, str(path)])} is a cycle")
+    base.pop("kind", None)
+    if "extends" in base:
+        base = with_base(base, (*seen, str(path)))
+    own = list(data.get("gates") or [])
+    by_name = {_gate_name(g): g for g in own}
+    gates = [by_name.pop(_gate_name(g), g) for g in base.get("gates") or []]
+    gates += [g for g in own if _gate_name(g) in by_name]
+    merged = {**base, **{k: v for k, v in data.items() if k not in ("extends", "gates")}}
+    merged["gates"] = gates
+    return merged

@@ -21,6 +21,7 @@ from hg_dagger.control.gate_specs import (
 from hg_dagger.control.gate_thresholds import Calibration, calibrate_threshold
 from hg_dagger.control.gates import OK, TRIGGER, WARN, GateEngine
 from hg_dagger.control.limits import ActionLimits, StateBox
+from hg_dagger.control.run_config import load_gate_config
 from hg_dagger.errors import ConfigError
 
 A = 2
@@ -263,6 +264,37 @@ def test_bad_gate_config_names_file_and_key(tmp_path):
         config.check(p)
     msg = str(exc.value)
     assert str(p) in msg and "gates.0" in msg and "gates.1" in msg
+
+
+def test_a_gate_config_that_extends_another_lists_only_what_it_changes(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("kind: gates\nname: base\ngrace_after_reset_s: 1.0\ngates:\n"
+                    "  - {type: confidence, trigger: 0.5}\n  - {type: progress_stall, trigger: 3.0}\n"
+                    "  - {type: signal, name: drop, signal: object_dropped, trigger: 0.5}\n")
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"kind: gates\nextends: {base}\nname: variant\ngates:\n"
+                       "  - {type: progress_stall, trigger: 1.2}\n  - {type: progress_eta, goal: -0.06, trigger: 1.0}\n")
+    cfg = config.check(variant)
+    assert cfg.name == "variant" and cfg.grace_after_reset_s == 1.0  # the base's keys, its own on top
+    # a gate of the base's name is replaced where it stood; a new one comes after the base's
+    assert [g.name for g in cfg.gates] == ["confidence", "progress_stall", "drop", "progress_eta"]
+    assert cfg.gates[1].trigger == 1.2
+
+    shipped = load_gate_config("fetch_pick_place", "fetch_pick_place")
+    eta = load_gate_config("fetch_pick_place_eta", "fetch_pick_place")
+    assert eta.gates[:-1] == shipped.gates and eta.gates[-1].type == "progress_eta"
+
+
+def test_a_gate_config_whose_base_is_missing_or_a_cycle_is_named(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("kind: gates\nextends: no_such_gates\n")
+    with pytest.raises(ConfigError) as exc:
+        config.check(a)
+    assert str(a) in str(exc.value) and "no_such_gates" in str(exc.value) and "fetch_pick_place" in str(exc.value)
+    a.write_text(f"kind: gates\nextends: {b}\n")
+    b.write_text(f"kind: gates\nextends: {a}\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        config.check(a)
 
 
 def test_duplicate_gate_names_refused():
