@@ -95,6 +95,8 @@ def arm_spec(task: str, seed: int, **over) -> dict:
             spec["gated"][k] = v
         elif k == "gated_episodes":
             spec["gated"]["episodes_per_round"] = v
+        elif k == "gated_windows":
+            spec["gated"]["windows_per_round"] = v
         else:
             spec[k] = v
     return spec
@@ -258,6 +260,10 @@ def main(argv=None) -> int:
     p.add_argument("--gated-episodes", type=int,
                    help="gated: student episodes watched per round (default: --episodes-per-round); labels, "
                         "operator-seconds and context switches count what they cost")
+    p.add_argument("--gated-windows", type=int,
+                   help="gated: stop watching a round once it holds this many correction windows (whole batches of "
+                        "episodes, at most --gated-episodes): few episodes while the student fails often, many "
+                        "once failures are rare")
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
     p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
     p.add_argument("--eval-episodes", type=int)
@@ -285,7 +291,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
-            "target_rate": args.target_rate, "gates": args.gates, "gated_episodes": args.gated_episodes}
+            "target_rate": args.target_rate, "gates": args.gates, "gated_episodes": args.gated_episodes,
+            "gated_windows": args.gated_windows}
     def pairs(items: list[str], flag: str) -> dict:
         out = {}
         for item in items:

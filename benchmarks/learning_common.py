@@ -101,6 +101,20 @@ def _new_episodes(store, ids: list[str]) -> list:
     return [infos[e] for e in ids]
 
 
+def _watch(session, episodes: int, windows: int | None, batch: int):
+    """A gated round's student episodes: ``episodes`` of them, or with ``windows`` whole batches until the round
+    holds that many correction windows (at most ``episodes``). The session's summary counts every batch."""
+    if not windows:
+        return session.run(episodes, progress=False)
+    done = 0
+    while True:
+        k = min(batch, episodes - done)
+        summary = session.run(k, progress=False)
+        done += k
+        if done >= episodes or summary.windows >= windows:
+            return summary
+
+
 def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> dict[str, Any]:
     """One learning curve: ``method`` in bc | dagger | gated, ``spec`` as built by bench_learning.arm_spec.
 
@@ -207,7 +221,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                                 gate = next(x for x in session.gates.gates if x.name == "risk")
                                 row["risk"]["calibration"] = session.gates.calibrate_gate(
                                     "risk", gate.model.predict(risk_states))
-                            summary = session.run(watched, progress=False)
+                            summary = _watch(session, watched, g.get("windows_per_round"), g["num_envs"])
                         finally:
                             rec.close()
                 infos = _new_episodes(store, summary.episode_ids)

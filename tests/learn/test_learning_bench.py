@@ -132,3 +132,17 @@ def test_a_human_paced_arm_is_answered_in_real_time_by_the_operator_model(bench,
     people = [w for w in list_windows(tmp_path / "human" / "store") if w.source == "human"]  # round 0: the planner's
     assert people and all(w.operator == "human-model" and not w.certified for w in people)
     assert gated["new_labels"] > 0  # the windows' steps reached the replay without a review
+
+
+def test_a_gated_round_stops_watching_once_it_holds_its_windows(bench, tmp_path):
+    """--gated-windows: whole batches of episodes until the round holds that many correction windows, at most
+    --gated-episodes; an untrained student is corrected in its first batch, so the round stops there."""
+    from learning_common import run_arm
+
+    spec = bench.arm_spec("toy_reach", 0, rounds=2, warm_episodes=2, eval_episodes=4, steps_per_label=0.2,
+                          gated_episodes=6, gated_windows=1)
+    spec["gated"]["num_envs"] = 2
+    arm = run_arm("gated", spec, tmp_path / "gated", log=lambda *_: None)
+    gated = arm["rounds"][1]
+    assert gated["windows"] >= 1
+    assert gated["episodes"] == 2  # one batch of the two envs, not the six allowed
