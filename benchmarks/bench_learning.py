@@ -261,9 +261,9 @@ def main(argv=None) -> int:
                    help="gated: student episodes watched per round (default: --episodes-per-round); labels, "
                         "operator-seconds and context switches count what they cost")
     p.add_argument("--gated-windows", type=int,
-                   help="gated: stop watching a round once it holds this many correction windows (whole batches of "
-                        "episodes, at most --gated-episodes): few episodes while the student fails often, many "
-                        "once failures are rare")
+                   help="gated, gated_risk: stop watching a round once it holds this many correction windows (whole "
+                        "batches of episodes, at most --gated-episodes): few episodes while the student fails often, "
+                        "many once failures are rare")
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
     p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
     p.add_argument("--eval-episodes", type=int)

@@ -209,7 +209,7 @@ class GateEngine:
         s = self._scores
         if not self.level.any() and (s < self._quiet_below).all():
             # nothing warns and nothing did (a row's level is the max of its gates' levels): every level stays
-            # OK, and no rise is pending; the common tick of a policy on course costs two comparisons
+            # OK, and no rise is pending; the common tick of a policy on course costs three array checks
             if self.pending.any():
                 self.pending[:] = 0
             return GateOutput(self.level.copy(), _NO_ROWS, _NO_ROWS, [])
