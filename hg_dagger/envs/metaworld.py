@@ -6,7 +6,8 @@ Meta-World ignores reset(seed); each row is seeded through its own random stream
 upside down; ``backend_options.camera_flip: rot180`` turns them right side up.
 Observation: "observation" (36: hand xyz, gripper opening, object poses, the previous frame's 18) and
 "desired_goal" (3); flattened in that order they are Meta-World's own 39-d vector.
-Signals: progress (-object/hand distance to the target), contact_force (N, the gripper pads' and
+Signals: progress (-object/hand distance to the target), task_progress (progress less the hand's distance to
+the object, so the reach counts as progress too; a reach task has no object: its progress), contact_force (N, the gripper pads' and
 claws' contacts with the world), object_dropped (grasped and lifted, then fell back without the grasp).
 """
 
@@ -59,6 +60,8 @@ class MetaWorldVecEnv(MujocoRowsEnv):
         self._hand_geoms = geom_mask(m, hand)
         self._robot_geoms = self._hand_geoms | np.isin(m.geom_bodyid, arm)
         self._rest_z = np.zeros(self.num_envs)
+        # reach tasks measure the hand itself to the target: no object to approach first
+        self._hand_is_the_object = str(self.options.get("env_name", "")).startswith("reach")
         self._lifted = np.zeros(self.num_envs, bool)
 
     def _reset_row(self, i: int, seed: int | None) -> Any:
@@ -90,7 +93,7 @@ class MetaWorldVecEnv(MujocoRowsEnv):
         return np.clip(raw, space.low, space.high)  # as Meta-World's step clips it
 
     def _signal_names(self) -> tuple[str, ...]:
-        return ("progress", "contact_force", "object_dropped")
+        return ("progress", "task_progress", "contact_force", "object_dropped")
 
     def _reset_signals(self, rows: np.ndarray) -> None:
         self._lifted[rows] = False
@@ -98,6 +101,8 @@ class MetaWorldVecEnv(MujocoRowsEnv):
     def _signals(self, i: int, raw: Any, info: dict, out: dict[str, np.ndarray]) -> None:
         env = self.envs[i]
         out["progress"][i] = -float(info["obj_to_target"])
+        reach = 0.0 if self._hand_is_the_object else float(np.linalg.norm(raw[0:3] - raw[4:7]))  # hand -> object
+        out["task_progress"][i] = out["progress"][i] - reach
         out["contact_force"][i] = contact_force(env.model, env.data, self._hand_geoms, exclude=self._robot_geoms)
         obj_z = float(raw[6])
         if obj_z > self._rest_z[i] + LIFTED and info["grasp_success"]:

@@ -102,3 +102,26 @@ def test_lift_then_release_signals_one_drop():
     for _ in range(40):
         dropped.append(bool(env.step(open_gripper).info["signals"]["object_dropped"][0]))
     assert sum(dropped) == 1
+
+
+def test_task_progress_counts_the_reach_for_the_puck():
+    """The stall gate's signal on Meta-World: while the hand approaches the puck, ``progress`` (the puck to the
+    target) stays flat and ``task_progress`` rises; on a reach task the hand is what moves, so the two agree."""
+    env = make_env("mw_push", num_envs=1, seed=2)
+    obs, _ = env.reset(seed=2)
+    progress, task = [], []
+    for _ in range(25):
+        o = obs["observation"][0]
+        move = np.clip((o[4:7] + [0.0, 0.0, 0.06] - o[0:3]) * 20.0, -1.0, 1.0)  # above the puck, not touching it
+        res = env.step(np.array([[*move, -1.0]], np.float32))
+        obs = res.obs
+        progress.append(float(res.info["signals"]["progress"][0]))
+        task.append(float(res.info["signals"]["task_progress"][0]))
+    o = obs["observation"][0]
+    assert task[-1] == pytest.approx(progress[-1] - np.linalg.norm(o[0:3] - o[4:7]), abs=1e-5)
+    assert max(progress) - min(progress) < 0.002  # the puck did not move
+    assert task[-1] - task[0] > 0.05  # the reach showed as progress
+    reach = make_env("mw_reach", num_envs=1, seed=0)
+    reach.reset(seed=0)
+    res = reach.step(np.zeros((1, 4), np.float32))
+    assert res.info["signals"]["task_progress"][0] == res.info["signals"]["progress"][0]
