@@ -51,6 +51,13 @@ class OperatorTick:
                    ret=np.zeros(n, bool), action=np.full((n, action_dim), np.nan, np.float32),
                    expert_action=np.full((n, action_dim), np.nan, np.float32), expert_valid=np.zeros(n, bool))
 
+    def read_only(self) -> OperatorTick:
+        """The same answer with its arrays write-protected, so one can be handed out tick after tick."""
+        for v in self.__dict__.values():
+            if isinstance(v, np.ndarray):
+                v.flags.writeable = False
+        return self
+
 
 class Operator:
     """Base of every operator. Subclasses set the class attributes and implement ``poll``."""
@@ -226,6 +233,7 @@ class SyntheticOperators(Operator):
         self._prev_engaged = np.zeros(num_envs, bool)
         self._last_raw = np.full((num_envs, COMMAND_DIM), np.nan, np.float32)  # for the operator's panel
         self._last_ret = np.zeros(num_envs, bool)
+        self._idle: OperatorTick | None = None
 
     def poll(self, obs, state, active) -> OperatorTick:
         # the planner is asked wherever a person would be looking (it keeps its own phase per row), and what it
@@ -257,9 +265,14 @@ class SyntheticOperators(Operator):
         return tick
 
     def poll_idle(self) -> OperatorTick:
-        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
-        tick.device_ok[:] = self.rows.connected
-        return tick
+        """Nobody asked and nobody corrects (the common tick): one read-only answer, made again when a device's
+        connection changes."""
+        idle = self._idle
+        if idle is None or not np.array_equal(idle.device_ok, self.rows.connected):
+            idle = OperatorTick.empty(self.n, self.mapping.action_dim)
+            idle.device_ok[:] = self.rows.connected
+            self._idle = idle = idle.read_only()
+        return idle
 
     def begin(self, row, obs_row) -> None:
         self.expert.reset([row], obs_row, {})

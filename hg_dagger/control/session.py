@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -359,9 +359,9 @@ class Session(SessionControls, SessionEpisodes):
     def _poll_operators(self, active, state_before, t_ns: int) -> OperatorTick:
         """The operator's answer, the app's buttons, and the e-stops from a device button or the env."""
         op = self.operator.poll(self.obs, state_before, active)
-        if self._pressed:
-            op.takeover |= "takeover" in self._pressed
-            op.ret |= "return" in self._pressed
+        if self._pressed:  # the operator's answer may be read-only (an idle one, shared between ticks)
+            op = replace(op, takeover=op.takeover | ("takeover" in self._pressed),
+                         ret=op.ret | ("return" in self._pressed))
             self._pressed.clear()
         if op.estop_by:
             self.safety.request_estop(op.estop_by, "device e-stop button")
@@ -510,10 +510,12 @@ class Session(SessionControls, SessionEpisodes):
             reasons[r] = self.gates.trip[r].get("reason", "")
         t_request = np.full(n, NO_TIME, np.int64)
         t_handover = np.full(n, NO_TIME, np.int64)
-        for r, w in enumerate(self.machine.open):
-            if w is not None:
-                t_request[r] = w.t_gate
-                t_handover[r] = w.t_handover
+        windows = self.machine.open
+        if windows.count(None) < n:  # some row is under correction or asked for it
+            for r, w in enumerate(windows):
+                if w is not None:
+                    t_request[r] = w.t_gate
+                    t_handover[r] = w.t_handover
         progress = self.signals.get("progress")
         self.last = TickView(
             step=step, t_obs=self.t_obs, t_policy=np.full(n, t_policy, np.int64),
