@@ -267,3 +267,25 @@ def test_student_swap_and_modes_take_effect_at_the_next_episode(tmp_path, studen
     assert (w.handover_start, w.handover_end) == (0, 5)
     np.testing.assert_allclose(d["applied_action"][0], [0.0, -1.0])  # the person's command from the first step
     assert expert.start.gate_config["operator"]["kind"] == "expert"
+
+
+def test_a_button_press_reaches_a_synthetic_operator_that_is_idle(tmp_path, student):
+    """Between requests the synthetic operators hand out one read-only answer, tick after tick; the app's take-over
+    button still reaches the session through it, and leaves it unchanged for the next tick."""
+    s, rec = _rig(tmp_path, student, gates=OPERATOR_ONLY, **{"operator.reaction_delay_steps": 50})
+    s.start(1)
+    s.tick()
+    idle = s.operator.poll_idle()
+    assert idle is s.operator.poll_idle() and not idle.takeover.flags.writeable
+    with pytest.raises(ValueError):
+        idle.takeover[0] = True
+    s.press("takeover")
+    s.tick()
+    assert s.machine.state[0] == ControlState.HANDOVER_REQUESTED.code
+    assert not idle.takeover.any() and not idle.ret.any()  # the shared answer was copied, not written
+    s.operator.disconnect(0)
+    assert s.operator.poll_idle() is not idle and not s.operator.poll_idle().device_ok[0]  # a new answer
+    s.close_all("done")
+    store = _finish(tmp_path, rec)
+    (info,) = store.episodes()
+    assert [e.reason for e in info.end.events if e.kind == EventKind.GATE_TRIGGER] == ["operator"]
