@@ -189,24 +189,19 @@ class Recorder:
         full (returns False), as k put() calls would be."""
         if self._fatal is not None:
             self._check_alive()
-        get = self._episodes.get
         eps: list[_Episode] = []
         steps: list[int] = []
-        key: tuple[Any, ...] | None = None
         capacity = self.queue_steps
         for eid in eids:  # one pass over the rows (64 envs: this runs every tick); nothing changes before it ends
-            ep = get(eid)
+            ep = self._episodes.get(eid)
             if ep is None or ep.ended or ep.error is not None:
                 self._raise_for(eid, ep)
-            if key is None:
-                key = ep.key
-            elif ep.key is not key and ep.key != key:
+            if eps and ep.key is not eps[0].key and ep.key != eps[0].key:
                 raise ContractError(f"episode {ep.eid}: put_rows needs episodes begun with the same fields as "
                                     f"episode {eps[0].eid}")
             eps.append(ep)
             steps.append(ep.next_step)
-            if ep.capacity < capacity:
-                capacity = ep.capacity
+            capacity = min(capacity, ep.capacity)
         if not eps:
             return True
         for ep in eps:
