@@ -282,6 +282,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     task = args.task or ("toy_reach" if args.quick else "fetch_pick_place")
     seeds = list(range(int(args.seeds))) if "," not in args.seeds else [int(s) for s in args.seeds.split(",") if s]
+    if not seeds:
+        p.error(f"--seeds {args.seeds}: no seeds to run (a count of seeds, or seeds separated by commas: 0,1,2 or 5,)")
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]
     if bad:

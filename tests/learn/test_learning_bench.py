@@ -146,3 +146,11 @@ def test_a_gated_round_stops_watching_once_it_holds_its_windows(bench, tmp_path)
     gated = arm["rounds"][1]
     assert gated["windows"] >= 1
     assert gated["episodes"] == 2  # one batch of the two envs, not the six allowed
+
+
+def test_no_seeds_to_run_is_a_usage_error_that_says_how_to_name_one(bench, capsys):
+    """``--seeds 0`` is a count of none; one seed is written ``0,``. Nothing runs, and no traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--quick", "--seeds", "0", "--methods", "gated"])
+    assert exit_.value.code == 2
+    assert "--seeds 0: no seeds to run" in capsys.readouterr().err
