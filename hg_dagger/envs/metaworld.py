@@ -7,8 +7,9 @@ upside down; ``backend_options.camera_flip: rot180`` turns them right side up.
 Observation: "observation" (36: hand xyz, gripper opening, object poses, the previous frame's 18) and
 "desired_goal" (3); flattened in that order they are Meta-World's own 39-d vector.
 Signals: progress (-object/hand distance to the target), task_progress (progress less the hand's distance to
-the object, so the reach counts as progress too; a reach task has no object: its progress), contact_force (N, the gripper pads' and
-claws' contacts with the world), object_dropped (grasped and lifted, then fell back without the grasp).
+the object, so the reach counts as progress too; a reach task has no object: its progress), contact_force (N,
+the gripper pads' and claws' contacts with the world), object_dropped (grasped and lifted, then fell back
+without the grasp).
 """
 
 from __future__ import annotations

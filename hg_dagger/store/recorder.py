@@ -187,15 +187,11 @@ class Recorder:
         """Hand over the next step of each episode in ``eids`` (distinct, begun with the same fields): row i of every
         (k, ...) column belongs to eids[i]; a field left out is its fill value. Dropped as a whole when the queue is
         full (returns False), as k put() calls would be."""
-        if self._fatal is not None:
-            self._check_alive()
         eps: list[_Episode] = []
         steps: list[int] = []
         capacity = self.queue_steps
         for eid in eids:  # one pass over the rows (64 envs: this runs every tick); nothing changes before it ends
-            ep = self._episodes.get(eid)
-            if ep is None or ep.ended or ep.error is not None:
-                self._raise_for(eid, ep)
+            ep = self._open(eid)
             if eps and ep.key is not eps[0].key and ep.key != eps[0].key:
                 raise ContractError(f"episode {ep.eid}: put_rows needs episodes begun with the same fields as "
                                     f"episode {eps[0].eid}")
