@@ -67,10 +67,11 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     qtbot.addWidget(op.window)
     win = op.window
     wait_snap(qtbot, op, lambda s: s.phase == "idle" and s.seq > 2)
-    assert win.controls.start.isEnabled()
+    # the window draws the newest snapshot on its own timer: wait for it to show what the loop published
+    qtbot.waitUntil(win.controls.start.isEnabled, timeout=WAIT_MS)
     qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
     wait_snap(qtbot, op, lambda s: s.phase == "running" and s.episode_step >= 5)
-    assert win.view.isVisible()
+    qtbot.waitUntil(win.view.isVisible, timeout=WAIT_MS)
 
     qtbot.keyPress(win, Qt.Key.Key_Space)  # hold to intervene: grabbing the device is a takeover
     qtbot.keyPress(win, Qt.Key.Key_W)
