@@ -5,7 +5,7 @@ the same run.
    GateEngine.update + HandoverMachine.update/smooth + SafetyMonitor.apply, p50/p99 in microseconds,
    at num_envs 1 and 64, with every env autonomous and with a quarter of them in a correction.
 2. A whole tick on toy_reach: bare (student.act + env.step) vs Session.tick (gates, handover, operator,
-   safety, recorder.put into a real store), p50/p99 in microseconds.
+   safety, recorder.put into a real store), p50/p99 in microseconds, measured in alternating blocks.
 3. Device poll-to-applied latency (t_action_apply - t_device) with the keyboard device held down.
 
     python benchmarks/bench_gates.py [--ticks 2000] [--quick]
@@ -89,43 +89,50 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float, float]:
     return (*pct(times), pct(cpu)[0])
 
 
-def whole_tick(n: int, ticks: int, quiet: bool = False):
+def whole_tick(n: int, ticks: int, quiet: bool = False, block: int = 50):
+    """Bare ticks (student.act + env.step on an env of its own) and session ticks, in alternating blocks of
+    ``block`` ticks: both see the same moments of a noisy machine, so their ratio does not drift with it."""
     from hg_dagger.control.loop_health import steady_collector
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student, one_inference_thread
     from hg_dagger.store import EpisodeStore
 
     one_inference_thread()  # as `hg-dagger run` and the app's control process run the student (bare loop too)
+    bare_env = make_env("toy_reach", num_envs=n, seed=0)
     env = make_env("toy_reach", num_envs=n, seed=0)
     student = Student.create(env.mapping, seed=0)
-    steady_collector()  # the app's control process settles so once its session is built (bare loop too)
-    # bare: the student and the env, nothing else
-    obs, _ = env.reset(seed=0)
-    bare = []
-    for t in range(ticks + 50):
+    obs, _ = bare_env.reset(seed=0)
+    alone = []  # the bare loop before any session exists: the session's background writer cannot touch it
+    for t in range(ticks // 2 + 20):
         t0 = time.perf_counter_ns()
-        out = student.act(obs)
-        obs = env.step(out.action).obs
-        if t >= 50:
-            bare.append(time.perf_counter_ns() - t0)
-    # gated: the session tick with gates, handover, synthetic operator, safety and recorder.put
+        obs = bare_env.step(student.act(obs).action).obs
+        if t >= 20:
+            alone.append(time.perf_counter_ns() - t0)
+    bare, gated = [], []
     with tempfile.TemporaryDirectory() as tmp:
         rec = EpisodeStore.create(f"{tmp}/store").recorder()
         over = {"gates": GateConfig(name="operator_only", gates=[OperatorGate()])} if quiet else {}
         cfg = load_run_config(None, "toy_reach", num_envs=n, **over)
         s = build_session(cfg, rec, student, env=env)
         s.start(10**9)
-        steady_collector()
-        gated = []
-        for t in range(ticks + 50):
-            t0 = time.perf_counter_ns()
-            s.tick()
-            if t >= 50:
-                gated.append(time.perf_counter_ns() - t0)
+        steady_collector()  # the app's control process settles so once its session is built (bare loop too)
+        for b in range(-1, -(-ticks // block)):  # block -1 warms both up
+            for _ in range(block):  # bare: the student and the env, nothing else
+                t0 = time.perf_counter_ns()
+                out = student.act(obs)
+                obs = bare_env.step(out.action).obs
+                if b >= 0:
+                    bare.append(time.perf_counter_ns() - t0)
+            for _ in range(block):  # the session tick: gates, handover, operator, safety, recorder.put
+                t0 = time.perf_counter_ns()
+                s.tick()
+                if b >= 0:
+                    gated.append(time.perf_counter_ns() - t0)
         s.estop("benchmark", "end of measurement")  # ends the open episodes cleanly
         s.tick()
         rec.close()
-    return pct(bare), pct(gated)
+    bare_env.close()
+    return pct(bare), pct(gated), pct(alone)[0]
 
 
 def poll_to_applied(ticks: int):
@@ -286,12 +293,12 @@ def main() -> None:
     print(f"\nwhole tick on toy_reach, {ticks // 2} ticks (student 5x256x256 MLP ensemble), microseconds")
     print("bare = student.act + env.step; session = Session.tick with recorder.put into a real store")
     print(f"{'num_envs':>8} {'session gates':>24} {'bare p50':>9} {'bare p99':>9} {'sess p50':>9} {'sess p99':>9} "
-          f"{'ratio p50':>9}")
+          f"{'ratio p50':>9} {'bare alone p50':>14}")
     for n in (1, 64):
         for quiet in (True, False):
-            (b50, b99), (g50, g99) = whole_tick(n, ticks // 2, quiet)
+            (b50, b99), (g50, g99), alone = whole_tick(n, ticks // 2, quiet)
             label = "operator only (no handover)" if quiet else "toy_reach (synthetic op.)"
-            print(f"{n:>8} {label:>24} {b50:9.0f} {b99:9.0f} {g50:9.0f} {g99:9.0f} {g50 / b50:9.2f}")
+            print(f"{n:>8} {label:>24} {b50:9.0f} {b99:9.0f} {g50:9.0f} {g99:9.0f} {g50 / b50:9.2f} {alone:14.0f}")
             record(f"session tick toy_reach x{n}, {label}: p50", g50, unit="us", baseline=b50,
                    baseline_name="student.act + env.step", higher_is_better=False)
     (l50, l99), k = poll_to_applied(ticks // 4)

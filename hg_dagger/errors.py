@@ -19,3 +19,10 @@ class StoreError(HgDaggerError):
 
 class EnvError(HgDaggerError):
     """An environment, task or mapping is unknown or misused (e.g. a malformed action)."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why an I/O call failed, in one line: the OS's words and the file, else the exception's type and text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"

@@ -14,6 +14,13 @@ now_ns = time.monotonic_ns
 NO_TIME = -1  # sentinel for "did not happen" in int64 time arrays
 
 
+def wall_stamp() -> str:
+    """UTC wall-clock time to the second, for records people read (created_wall, generated); never for ordering."""
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
 @dataclass(frozen=True)
 class ClockMapping:
     """Maps a remote monotonic clock onto ours: local = remote + offset_ns, +/- error_ns.

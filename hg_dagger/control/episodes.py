@@ -63,12 +63,23 @@ class EpisodeWriter:
         self.robot = robot  # EpisodeStart.versions.robot: the env's VecEnv.robot
         self.fields = step_fields(mapping.obs_spec(), mapping.action_dim)
         self._meta = mapping.as_metadata()
-        self.eids: list[str | None] = [None] * num_envs
+        self.eids: list[str | None] = [None] * num_envs  # change only through begin / end / vacate
         self.steps = np.zeros(num_envs, np.int64)  # steps recorded in each row's open episode
+        self._active = np.zeros(num_envs, bool)
+        self._all_eids: list[str | None] | None = None  # every row's episode, for the common tick's put_rows
 
     def active(self) -> np.ndarray:
-        """bool [N]: rows with an open episode."""
-        return np.array([e is not None for e in self.eids])
+        """bool [N]: rows with an open episode (a copy the caller may keep)."""
+        return self._active.copy()
+
+    def vacate(self, row: int) -> None:
+        """Leave ``row`` without an episode (none begins there)."""
+        self._set(row, None)
+
+    def _set(self, row: int, eid: str | None) -> None:
+        self.eids[row] = eid
+        self._active[row] = eid is not None
+        self._all_eids = None
 
     def begin(self, row: int, *, mode: CollectionMode, policy_version: str, seed: int | None = None,
               scene: str = "", **start: Any) -> str:
@@ -83,20 +94,20 @@ class EpisodeWriter:
             mapping=self._meta, mapping_hash=m.hash, initial_state={"seed": seed} if seed is not None else {},
             env_index=row, **{**start, "extra": {"world_clock": self.world_clock, **start.get("extra", {})}})
         eid = self.rec.begin_episode(record, self.fields)
-        self.eids[row] = eid
+        self._set(row, eid)
         self.steps[row] = 0
         return eid
 
     def write(self, rows, columns: dict[str, np.ndarray], shared: dict[str, Any],
               only: tuple[np.ndarray, dict[str, np.ndarray]] | None = None) -> None:
-        """One step per row in ``rows``: each column's row, plus ``shared`` values; ``only`` = (mask [N],
+        """One step per row in ``rows`` (distinct rows): each column's row, plus ``shared`` values; ``only`` = (mask [N],
         columns) adds those columns just where mask is set (e.g. human_command where a person commanded)."""
         rows = np.asarray(rows, np.int64)
         if not rows.size:
             return
         k = rows.size
-        if k == self.n and rows[0] == 0 and rows[-1] == k - 1 and bool((np.diff(rows) == 1).all()):
-            # every row in order (the common tick): plain copies, cheaper than a gather
+        every = k == self.n  # rows are distinct: all of them, in order (the common tick)
+        if every:  # plain copies, cheaper than a gather
             step = {name: np.array(v, copy=True) for name, v in columns.items()}
         else:
             step = {name: v[rows] for name, v in columns.items()}  # copies: the recorder owns what it is handed
@@ -109,7 +120,13 @@ class EpisodeWriter:
                     col = fill_rows(self.fields[name], k)
                     col[mask] = np.asarray(v)[rows][mask]
                     step[name] = col
-        self.rec.put_rows([self.eids[r] for r in rows.tolist()], step)
+        if every:
+            if self._all_eids is None:
+                self._all_eids = list(self.eids)
+            eids = self._all_eids
+        else:
+            eids = [self.eids[r] for r in rows.tolist()]
+        self.rec.put_rows(eids, step)
         self.steps[rows] += 1
 
     def event(self, row: int, event: Event) -> None:
@@ -121,5 +138,5 @@ class EpisodeWriter:
         """Commit the row's episode; returns its id."""
         eid = self.eids[row]
         self.rec.end_episode(eid, end, windows=list(windows), certifications=list(certifications))
-        self.eids[row] = None
+        self._set(row, None)
         return eid

@@ -390,8 +390,7 @@ class Session(SessionControls, SessionEpisodes):
     def _handover(self, out, op: OperatorTick, g, estop, t_ns: int):
         policy = np.asarray(out.action, np.float32)
         tol = self.machine.cfg.auto_return.agree_tol
-        with np.errstate(invalid="ignore"):
-            agree = np.all(np.abs(policy - op.action) <= tol, axis=1)
+        agree = np.all(np.abs(policy - op.action) <= tol, axis=1)  # NaN (no command) never agrees, silently
         decline = np.full(self.n, self._decline, bool) if self._decline else None
         self._decline = False
         d = self.machine.update(TickInputs(

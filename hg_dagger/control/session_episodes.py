@@ -72,7 +72,7 @@ class SessionEpisodes:
 
     def _begin(self, r: int, *, seed: int | None) -> None:
         if self._started >= self._target:
-            self.eids[r] = None
+            self.writer.vacate(r)
             return
         self._apply_pending()
         gate_config = {

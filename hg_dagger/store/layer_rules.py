@@ -4,12 +4,12 @@ store's write_labels builds layers here; validate re-checks stored layers with t
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.enums import LabelMask, LabelTarget
 from hg_dagger.contract.labels import certification_problem, derive_labels, label_violations
 from hg_dagger.contract.schema import (
@@ -59,7 +59,7 @@ def new_layer(episode_id: str, start: EpisodeStart, quality_flags: list[str], n:
         new_target = np.where(trainable, derived.target, LabelTarget.NONE.code).astype(np.uint8)
     return LabelLayer(version=version, author=author, mask=new_mask, target=new_target, windows=windows,
                       certifications=certifications, reviews=reviews, qc=qc, replay=replay, note=note,
-                      created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+                      created_wall=wall_stamp())
 
 
 def check_bindings(episode_id: str, n: int, windows: Iterable[CorrectionWindow],

@@ -21,7 +21,7 @@ from typing import Any, Literal, NoReturn, Protocol
 
 import numpy as np
 
-from hg_dagger.contract.clock import now_ns
+from hg_dagger.contract.clock import now_ns, wall_stamp
 from hg_dagger.contract.enums import EventKind
 from hg_dagger.contract.labels import derive_labels
 from hg_dagger.contract.schema import (
@@ -32,7 +32,7 @@ from hg_dagger.contract.schema import (
     ExpertCertification,
     FieldSpec,
 )
-from hg_dagger.errors import ContractError, StoreError
+from hg_dagger.errors import ContractError, StoreError, failure_reason
 from hg_dagger.store.columns import as_column, concat_parts, describe_value, field_error, stack_values
 from hg_dagger.store.labels import LabelLayer
 from hg_dagger.store.layout import array_fill, fill_rows
@@ -142,6 +142,9 @@ class Recorder:
         self._seen: set[str] = set()
         self._segments: dict[tuple[Any, ...], SegmentWriter] = {}
         self._fatal: Exception | None = None
+        # put_rows' last check of a row set, valid while no episode stopped taking steps since (the generation)
+        self._rows_checked: tuple[tuple[str, ...], int, list[_Episode], int] | None = None
+        self._generation = 0  # bumped when an episode ends or fails, and when the writer fails
         self._closing = False
         self._closed = False
         self._wake = threading.Event()  # set when the queue fills past a quarter of an episode's room, and at close
@@ -187,19 +190,16 @@ class Recorder:
         """Hand over the next step of each episode in ``eids`` (distinct, begun with the same fields): row i of every
         (k, ...) column belongs to eids[i]; a field left out is its fill value. Dropped as a whole when the queue is
         full (returns False), as k put() calls would be."""
-        eps: list[_Episode] = []
-        steps: list[int] = []
-        capacity = self.queue_steps
-        for eid in eids:  # one pass over the rows (64 envs: this runs every tick); nothing changes before it ends
-            ep = self._open(eid)
-            if eps and ep.key is not eps[0].key and ep.key != eps[0].key:
-                raise ContractError(f"episode {ep.eid}: put_rows needs episodes begun with the same fields as "
-                                    f"episode {eps[0].eid}")
-            eps.append(ep)
-            steps.append(ep.next_step)
-            capacity = min(capacity, ep.capacity)
+        key = tuple(eids)
+        checked = self._rows_checked
+        if checked is not None and checked[1] == self._generation and checked[0] == key:
+            eps, capacity = checked[2], checked[3]  # the same open episodes as the last call (the common tick)
+        else:
+            eps, capacity = self._check_row_set(eids)
+            self._rows_checked = (key, self._generation, eps, capacity)
         if not eps:
             return True
+        steps = [ep.next_step for ep in eps]
         for ep in eps:
             ep.next_step += 1
         if not self._room(capacity):
@@ -212,6 +212,19 @@ class Recorder:
         self.stats.queued_steps += len(eps)
         self._wake_if_filling(capacity)
         return True
+
+    def _check_row_set(self, eids: Sequence[str]) -> tuple[list[_Episode], int]:
+        """put_rows' episodes: each open, all begun with the same fields; and the queue room they share."""
+        eps: list[_Episode] = []
+        capacity = self.queue_steps
+        for eid in eids:  # nothing changes before the whole set passed
+            ep = self._open(eid)
+            if eps and ep.key is not eps[0].key and ep.key != eps[0].key:
+                raise ContractError(f"episode {ep.eid}: put_rows needs episodes begun with the same fields as "
+                                    f"episode {eps[0].eid}")
+            eps.append(ep)
+            capacity = min(capacity, ep.capacity)
+        return eps, capacity
 
     def _wake_if_filling(self, capacity: int) -> None:
         if (self._steps_in - self._steps_out) * 4 >= capacity and not self._wake.is_set():
@@ -267,6 +280,7 @@ class Recorder:
             if c.step_end > total:
                 raise ContractError(f"episode {eid}: certification {c.cert_id} ends at step {c.step_end} > {total} steps")
         ep.ended = True
+        self._generation += 1
         self._q.append(("end", ep, end, windows, certifications, total, ep.dropped))
 
     def close(self) -> None:
@@ -382,9 +396,10 @@ class Recorder:
         except Exception as exc:  # I/O failure: nothing more can be committed; surface it to the caller
             log.error("recorder writer failed: %s", exc)
             self._fatal = exc if isinstance(exc, StoreError) else StoreError(
-                f"{self._store.url}: recording failed ({_reason(exc)}); episodes committed before are kept, "
+                f"{self._store.url}: recording failed ({failure_reason(exc)}); episodes committed before are kept, "
                 "the ones in progress stay incomplete")
             self._fatal.__cause__ = exc
+            self._generation += 1
 
     def _control(self, item: tuple[Any, ...], records: list[dict[str, Any]], touched: list[_Episode]) -> None:
         kind, ep = item[0], item[1]
@@ -421,6 +436,7 @@ class Recorder:
                 for ep, n in zip(b.eps, b.steps, strict=True):
                     if ep.error is None:
                         ep.error = field_error(ep.eid, n, name, spec, f"{got} for {k} rows")
+                        self._generation += 1
                 return False
             cols[name] = checked
         b.cols = cols
@@ -494,6 +510,8 @@ class Recorder:
             cols: dict[str, Any] = self._gather(ep, rows, joined)
         else:
             stacked = self._stack_rows(ep, rows)
+            if ep.error is not None:
+                self._generation += 1  # a bad step: put_rows checks this episode again
             if stacked is None:
                 return {}, None
             cols, rows = stacked
@@ -574,21 +592,9 @@ class Recorder:
             quality_flags=final.quality_flags, operator=ep.start.operator, policy_version=ep.start.policy_version,
         )
         layer = LabelLayer(version=1, author="recorder", mask=labels.mask, target=labels.target, windows=windows,
-                           certifications=certifications, created_wall=_wall())
+                           certifications=certifications, created_wall=wall_stamp())
         seg = ep.segment
         return [
             {"seg": seg, "type": "end", "ep": ep.ordinal, "end": final.model_dump(mode="json")},
             {"seg": seg, "type": "labels", "ep": ep.ordinal, "layer": layer.to_json()},
         ]
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _wall() -> str:
-    import datetime as _dt
-
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
