@@ -42,6 +42,31 @@ def test_act_is_batched_raw_and_carries_uncertainty(mapping):
     env.step(out.action)  # a valid raw action for the env
 
 
+def test_acting_reuses_no_output_and_matches_the_training_forward(mapping):
+    """act's hidden layers write into kept buffers: what it returned before stays as it was, from this thread or
+    another, and its members' predictions are the training forward's."""
+    import threading
+
+    student = Student.create(mapping, ensemble=3, seed=0)
+    rng = np.random.default_rng(0)
+    batches = [{k: rng.normal(0, 0.3, (5, *shape)).astype(dtype) for k, (shape, dtype) in mapping.obs_spec().items()}
+               for _ in range(3)]
+    first = student.act(batches[0])
+    kept = (first.action.copy(), first.uncertainty.copy())
+    other: list = []
+    worker = threading.Thread(target=lambda: other.append(student.act(batches[1])))
+    worker.start()
+    worker.join()
+    student.act(batches[2])
+    assert np.array_equal(first.action, kept[0]) and np.array_equal(first.uncertainty, kept[1])
+    assert np.array_equal(student.act(batches[1]).action, other[0].action)  # the same answer in either thread
+    state, images = student.encode(batches[2])
+    with torch.inference_mode():
+        acting = student.net(state, images)
+    training = student.net(state, images).detach()
+    assert torch.allclose(acting, training, atol=1e-6)
+
+
 def test_action_bounds_follow_the_mapping(tmp_path):
     # policy space x0.5: a saturated student output must land on half the raw range
     m = load_mapping(_task_variant(tmp_path, "half", policy={"low": [-1.0], "high": [1.0], "scale": [0.5], "offset": [0.0]}))

@@ -147,3 +147,20 @@ def test_put_rows_refuses_episodes_of_different_fields_and_names_them(tmp_path):
             rec.put_rows([a, "nope"], {})
         for eid in (a, b):
             rec.end_episode(eid, end(0))
+
+
+def test_put_rows_of_the_same_rows_refuses_an_episode_ended_since_the_last_call(tmp_path):
+    store = EpisodeStore.create(tmp_path / "s")
+    with store.recorder(flush_interval_s=0.01) as rec:
+        a, b = (rec.begin_episode(start(), fields()) for _ in range(2))
+        rows = [a, b]
+        for t in range(3):  # the same row set tick after tick
+            assert rec.put_rows(rows, _columns([step(1, t), step(2, t)]))
+        rec.end_episode(a, end(3))
+        with pytest.raises(ContractError, match=f"episode {a}: already ended"):
+            rec.put_rows(rows, _columns([step(1, 3), step(2, 3)]))
+        assert rec.put_rows([b], _columns([step(2, 3)]))  # the episode left open takes its next step
+        rec.end_episode(b, end(4))
+    store = EpisodeStore.open(tmp_path / "s")
+    assert [store.info(e).num_steps for e in (a, b)] == [3, 4]
+    assert store.info(a).complete and store.info(b).complete
