@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from PyQt6 import QtCore, QtWidgets
+from PyQt6 import QtCore, QtWidgets, sip
 
 from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
@@ -193,8 +193,15 @@ class OperatorApp(QtCore.QObject):
         self._watch.start()
 
     def _on_watch(self) -> None:
-        """Scripted runs close when their episodes are done; every run ends when the control thread does."""
+        """Scripted runs close when their episodes are done; every run ends when the control thread does, or
+        when its window is gone without closing (deleted by its owner): the loop then stops like on a close."""
         loop = self.loop
+        if self.window is None or sip.isdeleted(self.window):
+            self._watch.stop()
+            self.window = None
+            loop.stop()  # its open episodes end as on a quit, before the report reads the store
+            self._finish(*self._report())
+            return
         snap = loop.slot.read()
         if snap.phase == "error" and not self._reported:
             self._reported = True

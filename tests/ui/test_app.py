@@ -253,3 +253,23 @@ def test_ctrl_c_in_the_terminal_closes_the_app_as_its_window_would(tmp_path, toy
     st = EpisodeStore.open(store)
     episodes = st.episodes()
     assert 1 <= len(episodes) < 200 and list(validate_store(st)) == []
+
+
+def test_a_window_deleted_under_a_running_app_stops_the_loop_and_ends_the_run(qtbot, tmp_path, settings, toy_student):
+    """The window can go without a close (its owner deletes it): the app's watch then stops the control loop,
+    whose open episode ends as on a quit, instead of touching the deleted window."""
+    store = str(tmp_path / "store.zarr")
+    opts = AppOptions(task="toy_reach", store=store, student=toy_student, operator="device", device="keyboard",
+                      name="op-gone", home=str(tmp_path / "home"), episodes=50)
+    op = OperatorApp(opts, settings)
+    codes: list[int] = []
+    op.finished.connect(codes.append)
+    op.start()
+    wait_snap(qtbot, op, lambda s: s.phase == "running" and s.episode_step >= 5)
+    op.window.deleteLater()
+    qtbot.waitUntil(lambda: bool(codes), timeout=60_000)
+    assert codes == [0] and op.window is None and not op.loop.alive
+    s = EpisodeStore.open(store)
+    infos = s.episodes()
+    assert infos and all(i.complete for i in infos)  # the episode open at the deletion ended, none left dangling
+    assert validate_store(s) == []
