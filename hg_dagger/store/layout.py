@@ -51,8 +51,8 @@ IMAGE_CODEC = ZstdCodec(level=1, checksum=True)
 NUMERIC_CODEC = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
 LOG_CODEC = ZstdCodec(level=3, checksum=True)
 # Runtime setting, not part of the on-disk format: zarr's default (False) compares every written chunk with the
-# fill value before encoding it, which cost the recorder ~40% of its writer CPU. The recorder already skips
-# all-fill columns itself; a chunk that is all fill is simply stored like any other.
+# fill value before encoding it, which cost the recorder ~40% of its writer CPU. The recorder skips all-fill chunks
+# itself (shards.py) and all-fill columns of arrays zarr writes for it.
 WRITE_CONFIG = {"write_empty_chunks": True}
 
 

@@ -30,7 +30,7 @@ from zarr.core.sync import sync
 from hg_dagger.contract.schema import EpisodeEnd, EpisodeStart, Event, FieldSpec
 from hg_dagger.errors import StoreError
 from hg_dagger.store import layout
-from hg_dagger.store.shards import FrameShardWriter
+from hg_dagger.store.shards import RowShardWriter, only_fill
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +74,16 @@ class SegmentWriter:
             _discard(root, f"{layout.SEGMENTS}/{self.segment_id}")
             raise
         self.arrays = dict(zip(fields, made[:len(fields)], strict=True))
-        self._fills = {name: layout.array_fill(spec) for name, spec in fields.items()}
         self.rows_episode, self.rows_step, self.log = made[len(fields):]
         self.log_capacity = 0
-        # camera arrays: whole shard objects written directly (same bytes as zarr's; see shards.py)
-        self._frame_writers = {name: FrameShardWriter(arr) for name, arr in self.arrays.items()
-                               if fields[name].image and FrameShardWriter.supports(arr)}
+        # whole shard objects written directly (same bytes as zarr's, no shard of fill only; see shards.py), for every
+        # array of a layout RowShardWriter reproduces; any other goes through zarr's setitem
+        self._writers = {name: RowShardWriter(arr) for name, arr in self._named_rows().items()
+                         if RowShardWriter.supports(arr)}
 
-    def _all_arrays(self) -> list[zarr.Array[Any]]:
-        return [*self.arrays.values(), self.rows_episode, self.rows_step]
+    def _named_rows(self) -> dict[str, zarr.Array[Any]]:
+        """The arrays a flush appends rows to: every field, then the row index."""
+        return {**self.arrays, "rows/episode": self.rows_episode, "rows/step": self.rows_step}
 
     def _write_meta(self) -> None:
         self.group.attrs.put({layout.SEGMENT_ATTR: self._meta})
@@ -96,7 +97,7 @@ class SegmentWriter:
         resizes = []
         if end > self.capacity:
             self.capacity = -(-end // layout.CAPACITY_STEP) * layout.CAPACITY_STEP
-            resizes += [a.async_array.resize((self.capacity, *a.shape[1:])) for a in self._all_arrays()]
+            resizes += [a.async_array.resize((self.capacity, *a.shape[1:])) for a in self._named_rows().values()]
         if self.log_len + n > self.log_capacity:
             self.log_capacity = -(-(self.log_len + n) // layout.LOG_CAPACITY_STEP) * layout.LOG_CAPACITY_STEP
             resizes.append(self.log.async_array.resize((self.log_capacity,)))
@@ -105,17 +106,19 @@ class SegmentWriter:
         writes = []
         if k:
             sel = (slice(self.rows, end),)
-            for name, arr in self.arrays.items():
-                col, writer = columns[name], self._frame_writers.get(name)
+            for name, arr in self._named_rows().items():
+                col = episode if name == "rows/episode" else step if name == "rows/step" else columns[name]
+                writer = self._writers.get(name)
                 if writer is not None:
+                    if writer.rows != self.rows:
+                        raise StoreError(f"segment {self.segment_id}: {name} holds {writer.rows} rows, not {self.rows}")
                     writes += writer.append(col)
                     continue
                 if isinstance(col, list):
                     col = np.stack(col)
                 # rows past self.rows were never written and read as the fill value: all-fill columns need no write
-                if not _all_fill(col, self._fills[name]):
+                if not only_fill(col, arr.fill_value):
                     writes.append(arr.async_array.setitem(sel, col))
-            writes += [self.rows_episode.async_array.setitem(sel, episode), self.rows_step.async_array.setitem(sel, step)]
         if n:
             text = np.array([layout.dumps(r) for r in records], dtype=object)
             writes.append(self.log.async_array.setitem((slice(self.log_len, self.log_len + n),), text))
@@ -129,10 +132,12 @@ class SegmentWriter:
 
     def close(self) -> None:
         """Trim the arrays to the committed rows (readers with plain zarr then see exact shapes) and seal."""
-        resizes = [a.async_array.resize((self.rows, *a.shape[1:])) for a in self._all_arrays() if a.shape[0] != self.rows]
+        resizes = [a.async_array.resize((self.rows, *a.shape[1:])) for a in self._named_rows().values() if a.shape[0] != self.rows]
         if self.log.shape[0] != self.log_len:
             resizes.append(self.log.async_array.resize((self.log_len,)))
         layout.gather(resizes)
+        for writer in self._writers.values():  # nothing is appended after close
+            writer.close()
         self.capacity, self.log_capacity = self.rows, self.log_len
         self._meta["closed"] = True
         self._write_meta()
@@ -398,18 +403,6 @@ def read_many(arrays: list[zarr.Array[Any]], rows: np.ndarray | slice) -> list[n
 
 def read_rows(arr: zarr.Array[Any], rows: np.ndarray) -> np.ndarray:
     return read_many([arr], rows)[0]
-
-
-def _all_fill(col: np.ndarray, fill: Any) -> bool:
-    nan_fill = col.dtype.kind == "f" and fill != fill
-    if col.size == 0:
-        return True
-    first = col.flat[0]
-    if not (first != first if nan_fill else first == fill):  # the common case (real data) without a full scan
-        return False
-    if nan_fill:
-        return bool(np.isnan(col).all())
-    return bool((col == fill).all())
 
 
 def _discard(root: zarr.Group, path: str) -> None:
