@@ -148,23 +148,24 @@ class CompiledLimits:
         Order: per-tick change first, then state boxes, then per-dim bounds, so the bounds are the
         guarantee that always holds when limits conflict.
         """
+        # np.minimum(np.maximum(...)) is np.clip without its per-call dispatch (this runs every tick)
         out = np.array(action, dtype=np.float32, copy=True)
         hits: list[tuple[str, np.ndarray]] = []
         if self.max_delta is not None and prev is not None:
-            lim = np.clip(out, prev - self.max_delta, prev + self.max_delta)
-            if prev_ok is not None:
+            lim = np.minimum(np.maximum(out, prev - self.max_delta), prev + self.max_delta)
+            if prev_ok is not None and not prev_ok.all():
                 lim = np.where(prev_ok[:, None], lim, out)
-            hits.append(("max_delta", np.any(lim != out, axis=1)))
+            hits.append(("max_delta", (lim != out).any(axis=1)))
             out = lim
         for b, idx, aidx, gain, lo, hi in self.boxes:
             s = np.asarray(obs[b.obs_key])[:, idx].astype(np.float32)
             sub = out[:, aidx]
-            lim = np.clip(sub, (lo - s) / gain, (hi - s) / gain)
-            hits.append((b.name, np.any(lim != sub, axis=1)))
+            lim = np.minimum(np.maximum(sub, (lo - s) / gain), (hi - s) / gain)
+            hits.append((b.name, (lim != sub).any(axis=1)))
             out[:, aidx] = lim
         if self.low is not None:
-            lim = np.clip(out, self.low, self.high)
-            hits.append(("action_bounds", np.any(lim != out, axis=1)))
+            lim = np.minimum(np.maximum(out, self.low), self.high)
+            hits.append(("action_bounds", (lim != out).any(axis=1)))
             out = lim
-        changed = np.any(out != action, axis=1)
+        changed = (out != action).any(axis=1)
         return out, changed, hits

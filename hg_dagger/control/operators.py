@@ -239,9 +239,10 @@ class SyntheticOperators(Operator):
         # the planner is asked wherever a person would be looking (it keeps its own phase per row), and what it
         # says reaches the rows whose operator is speaking
         requested = state == REQUESTED
-        want = np.flatnonzero(active & (requested | (state == HUMAN)))
-        if not want.size and not requested.any() and not self.rows.watching.any() and not self._prev_engaged.any():
+        asked = requested | (state == HUMAN)
+        if not (asked.any() or self.rows.watching.any() or self._prev_engaged.any()):
             return self.poll_idle()  # nobody asked, nobody is correcting: nothing of the below can change
+        want = np.flatnonzero(active & asked)
         planner = np.full((self.n, self.mapping.action_dim), np.nan, np.float32)
         if want.size and obs:
             planner[want] = _query(self.expert, obs, want, self.mapping)[0][want]
@@ -268,7 +269,7 @@ class SyntheticOperators(Operator):
         """Nobody asked and nobody corrects (the common tick): one read-only answer, made again when a device's
         connection changes."""
         idle = self._idle
-        if idle is None or not np.array_equal(idle.device_ok, self.rows.connected):
+        if idle is None or (idle.device_ok != self.rows.connected).any():
             idle = OperatorTick.empty(self.n, self.mapping.action_dim)
             idle.device_ok[:] = self.rows.connected
             self._idle = idle = idle.read_only()

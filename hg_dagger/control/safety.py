@@ -90,15 +90,16 @@ class SafetyMonitor:
     def apply(self, command: np.ndarray, obs: dict[str, np.ndarray]) -> SafetyResult:
         """Clamp ``command`` into the feasible set; non-finite rows become the hold action."""
         command = np.asarray(command, np.float32)
-        bad = ~np.all(np.isfinite(command), axis=1)
-        if bad.any():
+        finite = np.isfinite(command)
+        bad = None if finite.all() else ~finite.all(axis=1)  # the common tick: every command finite
+        if bad is not None:
             command = np.where(bad[:, None], self.hold(), command)
         if not self.config.enabled:
-            applied, changed, reasons = command.copy(), bad.copy(), []
+            applied, changed, reasons = command.copy(), np.zeros(len(command), bool) if bad is None else bad.copy(), []
         else:
             applied, changed, reasons = self.limits.clamp(command, self.prev, self.prev_ok, obs)
+        if bad is not None:
             changed |= bad
-        if bad.any():
             reasons = [("non_finite", bad), *reasons]
         return SafetyResult(applied, changed, reasons)
 

@@ -526,7 +526,6 @@ class Session(SessionControls, SessionEpisodes):
             progress=progress if progress is not None else np.full(n, np.nan), t_request=t_request,
             t_handover=t_handover, paused=applied is None)
 
-
     def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None:
         """Each window as it closes becomes a WINDOW_CLOSED event: a run killed before the episode's commit still
         leaves its corrections' bounds and ids in the log (auditable, never trainable)."""
@@ -568,12 +567,14 @@ class Session(SessionControls, SessionEpisodes):
     # ---- events ----------------------------------------------------------------------------
 
     def _device_events(self, device_ok: np.ndarray, t_ns: int) -> None:
-        for r in np.flatnonzero(device_ok != self._prev_device_ok):
+        changed = [] if device_ok is self._prev_device_ok else np.flatnonzero(device_ok != self._prev_device_ok)
+        for r in changed:  # nothing changed when the operator handed out its shared read-only idle answer again
             r = int(r)
             kind = EventKind.DEVICE_CONNECT if device_ok[r] else EventKind.DEVICE_DISCONNECT
             self._event(r, kind, t_ns, source=self.operator.device_id(r),
                         values={"control_state": ControlState.from_code(int(self.machine.state[r])).value})
-        self._prev_device_ok = device_ok.copy()
+        frozen = not device_ok.flags.writeable and device_ok.base is None  # its own data, write-protected: kept
+        self._prev_device_ok = device_ok if frozen else device_ok.copy()
 
     def _transition_events(self, d, t_ns: int) -> None:
         in_control = (HUMAN, EXPERT)

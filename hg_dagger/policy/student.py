@@ -376,31 +376,34 @@ class Student:
 
     @torch.inference_mode()
     def act(self, obs: dict[str, np.ndarray]) -> PolicyOutput:
+        """The ensemble's mean action, its spread and confidence. Only the network runs in torch: each torch call
+        hands the interpreter lock to the recorder's threads, so the small arithmetic after it is numpy's."""
         t0 = time.perf_counter_ns()
         state, images = self.encode(obs)
-        if self.net.horizon > 1:
-            chunks = self.net.chunks(state, images)  # normalized [K, N, H, A]
+        net = self.net
+        act_std, act_mean = net.act_std.numpy(), net.act_mean.numpy()
+        if net.horizon > 1:
+            chunks = net.chunks(state, images).numpy()  # normalized [K, N, H, A]
             z = chunks[:, :, 0]
-            chunk = (chunks.mean(0) * self.net.act_std + self.net.act_mean).numpy()
+            chunk = chunks.mean(0) * act_std + act_mean
         else:
-            z = self.net(state, images)  # normalized [K, N, A]
-        mean = z.mean(0)
+            z = net(state, images).numpy()  # normalized [K, N, A]
         if z.shape[0] > 1:
-            unc = z.std(0, unbiased=False).mean(-1)
+            unc = z.std(0).mean(-1, dtype=np.float32)
         else:
-            unc = torch.zeros(z.shape[1])
-        conf = torch.exp(-unc / self.net.uncertainty_ref)
-        if self.net.horizon > 1:
+            unc = np.zeros(z.shape[1], np.float32)
+        conf = np.exp(-unc / net.uncertainty_ref.numpy())
+        if net.horizon > 1:
             rollout = self._rollout
             now = rollout.step(chunk) if rollout is not None and rollout.n == len(chunk) else chunk[:, 0]
             policy = np.asarray(now, np.float32)
         else:
-            policy = (mean * self.net.act_std + self.net.act_mean).numpy().astype(np.float32, copy=False)
+            policy = (z.mean(0) * act_std + act_mean).astype(np.float32, copy=False)
         raw = np.asarray(self.mapping.policy_to_raw(policy), dtype=np.float32)
         return PolicyOutput(
             action=raw,
-            uncertainty=unc.numpy().astype(np.float32, copy=False),
-            confidence=conf.numpy().astype(np.float32, copy=False),
+            uncertainty=unc.astype(np.float32, copy=False),
+            confidence=conf.astype(np.float32, copy=False),
             inference_ns=time.perf_counter_ns() - t0,
             policy_action=policy,
         )
