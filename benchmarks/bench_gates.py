@@ -89,9 +89,14 @@ def control_layer(n: int, ticks: int, busy: bool) -> tuple[float, float, float]:
     return (*pct(times), pct(cpu)[0])
 
 
+QUIET_S = 0.05  # before each block of whole_tick: neither loop starts inside the other's background work
+
+
 def whole_tick(n: int, ticks: int, quiet: bool = False, block: int = 50):
     """Bare ticks (student.act + env.step on an env of its own) and session ticks, in alternating blocks of
-    ``block`` ticks: both see the same moments of a noisy machine, so their ratio does not drift with it."""
+    ``block`` ticks: both see the same moments of a noisy machine, so their ratio does not drift with it. Each
+    block starts after a pause in which the session's recorder thread catches up, so that a bare block does not
+    pay for the session's writing; within a session block the writer runs beside the ticks as it does live."""
     from hg_dagger.control.loop_health import steady_collector
     from hg_dagger.envs import make_env
     from hg_dagger.policy import Student, one_inference_thread
@@ -117,12 +122,14 @@ def whole_tick(n: int, ticks: int, quiet: bool = False, block: int = 50):
         s.start(10**9)
         steady_collector()  # the app's control process settles so once its session is built (bare loop too)
         for b in range(-1, -(-ticks // block)):  # block -1 warms both up
+            time.sleep(QUIET_S)  # the session's writer thread finishes what the last block handed it
             for _ in range(block):  # bare: the student and the env, nothing else
                 t0 = time.perf_counter_ns()
                 out = student.act(obs)
                 obs = bare_env.step(out.action).obs
                 if b >= 0:
                     bare.append(time.perf_counter_ns() - t0)
+            time.sleep(QUIET_S)
             for _ in range(block):  # the session tick: gates, handover, operator, safety, recorder.put
                 t0 = time.perf_counter_ns()
                 s.tick()

@@ -241,8 +241,7 @@ class Session(SessionControls, SessionEpisodes):
         if not done:
             return False
         self.threshold_source = "student"
-        conf = self.gates.confidence
-        if conf is not None and conf.name in done:
+        if (conf := self.gates.confidence) is not None and conf.name in done:
             self.notice = (f"confidence gate: student {self.student.version}'s own thresholds "
                            f"(warn {_fmt(conf.warn)}, trigger {_fmt(conf.trigger)})")
         return True
@@ -416,7 +415,8 @@ class Session(SessionControls, SessionEpisodes):
         """The command each row applies (policy, operator or hold), smoothed at switches."""
         target = np.asarray(out.action, np.float32).copy()
         op_rows = (d.source == SRC_HUMAN) | (d.source == SRC_EXPERT)
-        target[op_rows] = op.action[op_rows]
+        if op_rows.any():
+            target[op_rows] = op.action[op_rows]
         hold = d.source == SRC_HOLD
         if hold.any():
             target[hold] = self.safety.hold()[hold]
@@ -505,7 +505,7 @@ class Session(SessionControls, SessionEpisodes):
         """Publish the tick as ``last`` (reusing the tick's arrays)."""
         n = self.n
         reasons = [""] * n
-        for r in np.flatnonzero(g.level > 0):
+        for r in np.flatnonzero(g.level) if g.level.any() else ():
             reasons[r] = self.gates.trip[r].get("reason", "")
         t_request = np.full(n, NO_TIME, np.int64)
         t_handover = np.full(n, NO_TIME, np.int64)
