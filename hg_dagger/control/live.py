@@ -18,6 +18,32 @@ from typing import Any
 
 import numpy as np
 
+# ---------------------------------------------------------------------------------- the session's last tick
+
+
+@dataclass(frozen=True)
+class TickView:
+    """The last tick per env row, for a live front end (arrays are the tick's own; do not write to them)."""
+
+    step: np.ndarray  # int64 [N] episode step of this tick
+    t_obs: np.ndarray  # int64 [N]
+    t_policy: np.ndarray  # int64 [N]
+    t_action_apply: np.ndarray  # int64 [N] (NO_TIME when nothing was applied)
+    policy_action: np.ndarray  # float32 [N, A]
+    operator_action: np.ndarray  # float32 [N, A] the operator's command in raw action space, NaN where none
+    applied_action: np.ndarray  # float32 [N, A] (NaN when nothing was applied)
+    action_source: np.ndarray  # uint8 [N] ActionSource codes
+    control_state: np.ndarray  # uint8 [N] ControlState codes after the decision
+    gate_level: np.ndarray  # uint8 [N] 0 ok, 1 warn, 2 trigger
+    gate_reason: list[str]  # per row: the gate that warned or triggered, "" if none
+    confidence: np.ndarray  # float32 [N]
+    uncertainty: np.ndarray  # float32 [N]
+    progress: np.ndarray  # float [N] the env's "progress" signal, NaN without one
+    t_request: np.ndarray  # int64 [N] when the open handover was requested, NO_TIME if none
+    t_handover: np.ndarray  # int64 [N] when the operator's first command was applied, NO_TIME if none
+    paused: bool  # the simulator waited for the person: nothing was applied or recorded
+
+
 # ---------------------------------------------------------------------------------- commands
 
 

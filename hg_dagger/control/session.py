@@ -58,6 +58,7 @@ from hg_dagger.control.handover import (
     RequestEnd,
     TickInputs,
 )
+from hg_dagger.control.live import TickView
 from hg_dagger.control.operators import Operator, OperatorTick
 from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay importable from here
     OperatorConfig,
@@ -99,29 +100,6 @@ class RunSummary:
         if not d["notes"]:
             d.pop("notes")
         return d
-
-
-@dataclass(frozen=True)
-class TickView:
-    """The last tick per env row, for a live front end (arrays are the tick's own; do not write to them)."""
-
-    step: np.ndarray  # int64 [N] episode step of this tick
-    t_obs: np.ndarray  # int64 [N]
-    t_policy: np.ndarray  # int64 [N]
-    t_action_apply: np.ndarray  # int64 [N] (NO_TIME when nothing was applied)
-    policy_action: np.ndarray  # float32 [N, A]
-    operator_action: np.ndarray  # float32 [N, A] the operator's command in raw action space, NaN where none
-    applied_action: np.ndarray  # float32 [N, A] (NaN when nothing was applied)
-    action_source: np.ndarray  # uint8 [N] ActionSource codes
-    control_state: np.ndarray  # uint8 [N] ControlState codes after the decision
-    gate_level: np.ndarray  # uint8 [N] 0 ok, 1 warn, 2 trigger
-    gate_reason: list[str]  # per row: the gate that warned or triggered, "" if none
-    confidence: np.ndarray  # float32 [N]
-    uncertainty: np.ndarray  # float32 [N]
-    progress: np.ndarray  # float [N] the env's "progress" signal, NaN without one
-    t_request: np.ndarray  # int64 [N] when the open handover was requested, NO_TIME if none
-    t_handover: np.ndarray  # int64 [N] when the operator's first command was applied, NO_TIME if none
-    paused: bool  # the simulator waited for the person: nothing was applied or recorded
 
 
 class Session(SessionControls, SessionEpisodes):
@@ -477,7 +455,9 @@ class Session(SessionControls, SessionEpisodes):
         out = tick.policy
         align = env.info.get("alignment_error_ms")
         transport = env.info.get("transport_ns")
-        human_cmd = ((source == SRC_HUMAN) | (tick.control_state == HUMAN)) & np.isfinite(op.raw).all(axis=1)
+        human_cmd = (source == SRC_HUMAN) | (tick.control_state == HUMAN)
+        if human_cmd.any():  # the common tick: nobody commands, nothing more to look at
+            human_cmd &= np.isfinite(op.raw).all(axis=1)
         cols = {
             "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply,
             "policy_action": np.asarray(out.action, np.float32),
@@ -499,7 +479,8 @@ class Session(SessionControls, SessionEpisodes):
         rows = np.flatnonzero(tick.active)
         self.writer.write(rows, cols, shared, only=(human_cmd, {"human_command": op.raw, "t_device": op.t_device}))
         self.summary.steps += int(rows.size)
-        self.summary.human_steps += int((tick.active & ((source == SRC_HUMAN) | (source == SRC_EXPERT))).sum())
+        operated = (source == SRC_HUMAN) | (source == SRC_EXPERT)
+        self.summary.human_steps += int((tick.active & operated).sum()) if operated.any() else 0
 
     def _view(self, step, out, t_policy, op: OperatorTick, d, g, applied, t_apply, source) -> None:
         """Publish the tick as ``last`` (reusing the tick's arrays)."""
