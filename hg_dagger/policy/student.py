@@ -372,7 +372,7 @@ class Student:
     def predict_members(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-member actions in policy space [K, N, A] (differentiable)."""
         z = self.net(state, images)
-        return z * self.net.act_std + self.net.act_mean
+        return to_policy_units(z, self.net.act_mean, self.net.act_std)
 
     @torch.inference_mode()
     def act(self, obs: dict[str, np.ndarray]) -> PolicyOutput:
@@ -385,7 +385,7 @@ class Student:
         if net.horizon > 1:
             chunks = net.chunks(state, images).numpy()  # normalized [K, N, H, A]
             z = chunks[:, :, 0]
-            chunk = chunks.mean(0) * act_std + act_mean
+            chunk = to_policy_units(chunks.mean(0), act_mean, act_std)
         else:
             z = net(state, images).numpy()  # normalized [K, N, A]
         if z.shape[0] > 1:
@@ -398,7 +398,7 @@ class Student:
             now = rollout.step(chunk) if rollout is not None and rollout.n == len(chunk) else chunk[:, 0]
             policy = np.asarray(now, np.float32)
         else:
-            policy = (z.mean(0) * act_std + act_mean).astype(np.float32, copy=False)
+            policy = to_policy_units(z.mean(0), act_mean, act_std).astype(np.float32, copy=False)
         raw = np.asarray(self.mapping.policy_to_raw(policy), dtype=np.float32)
         return PolicyOutput(
             action=raw,
@@ -418,6 +418,11 @@ class Student:
         self.net.uncertainty_ref.fill_(max(ref, 1e-6))
         self.weights_changed()
         return ref
+
+
+def to_policy_units(z, mean, std):
+    """A normalized action (torch for training, numpy for acting) in the policy's units."""
+    return z * std + mean
 
 
 def state_dim_of(mapping) -> int:
