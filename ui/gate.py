@@ -68,6 +68,10 @@ class GateLight(QFrame):
         if snap.phase in style.PHASES and snap.estop is None:
             self.set_state(snap.phase, snap.message)  # nothing is in control: say what the loop is doing
             return
+        if snap.phase == "running" and snap.episode_id is None and snap.estop is None:
+            wait = snap.next_start_in_s  # the watched row's last episode ended: nothing is in control there either
+            self.set_state("between", f"next episode in {wait:.1f} s" if wait else "the next episode is starting")
+            return
         reason = gate_words(snap.gate_reason)
         if snap.estop is not None:
             reason = f"e-stop: {snap.estop[1]}" if snap.estop[1] else "e-stop latched"

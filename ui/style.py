@@ -38,6 +38,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "paused": ("PAUSED", NEUTRAL),
     "training": ("TRAINING NEXT STUDENT", NEUTRAL),
     "stopped": ("STOPPED", NEUTRAL),
+    "between": ("BETWEEN EPISODES", NEUTRAL),  # running, and the watched row waits for its next episode
     "error": ("ERROR", SAFETY),
 }
 

@@ -23,7 +23,7 @@ NAMES = ("dx", "dy", "dz", "gripper")
 
 
 def snap(seq: int, **kw) -> Snapshot:
-    base = dict(seq=seq, t_ns=1_000_000_000 + seq * 50_000_000, action_names=NAMES,
+    base = dict(seq=seq, t_ns=1_000_000_000 + seq * 50_000_000, action_names=NAMES, episode_id="e-watched",
                 policy_action=np.full(4, 0.1 * seq, np.float32), applied_action=np.full(4, 0.2, np.float32),
                 human_action=np.full(4, np.nan, np.float32), uncertainty=0.01 * seq, confidence=0.5,
                 progress=0.05 * seq, thresholds={"warn": 0.05, "trigger": 0.1, "gate": "confidence"})
@@ -260,6 +260,12 @@ def test_gate_light_names_state_and_colour(qtbot, live):
     assert light.headline.text() == "IDLE" and light.colour == style.NEUTRAL  # not a green "autonomous"
     publish_and_wait(qtbot, slot, reader, snap(22, phase="error", message="env failed: no GL"))
     assert light.headline.text() == "ERROR" and light.reason.text() == "env failed: no GL"
+    # running, but the watched row's episode ended and the next waits: not a green "autonomous" either
+    publish_and_wait(qtbot, slot, reader, snap(23, phase="running", episode_id=None, next_start_in_s=1.5))
+    assert light.headline.text() == "BETWEEN EPISODES" and light.colour == style.NEUTRAL
+    assert light.reason.text() == "next episode in 1.5 s"
+    publish_and_wait(qtbot, slot, reader, snap(24, phase="running", control_state="autonomous"))
+    assert light.headline.text() == "AUTONOMOUS" and light.colour == style.AUTONOMOUS
 
 
 def test_handover_banner_keeps_its_size_and_has_a_look_for_each_state(qtbot, live):
