@@ -367,7 +367,7 @@ class EpisodeControls(QGroupBox):
         self.discard.setEnabled(self.discard_target is not None and self.discard_target not in self.discarded)
         self.flag.setEnabled(bool(self.window_id) and not loading)
         self.undo.setEnabled(bool(self.discarded) and not loading)
-        can_take = running and snap.mode in (SessionMode.HUMAN_GATED, SessionMode.TELEOP) and snap.control_state in (
+        can_take = running and in_episode and snap.mode in (SessionMode.HUMAN_GATED, SessionMode.TELEOP) and snap.control_state in (
             "autonomous", "warning", "handover_requested", "returning")
         self.take_over.setEnabled(can_take)
         self.hand_back.setEnabled(running and snap.control_state == "human")

@@ -118,6 +118,9 @@ def test_episode_controls_follow_phase_and_send_commands(qtbot, live):
     assert not c.take_over.isEnabled()
     click(c.hand_back)
     assert q.drain() == [HandBack()]
+    # running between two episodes: nothing to take over until the next one begins
+    publish_and_wait(qtbot, slot, reader, Snapshot(seq=31, **{**run, "episode_id": None}, next_start_in_s=1.0))
+    assert not c.take_over.isEnabled() and c.pause.isEnabled()
 
     publish_and_wait(qtbot, slot, reader, Snapshot(seq=4, **{**run, "phase": "paused"}))
     assert c.pause.text() == "Resume"
