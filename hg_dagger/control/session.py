@@ -283,8 +283,7 @@ class Session(SessionControls, SessionEpisodes):
         self._take_obs(obs, info, np.ones(self.n, bool))
         self.safety.reset(np.arange(self.n))
         self._prev_device_ok = np.ones(self.n, bool)
-        for r in range(self.n):
-            self._begin(r, seed=self.seed + self._started)
+        self._begin_rows(list(range(self.n)))
 
     # ---- one tick --------------------------------------------------------------------------
 

@@ -70,9 +70,15 @@ class SessionEpisodes:
         self.succeeding[rows] = False
         self._env_info = info
 
-    def _begin(self, r: int, *, seed: int | None) -> None:
-        if self._started >= self._target:
+    def _begin_rows(self, rows: list[int]) -> None:
+        """Begin the next episode in each of ``rows``, in order, each with a seed of its own (``seed`` + its
+        number in the run). What the episodes share (pending changes, the gate config, the resets of the
+        student, handover and gate state) is done once for all of them."""
+        quota = max(0, self._target - self._started)
+        for r in rows[quota:]:  # past the run's target: the row stays without an episode
             self.writer.vacate(r)
+        rows = rows[:quota]
+        if not rows:
             return
         self._apply_pending()
         gate_config = {
@@ -88,20 +94,23 @@ class SessionEpisodes:
         if self.mode in (SessionMode.STUDENT_ONLY, SessionMode.TELEOP):
             gate_config["session_mode"] = self.mode.value
         mode = CollectionMode.EVAL if self.mode == SessionMode.STUDENT_ONLY else CollectionMode.HUMAN_GATED
-        self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=seed, scene=self.scene,
-                          operator=self.operator.name, gate_config=gate_config, iteration=self.iteration,
-                          extra=dict(self.episode_extra))
-        self._started += 1
-        self.summary.episode_ids.append(self.eids[r])
-        self.acted[r] = 0
-        self.student.reset_rows([r], self.n)
-        self.machine.reset([r])
-        self.gates.rearm([r], grace="reset", step=0)
-        self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})
+        for r in rows:
+            self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=self.seed + self._started,
+                              scene=self.scene, operator=self.operator.name, gate_config=gate_config,
+                              iteration=self.iteration, extra=dict(self.episode_extra))
+            self._started += 1
+            self.summary.episode_ids.append(self.eids[r])
+        self.acted[rows] = 0
+        self.student.reset_rows(rows, self.n)
+        self.machine.reset(rows)
+        self.gates.rearm(rows, grace="reset", step=0)
+        for r in rows:
+            self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})
         if self.mode == SessionMode.TELEOP:  # a person drives from the first step: one window over the episode
             t = now_ns()
-            self.machine.start_in_control([r], step=0, t_ns=t, reason="teleop")
-            self._event(r, EventKind.HANDOVER_START, t, "teleop", self.operator.kind)
+            self.machine.start_in_control(rows, step=0, t_ns=t, reason="teleop")
+            for r in rows:
+                self._event(r, EventKind.HANDOVER_START, t, "teleop", self.operator.kind)
 
     def _apply_pending(self) -> None:
         """Operator, student and mode changes take effect at an episode begin while no other row is in one."""
@@ -168,8 +177,7 @@ class SessionEpisodes:
             restarted |= rows
         self._take_obs(obs_next, info_next, restarted)
         self.safety.reset(np.flatnonzero(restarted))
-        for r in begin:
-            self._begin(r, seed=self.seed + self._started)
+        self._begin_rows(begin)
 
     def _steps_left(self) -> np.ndarray | None:
         """Steps each row's episode has before it is cut: the session's step limit, else the task's horizon, at
