@@ -12,7 +12,6 @@ the label layer the sample names (docs/datasets.md, "Selection").
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
 import os
 import re
@@ -33,6 +32,7 @@ from hg_dagger.contract import (
     current_review,
     training_selection,
 )
+from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.enums import Usage
 from hg_dagger.contract.labels import DISCARDED, certification_problem
 from hg_dagger.datasets.manifest import (
@@ -249,7 +249,7 @@ def build(name: str, stores: Sequence[str | os.PathLike], *, root: str | os.Path
     new_v = base_v + 1
     manifest = _assemble(name, new_v, [_norm_url(s) for s in stores], cfg, parent, progress)
     manifest = manifest.model_copy(update={
-        "author": author, "created_wall": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
+        "author": author, "created_wall": wall_stamp()})
     manifest = manifest.model_copy(update={"hash": manifest.content_hash()})
     path = manifest_path(root, name, new_v)
     if new_v <= latest:  # rebuilding an existing version: only the same content is accepted

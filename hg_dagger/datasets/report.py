@@ -4,7 +4,6 @@ The dict has the store report's keys, so review.report.render_html and write_rep
 
 from __future__ import annotations
 
-import datetime as _dt
 import html
 from collections import Counter, defaultdict
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hg_dagger.contract import ActionSource, CollectionMode, LabelMask, RecoveryOutcome, TrainingBlock
+from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.enums import Usage
 from hg_dagger.datasets.manifest import USAGES, Manifest, read_manifest
 from hg_dagger.datasets.read import OpenStores
@@ -99,7 +99,7 @@ def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
                     "usage_per_split": {sp: dict(Counter(s.usage for s in manifest.samples if s.split == sp))
                                         for sp in sorted({s.split for s in manifest.samples})}},
         "task": manifest.config.selection.task,
-        "generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "generated": wall_stamp(),
         "rule": manifest.config.selection.rule.model_dump(),
         "episodes": len(complete),
         "incomplete_episodes": len(manifest.episodes) - len(complete),

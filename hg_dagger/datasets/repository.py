@@ -9,7 +9,6 @@ ROOT is ``--root``, else the folder ``datasets`` beside the (first) store.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import re
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.model import FrozenModel
 from hg_dagger.datasets.manifest import USAGES, DatasetError, Manifest, read_manifest, write_exclusive
 
@@ -93,7 +93,7 @@ def record_training(root: str | os.PathLike, manifest: Manifest, policy_version:
     path = Path(root) / manifest.name / "trained" / f"v{manifest.version}-{policy_version}.json"
     rec = TrainedRecord(dataset=manifest.ref, dataset_hash=manifest.hash, policy_version=policy_version,
                         checkpoint=str(Path(checkpoint).absolute()),
-                        created_wall=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+                        created_wall=wall_stamp())
     try:
         write_exclusive(path, rec.model_dump_json(indent=1))
     except DatasetError:

@@ -13,7 +13,6 @@ reproduce within the task's ``replay:`` tolerances is the divergent one. The ver
 
 from __future__ import annotations
 
-import datetime as _dt
 import importlib.metadata
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.enums import EndReason, ReplayStatus, StepFlag
 from hg_dagger.contract.schema import ReplayCheck
 from hg_dagger.envs.mapping import ReplayTolerance
@@ -114,7 +114,7 @@ def replay_store(
         for info in bar:
             if not info.complete:
                 check = ReplayCheck(status=ReplayStatus.UNVERIFIED, reason="incomplete (never committed)",
-                                    t_wall=_now())
+                                    t_wall=wall_stamp())
                 report.results.append(ReplayResult(info.episode_id, info.task_id, check,
                                                    skipped="incomplete (never committed): nothing recorded"))
                 continue
@@ -160,7 +160,7 @@ def replay_episode(store, episode_id: str, *, perturb: Mapping[int, Any] | None 
 
     def verdict(status: ReplayStatus, reason: str = "", **kw) -> ReplayCheck:
         return ReplayCheck(status=status, reason=reason, checked_with={**base, **kw.pop("checked_with", {})},
-                           t_wall=_now(), **kw)
+                           t_wall=wall_stamp(), **kw)
 
     try:
         plan = replay_plan(info)
@@ -361,7 +361,3 @@ def _packages(backend: str) -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = ""
     return out
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")

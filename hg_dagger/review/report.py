@@ -11,7 +11,6 @@ as report.json and a self-contained report.html (plots inlined as PNG).
 from __future__ import annotations
 
 import base64
-import datetime as _dt
 import html
 import io
 import json
@@ -34,6 +33,7 @@ from hg_dagger.contract import (
     TrainingRule,
     current_review,
 )
+from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.labels import review_problem, window_operator
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.review.recall import recall_figures
@@ -134,7 +134,7 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         "report_version": REPORT_VERSION,
         "store": st.url,
         "task": task,
-        "generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "generated": wall_stamp(),
         "rule": rule.model_dump(),
         "reviewers": roster,
         "episodes": len(infos),
