@@ -382,7 +382,7 @@ class EpisodeControls(QGroupBox):
         if snap.starts_held and not loading:
             text += " · new episodes wait while a dialog is open"
         elif snap.next_start_in_s is not None and not loading:
-            text += f" · next episode in {snap.next_start_in_s:.1f} s"
+            text += f" · {style.next_episode_words(snap.next_start_in_s)}"
         if snap.next_mode != snap.mode and not loading:
             text += f" · {MODE_LABELS.get(SessionMode(snap.next_mode), snap.next_mode)} from the next episode"
         if self.phase_label.text() != text:

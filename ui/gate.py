@@ -70,7 +70,7 @@ class GateLight(QFrame):
             return
         if snap.phase == "running" and snap.episode_id is None and snap.estop is None:
             wait = snap.next_start_in_s  # the watched row's last episode ended: nothing is in control there either
-            self.set_state("between", f"next episode in {wait:.1f} s" if wait else "the next episode is starting")
+            self.set_state("between", style.next_episode_words(wait) if wait else "the next episode is starting")
             return
         reason = gate_words(snap.gate_reason)
         if snap.estop is not None:

@@ -48,6 +48,11 @@ LEVELS = {"ok": OK, "warn": WARNING, "bad": SAFETY}
 BASE_FONT_PT = 11
 
 
+def next_episode_words(seconds: float) -> str:
+    """The pause before the next queued episode, as the phase line and the state light say it."""
+    return f"next episode in {seconds:.1f} s"
+
+
 def state_style(state: str) -> tuple[str, str]:
     """Headline and colour of a control state (an unknown state reads as itself, in grey)."""
     return STATES.get(state) or PHASES.get(state) or (state.upper().replace("_", " ") or "-", NEUTRAL)
