@@ -3,9 +3,9 @@
     python benchmarks/bench_dagger.py --quick          # short overhead run + 6 small DAgger iterations, 12 BC
     python benchmarks/bench_dagger.py                  # the full comparison (tens of minutes on 2 cores)
 
-(1) Same env, same num_envs, same process, alternating repeats: env-steps/s of the auto collector (student
-    forward pass + expert query + beta mixing + recording into a zarr store) against a loop that only queries
-    the expert and steps the env. Target: ratio >= 0.9. The collector is the rollout engine (control.engine)
+(1) Same task, same num_envs, same process, two envs stepped in alternating blocks of about 0.15 s: env-steps/s
+    of the auto collector (student forward pass + expert query + beta mixing + recording into a zarr store)
+    against a loop that only queries the expert and steps the env. Target: ratio >= 0.9. The collector is the rollout engine (control.engine)
     with beta mixing and the safety monitor of the task's run config, as every mode steps. The same collector
     with a policy that costs nothing (a zero action) separates its own cost from the student's.
 (2) FetchPickAndPlace (state): `auto` in dagger_sync mode against expert_demo (behaviour cloning on expert-only
@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,91 +30,119 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 
 
-def bare_loop(env, expert, mapping, ticks: int) -> tuple[float, float]:
-    """Env-steps per wall second and per process CPU second of stepping driven by the expert alone."""
-    from hg_dagger.experts import query_expert
+class BareLoop:
+    """Stepping driven by the expert alone (the baseline), resumable so it can run in blocks between the
+    collector's ticks."""
 
-    n = env.num_envs
-    ids = np.arange(n)
-    obs, info = env.reset(seed=1)
-    expert.reset(list(ids), obs, info)
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(ticks):
-        q = query_expert(expert, obs, ids, mapping)
-        res = env.step(mapping.clip_raw(q.with_fallback(np.zeros((n, mapping.action_dim), np.float32))))
-        done = np.flatnonzero(res.terminated | res.truncated)
-        if len(done):
-            expert.reset(done.tolist(), {k: v[done] for k, v in res.obs.items()}, res.info)
-        obs = res.obs
-    return ticks * n / (time.perf_counter() - t0), ticks * n / (time.process_time() - c0)
+    def __init__(self, env, expert, mapping):
+        from hg_dagger.experts import query_expert
 
+        self.env, self.expert, self.mapping, self._query = env, expert, mapping, query_expert
+        self.ids = np.arange(env.num_envs)
+        self.zero = np.zeros((env.num_envs, mapping.action_dim), np.float32)
+        self.obs, info = env.reset(seed=1)
+        expert.reset(list(self.ids), self.obs, info)
 
-def auto_loop(env, expert, student, store, ticks: int) -> tuple[float, float, dict]:
-    """Env-steps per wall second and per process CPU second (incl. the writer thread and the final drain)
-    of the auto collector (student + expert + beta mixing + recorder) on the same env."""
-    from hg_dagger.learn.auto import Collector
-
-    rec = store.recorder(flush_interval_s=2.0, queue_steps=1 << 16)  # AutoConfig.recorder_flush_s default
-    col = Collector(env, expert, rec, mode="dagger_sync", seed=0)
-    col.set_policy(student, iteration=0, beta=0.5)
-    count = {"t": 0}
-
-    def on_tick(t, waiting):
-        count["t"] = t
-
-    c0 = time.process_time()
-    stats = col.run(episodes=None, reset_seed=1, stop=lambda: count["t"] >= ticks, on_tick=on_tick)
-    t_close = time.perf_counter()
-    rec.close()
-    drain_s = time.perf_counter() - t_close
-    cpu_s = time.process_time() - c0
-    summary = stats.summary()
-    summary.update(drain_s=drain_s, dropped=rec.stats.dropped_steps)
-    return stats.steps / stats.seconds, stats.steps / cpu_s, summary
+    def run(self, ticks: int) -> None:
+        env, expert, mapping = self.env, self.expert, self.mapping
+        for _ in range(ticks):
+            q = self._query(expert, self.obs, self.ids, mapping)
+            res = env.step(mapping.clip_raw(q.with_fallback(self.zero)))
+            done = np.flatnonzero(res.terminated | res.truncated)
+            if len(done):
+                expert.reset(done.tolist(), {k: v[done] for k, v in res.obs.items()}, res.info)
+            self.obs = res.obs
 
 
-def overhead(task: str, num_envs: int, ticks: int, repeats: int) -> dict:
-    import torch
+def _thread_cpu(name: str) -> float:
+    """CPU seconds so far of the live threads called ``name`` (the recorder's writer)."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name == name and t.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except OSError:  # the thread ended between the listing and the read
+                pass
+    return total
 
+
+BLOCK_S = 0.15  # the length of one block of ticks: short beside the machine's drift (seconds), long beside a cache
+
+
+def interleaved(task: str, num_envs: int, policy, ticks: int, folder: Path) -> dict:
+    """The collector of ``hg-dagger auto`` (``policy`` acting, beta 0.5) and the bare loop, each on an env of its
+    own, in alternating blocks of about BLOCK_S: the collector's on_tick runs the next bare block, so both loops
+    meet the machine's slow and fast moments alike. Wall and CPU seconds are summed per loop; the recorder's
+    writer thread is charged to the collector."""
     from hg_dagger.envs import load_mapping, make_env
     from hg_dagger.experts import make_expert
-    from hg_dagger.policy import Student
+    from hg_dagger.learn.auto import Collector
     from hg_dagger.store import EpisodeStore
+
+    mapping = load_mapping(task)
+    with make_env(mapping, num_envs=num_envs, seed=0) as env_bare, make_env(mapping, num_envs=num_envs, seed=0) as env:
+        bare = BareLoop(env_bare, make_expert(task, "planner", mapping=mapping), mapping)
+        w0 = time.perf_counter()
+        bare.run(5)  # warm-up, and the length of a tick
+        block = max(5, round(BLOCK_S / ((time.perf_counter() - w0) / 5)))
+        rec = EpisodeStore.create(folder).recorder(flush_interval_s=2.0, queue_steps=1 << 16)  # AutoConfig default
+        col = Collector(env, make_expert(task, "planner", mapping=mapping), rec, mode="dagger_sync", seed=0)
+        col.set_policy(policy, iteration=0, beta=0.5)
+        t = {"auto": 0.0, "bare": 0.0, "auto_cpu": 0.0, "bare_cpu": 0.0, "ticks": 0, "bare_ticks": 0, "mark": None}
+        blocks: list[tuple[float, float]] = []  # (auto s, bare s) per block pair
+
+        def on_tick(_ticks, waiting):
+            now, cpu = time.perf_counter(), time.thread_time()
+            if t["mark"] is not None:  # the first tick (the run's opening reset) is not counted
+                t["auto"] += now - t["mark"][0]
+                t["auto_cpu"] += cpu - t["mark"][1]
+                t["ticks"] += 1
+                if t["ticks"] % block == 0:
+                    b0 = time.perf_counter()
+                    bare.run(block)
+                    b1, c1 = time.perf_counter(), time.thread_time()
+                    t["bare"] += b1 - b0
+                    t["bare_cpu"] += c1 - cpu
+                    t["bare_ticks"] += block
+                    blocks.append((now - t["block_start"], b1 - b0))
+                    now, cpu = b1, c1
+                    t["block_start"] = now
+            else:
+                t["block_start"] = now
+            t["mark"] = (now, cpu)
+
+        stats = col.run(episodes=None, reset_seed=1, stop=lambda: t["bare_ticks"] >= ticks, on_tick=on_tick)
+        writer_cpu = _thread_cpu("hg-dagger-recorder")
+        t_close = time.perf_counter()
+        rec.close()
+        drain_s = time.perf_counter() - t_close
+        summary = stats.summary()
+    steps = num_envs * ticks  # every row runs an episode on every tick in both loops
+    pairs = [b / a for a, b in blocks]
+    return {
+        "bare_steps_per_s": steps / t["bare"], "auto_steps_per_s": steps / t["auto"], "ratio": t["bare"] / t["auto"],
+        "block_ratio_p10_p90": [float(np.percentile(pairs, 10)), float(np.percentile(pairs, 90))],
+        "ratio_cpu": t["bare_cpu"] / (t["auto_cpu"] + writer_cpu), "writer_cpu_s": writer_cpu,
+        "block_ticks": block, "auto_s": t["auto"], "bare_s": t["bare"], "drain_s": drain_s, "dropped": rec.stats.dropped_steps,
+        "expert_latency_ms_mean": summary["expert_latency_ms_mean"],
+        "student_inference_ms_mean": summary["student_inference_ms_mean"],
+    }
+
+def overhead(task: str, num_envs: int, ticks: int, folder: Path) -> dict:
+    """The collector with the student, then with a policy that costs nothing (its own cost), each interleaved
+    with a bare loop of its own."""
+    import torch
+
+    from hg_dagger.control.expert_runs import HoldStill
+    from hg_dagger.envs import load_mapping
+    from hg_dagger.policy import Student
 
     torch.set_num_threads(1)  # as `hg-dagger auto` collects (train.threads, default 1); the same for both loops
     mapping = load_mapping(task)
-    expert = make_expert(task, "planner", mapping=mapping)
     student = Student.create(mapping, kind="mlp", ensemble=5, hidden=(256, 256))
-    from hg_dagger.control.expert_runs import HoldStill
-
-    no_student = HoldStill(mapping.action_dim)  # the collector's own cost: a policy that costs nothing
-    bare, auto, bare_cpu, auto_cpu, details, machinery = [], [], [], [], [], []
-    with tempfile.TemporaryDirectory() as tmp, make_env(mapping, num_envs=num_envs, seed=0) as env:
-        bare_loop(env, expert, mapping, 5)  # warm-up
-        for r in range(repeats):
-            wall, cpu = bare_loop(env, expert, mapping, ticks)
-            bare.append(wall)
-            bare_cpu.append(cpu)
-            store = EpisodeStore.create(Path(tmp) / f"s{r}")
-            wall, cpu, info = auto_loop(env, expert, student, store, ticks)
-            auto.append(wall)
-            auto_cpu.append(cpu)
-            details.append(info)
-            store = EpisodeStore.create(Path(tmp) / f"n{r}")
-            machinery.append(auto_loop(env, expert, no_student, store, ticks)[0])
-    ratio = statistics.median(a / b for a, b in zip(auto, bare, strict=True))
-    ratio_cpu = statistics.median(a / b for a, b in zip(auto_cpu, bare_cpu, strict=True))
-    return {
-        "task": task, "num_envs": num_envs, "ticks": ticks, "repeats": repeats,
-        "bare_steps_per_s": bare, "auto_steps_per_s": auto, "ratio_median": ratio,
-        "no_student_steps_per_s": machinery,
-        "no_student_ratio_median": statistics.median(a / b for a, b in zip(machinery, bare, strict=True)),
-        "bare_steps_per_cpu_s": bare_cpu, "auto_steps_per_cpu_s": auto_cpu, "ratio_cpu_median": ratio_cpu,
-        "expert_latency_ms_mean": statistics.mean(d["expert_latency_ms_mean"] for d in details),
-        "student_inference_ms_mean": statistics.mean(d["student_inference_ms_mean"] for d in details),
-        "recorder_drain_s": max(d["drain_s"] for d in details),
-        "dropped_steps": sum(d["dropped"] for d in details),
-    }
+    with_student = interleaved(task, num_envs, student, ticks, folder / "student")
+    machinery = interleaved(task, num_envs, HoldStill(mapping.action_dim), ticks, folder / "no_student")
+    return {"task": task, "num_envs": num_envs, "ticks": ticks, "student": with_student, "no_student": machinery}
 
 
 GOAL_SUCCESS = 0.9  # the issue's goal: >= 90% student success ...
@@ -208,25 +236,28 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"argv": sys.argv[1:], "quick": args.quick}
     if not args.skip_overhead:
-        for task in (args.task, "toy_reach"):
-            ticks = (60 if args.quick else 300) if task.startswith("fetch") else (300 if args.quick else 2000)
-            o = overhead(task, args.num_envs, ticks, 3 if args.quick else 5)
-            result.setdefault("overhead", []).append(o)
-            from figures import record
+        from figures import record
 
-            record(f"auto collection {task} x{args.num_envs}: env-steps/s", statistics.median(o["auto_steps_per_s"]),
-                   unit="steps/s", baseline=statistics.median(o["bare_steps_per_s"]),
-                   baseline_name="bare env + expert loop", target=">= 0.9x baseline" if task.startswith("fetch") else "",
-                   met=o["ratio_median"] >= 0.9 if task.startswith("fetch") else None)
+        for task in (args.task, "toy_reach"):
+            fetch = task.startswith("fetch")
+            ticks = (150 if args.quick else 900) if fetch else (2000 if args.quick else 10000)
+            o = overhead(task, args.num_envs, ticks, out / "overhead" / task)
+            result.setdefault("overhead", []).append(o)
+            st, ns = o["student"], o["no_student"]
+            record(f"auto collection {task} x{args.num_envs}: env-steps/s", st["auto_steps_per_s"], unit="steps/s",
+                   baseline=st["bare_steps_per_s"], baseline_name="bare env + expert loop",
+                   target=">= 0.9x baseline" if fetch else "", met=st["ratio"] >= 0.9 if fetch else None)
             record(f"auto collection {task} x{args.num_envs}, no student (the collector's own cost): env-steps/s",
-                   statistics.median(o["no_student_steps_per_s"]), unit="steps/s",
-                   baseline=statistics.median(o["bare_steps_per_s"]), baseline_name="bare env + expert loop")
-            print(f"overhead {task} x{args.num_envs}: bare {statistics.median(o['bare_steps_per_s']):.0f} env-steps/s, "
-                  f"auto {statistics.median(o['auto_steps_per_s']):.0f} env-steps/s, ratio {o['ratio_median']:.2f} "
-                  f"(target >= 0.9); per CPU-second: bare {statistics.median(o['bare_steps_per_cpu_s']):.0f}, auto "
-                  f"{statistics.median(o['auto_steps_per_cpu_s']):.0f}, ratio {o['ratio_cpu_median']:.2f}; expert {o['expert_latency_ms_mean']:.2f} ms/query, student "
-                  f"{o['student_inference_ms_mean']:.2f} ms/tick, dropped {o['dropped_steps']}; without the student "
-                  f"(a zero action that costs nothing) ratio {o['no_student_ratio_median']:.2f}", flush=True)
+                   ns["auto_steps_per_s"], unit="steps/s", baseline=ns["bare_steps_per_s"],
+                   baseline_name="bare env + expert loop")
+            print(f"overhead {task} x{args.num_envs}, {ticks} ticks a loop in blocks of {st['block_ticks']}: bare "
+                  f"{st['bare_steps_per_s']:.0f} env-steps/s, auto {st['auto_steps_per_s']:.0f}, ratio "
+                  f"{st['ratio']:.2f}{' (target >= 0.9)' if fetch else ''}, blocks p10-p90 "
+                  f"{st['block_ratio_p10_p90'][0]:.2f}-{st['block_ratio_p10_p90'][1]:.2f}; per CPU-second (the "
+                  f"recorder's thread charged to auto) {st['ratio_cpu']:.2f}; expert {st['expert_latency_ms_mean']:.2f} "
+                  f"ms/query, student {st['student_inference_ms_mean']:.2f} ms/tick, dropped {st['dropped']}; "
+                  f"without the student (a zero action that costs nothing) ratio {ns['ratio']:.2f}, per CPU-second "
+                  f"{ns['ratio_cpu']:.2f}", flush=True)
     if not args.skip_learning:
         print(f"learning on {args.task} (student-only success after each iteration):", flush=True)
         result["learning"] = learning(args.task, args.quick, out, args.iterations, args.bc_iterations,
