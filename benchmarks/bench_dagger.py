@@ -7,7 +7,8 @@
     of the auto collector (student forward pass + expert query + beta mixing + recording into a zarr store)
     against a loop that only queries the expert and steps the env. Target: ratio >= 0.9. The collector is the rollout engine (control.engine)
     with beta mixing and the safety monitor of the task's run config, as every mode steps. The same collector
-    with a policy that costs nothing (a zero action) separates its own cost from the student's.
+    with a policy that costs nothing (a zero action) is printed beside it; a still arm makes fewer contacts, so
+    its env.step is cheaper too (docs/benchmarks.md).
 (2) FetchPickAndPlace (state): `auto` in dagger_sync mode against expert_demo (behaviour cloning on expert-only
     demonstrations) with identical seeds, episodes per iteration and training steps, so both see the same number
     of expert labels per iteration. Student-only success after every iteration is printed for both.
@@ -88,27 +89,25 @@ def interleaved(task: str, num_envs: int, policy, ticks: int, folder: Path) -> d
         rec = EpisodeStore.create(folder).recorder(flush_interval_s=2.0, queue_steps=1 << 16)  # AutoConfig default
         col = Collector(env, make_expert(task, "planner", mapping=mapping), rec, mode="dagger_sync", seed=0)
         col.set_policy(policy, iteration=0, beta=0.5)
-        t = {"auto": 0.0, "bare": 0.0, "auto_cpu": 0.0, "bare_cpu": 0.0, "ticks": 0, "bare_ticks": 0, "mark": None}
+        # per loop: seconds and CPU seconds; "auto_at_block": the collector's seconds when the last block began
+        t = {"auto": 0.0, "bare": 0.0, "auto_cpu": 0.0, "bare_cpu": 0.0, "bare_ticks": 0, "auto_at_block": 0.0,
+             "mark": None}
         blocks: list[tuple[float, float]] = []  # (auto s, bare s) per block pair
 
-        def on_tick(_ticks, waiting):
+        def on_tick(engine_ticks, waiting):
             now, cpu = time.perf_counter(), time.thread_time()
             if t["mark"] is not None:  # the first tick (the run's opening reset) is not counted
                 t["auto"] += now - t["mark"][0]
                 t["auto_cpu"] += cpu - t["mark"][1]
-                t["ticks"] += 1
-                if t["ticks"] % block == 0:
-                    b0 = time.perf_counter()
+                if (engine_ticks - 1) % block == 0:
                     bare.run(block)
                     b1, c1 = time.perf_counter(), time.thread_time()
-                    t["bare"] += b1 - b0
+                    t["bare"] += b1 - now
                     t["bare_cpu"] += c1 - cpu
                     t["bare_ticks"] += block
-                    blocks.append((now - t["block_start"], b1 - b0))
+                    blocks.append((t["auto"] - t["auto_at_block"], b1 - now))
+                    t["auto_at_block"] = t["auto"]
                     now, cpu = b1, c1
-                    t["block_start"] = now
-            else:
-                t["block_start"] = now
             t["mark"] = (now, cpu)
 
         stats = col.run(episodes=None, reset_seed=1, stop=lambda: t["bare_ticks"] >= ticks, on_tick=on_tick)
@@ -128,9 +127,11 @@ def interleaved(task: str, num_envs: int, policy, ticks: int, folder: Path) -> d
         "student_inference_ms_mean": summary["student_inference_ms_mean"],
     }
 
+
 def overhead(task: str, num_envs: int, ticks: int, folder: Path) -> dict:
-    """The collector with the student, then with a policy that costs nothing (its own cost), each interleaved
-    with a bare loop of its own."""
+    """The collector with the student, then with a zero action (a policy that costs nothing; a still arm also makes
+    the physics cheaper, so that figure is no measure of the collector's own cost), each interleaved with a bare
+    loop of its own."""
     import torch
 
     from hg_dagger.control.expert_runs import HoldStill
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
             record(f"auto collection {task} x{args.num_envs}: env-steps/s", st["auto_steps_per_s"], unit="steps/s",
                    baseline=st["bare_steps_per_s"], baseline_name="bare env + expert loop",
                    target=">= 0.9x baseline" if fetch else "", met=st["ratio"] >= 0.9 if fetch else None)
-            record(f"auto collection {task} x{args.num_envs}, no student (the collector's own cost): env-steps/s",
+            record(f"auto collection {task} x{args.num_envs}, zero action instead of the student: env-steps/s",
                    ns["auto_steps_per_s"], unit="steps/s", baseline=ns["bare_steps_per_s"],
                    baseline_name="bare env + expert loop")
             print(f"overhead {task} x{args.num_envs}, {ticks} ticks a loop in blocks of {st['block_ticks']}: bare "
