@@ -239,14 +239,18 @@ def _curve(p: pg.PlotItem, colour: str, name: str, *, dashed: bool = False, widt
 
 PLOT_MIN_PX = 70  # a plot (title, axes and area) never gets less: below it the curves are unreadable
 
-_DASH = {"solid": "&#9472;&#9472;", "dashed": "&#9472; &#9472;"}
+_DASH = {"solid": "&#9472;&#9472;", "dashed": "&#9472; &#9472;", "marker": "&#9679;"}
+
+
+def legend_html(entries) -> str:
+    """Each (name, colour, "solid"|"dashed"|"marker") in its colour, as rich text for a title or a label. A legend in a
+    title is never clipped by a small plot nor drawn over the curves."""
+    return " &nbsp; ".join(f"<span style='color:{c}'>{_DASH[kind]} {name}</span>" for name, c, kind in entries)
 
 
 def legend_title(title: str, entries) -> str:
-    """A plot title that is its legend: the title, then each (name, colour, "solid"|"dashed") in its colour.
-    A legend in the title is never clipped by a small plot nor drawn over the curves."""
-    parts = [f"<span style='color:{c}'>{_DASH[kind]} {name}</span>" for name, c, kind in entries]
-    return f"<b>{title}</b> <span style='color:#666'>(last {WINDOW_S:g} s)</span> &nbsp; " + " &nbsp; ".join(parts)
+    """A live plot's title that is its legend: the title, the time it shows, then the entries (legend_html)."""
+    return f"<b>{title}</b> <span style='color:#666'>(last {WINDOW_S:g} s)</span> &nbsp; " + legend_html(entries)
 
 
 def _plot_widget(title: str) -> pg.PlotWidget:

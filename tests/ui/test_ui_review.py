@@ -350,6 +350,12 @@ def test_human_command_plotted_on_the_dims_it_drives(qtbot, workspace, store):
     curve = next(i for i in ws.episode.plots.plots[1].listDataItems() if i.name() == "human command (y)")
     np.testing.assert_array_equal(curve.yData, cmd[:, 1])
     assert data.privacy in ws.episode.privacy.text()
+    # the legend is the first plot's title, never an overlay on the curves; it names what the plots hold
+    first = ws.episode.plots.plots[0]
+    assert first.legend is None
+    title = first.titleLabel.text
+    assert all(k in title for k in ("applied", "policy", "human command", "human applied"))
+    assert ("expert" in title) == bool(np.isfinite(data.expert).any())
 
 
 def _answer_dialogs(texts: list[str | None], offered: list[str]) -> None:
@@ -430,7 +436,26 @@ def test_a_decision_by_the_windows_operator_is_refused_in_one_line(qtbot, store)
     assert "is the window's operator" in text and "\n" not in text
     assert audit_trail(store, row.window_id) == []
     assert ws.panel.approve_button.isEnabled()
+    assert ws.panel.authorize.isChecked()  # kept for a retry on the same window
     ws.close()
+
+
+def test_what_was_ticked_or_typed_for_one_window_never_carries_to_the_next(qtbot, workspace, store):
+    """A reviewer who ticks "training authorized" and types a reason, then picks another window without deciding,
+    finds both cleared: approving the other window does not authorize it. The same window shown again keeps them."""
+    ws, panel = workspace, workspace.panel
+    first = _select(qtbot, ws, 0)
+    panel.authorize.setChecked(True)
+    panel.reason.setPlainText("looked fine")
+    panel.set_row(next(r for r in ws.browser.model.rows if r.window_id == first.window_id))
+    assert panel.authorize.isChecked() and panel.reason.toPlainText() == "looked fine"
+    second = _select(qtbot, ws, 1)
+    assert not panel.authorize.isChecked() and panel.reason.toPlainText() == ""
+    qtbot.mouseClick(panel.approve_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(panel.trail) == 1 and ws.worker.pending == 0, timeout=WAIT)
+    assert [(e.decision.status, e.decision.replay_training_authorized, e.decision.notes)
+            for e in audit_trail(store, second.window_id)] == [(ReviewStatus.APPROVED, False, "")]
+    assert audit_trail(store, first.window_id) == []
 
 
 def test_planner_certified_windows_show_as_certified_not_unauthorized(qtbot, store, tmp_path):

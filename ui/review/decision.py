@@ -125,7 +125,11 @@ class DecisionPanel(QGroupBox):
             w.setEnabled(on)
 
     def set_row(self, row: ReviewRow | None) -> None:
-        """Show a window (its state and audit trail), or nothing."""
+        """Show a window (its state and audit trail), or nothing. Another window starts with an empty reason and
+        no authorization: what was typed or ticked for one window never carries over to the next decision."""
+        if row is None or self.row is None or row.key != self.row.key:
+            self.reason.clear()
+            self.authorize.setChecked(False)
         self.row = row
         self._enable(row is not None)
         self.message.setText("")

@@ -31,6 +31,7 @@ from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.review.render import Scene
 from hg_dagger.ui import style
 from hg_dagger.ui.keys import is_text_input
+from hg_dagger.ui.plots import legend_html
 from hg_dagger.ui.review.model import STEP_KINDS, WAIT_MARKER, EpisodeData
 from hg_dagger.ui.review.worker import SceneRenderer
 
@@ -195,8 +196,6 @@ class ActionPlots(pg.GraphicsLayoutWidget):
                 p.setLabel("bottom", "step")
             p.showGrid(x=True, y=True, alpha=0.2)
             p.setMouseEnabled(x=False, y=False)
-            if i == 0:
-                p.addLegend(offset=(5, 5))
             if self.plots:
                 p.setXLink(self.plots[0])
             p.plot(steps, data.applied[:, i], pen=pg.mkPen(style.APPLIED, width=2), name="applied")
@@ -216,6 +215,19 @@ class ActionPlots(pg.GraphicsLayoutWidget):
             p.addItem(cursor)
             self.plots.append(p)
             self.cursors.append(cursor)
+        if self.plots:
+            self.plots[0].setTitle(legend_html(self._legend(data, human.size > 0)), size="9pt")
+
+    def _legend(self, data: EpisodeData, human_applied: bool) -> list[tuple[str, str, str]]:
+        """The curves the plots hold, for the legend in the first plot's title."""
+        entries = [("applied", style.APPLIED, "solid"), ("policy", style.POLICY, "solid")]
+        if np.isfinite(data.expert).any():
+            entries.append(("expert", style.EXPERT, "dashed"))
+        if self.human_dims:
+            entries.append(("human command", style.HUMAN, "dashed"))
+        if human_applied:
+            entries.append(("human applied", style.HUMAN, "marker"))
+        return entries
 
     def set_step(self, step: int) -> None:
         for c in self.cursors:
