@@ -224,9 +224,9 @@ class OperatorApp(QtCore.QObject):
         if loop.error:
             return 2, loop.error
         sm = loop.summary or {}
-        line = (f"{self.opts.store_url}: {sm.get('episodes', 0)} episodes ({sm.get('successes', 0)} successful), "
+        line = (f"this sitting: {sm.get('episodes', 0)} episodes ({sm.get('successes', 0)} successful), "
                 f"{sm.get('steps', 0)} steps, {sm.get('windows', 0)} correction windows, "
-                f"{sm.get('human_steps', 0)} operator steps")
+                f"{sm.get('human_steps', 0)} operator steps, recorded in {self.opts.store_url}")
         if not self.opts.quit_when_done:
             return 0, line
         from hg_dagger.store import EpisodeStore, validate_store

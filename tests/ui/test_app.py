@@ -187,7 +187,7 @@ def test_scripted_app_run_leaves_a_valid_store(tmp_path, toy_student):
     r = run_cli(["app", "--task", "toy_reach", "--operator", "synthetic", "--episodes", "3", "--store", store,
                  "--student", toy_student, "--quit-when-done"], {"QT_QPA_PLATFORM": "offscreen"}, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "3 episodes" in r.stdout and "validate: ok" in r.stdout
+    assert "this sitting: 3 episodes" in r.stdout and f"recorded in {store}" in r.stdout and "validate: ok" in r.stdout
     assert "Traceback" not in r.stderr and "propagateSizeHints" not in r.stderr
     st = EpisodeStore.open(store)
     assert len(st.episodes()) == 3 and list(validate_store(st)) == []

@@ -350,12 +350,12 @@ def test_human_command_plotted_on_the_dims_it_drives(qtbot, workspace, store):
     curve = next(i for i in ws.episode.plots.plots[1].listDataItems() if i.name() == "human command (y)")
     np.testing.assert_array_equal(curve.yData, cmd[:, 1])
     assert data.privacy in ws.episode.privacy.text()
-    # the legend is the first plot's title, never an overlay on the curves; it names what the plots hold
-    first = ws.episode.plots.plots[0]
-    assert first.legend is None
-    title = first.titleLabel.text
-    assert all(k in title for k in ("applied", "policy", "human command", "human applied"))
-    assert ("expert" in title) == bool(np.isfinite(data.expert).any())
+    # the legend is in the caption above the plots (it wraps there), never an overlay on the curves; it names
+    # what the plots hold
+    assert all(p.legend is None for p in ws.episode.plots.plots)
+    caption = ws.episode.action_caption.text()
+    assert all(k in caption for k in ("raw units", "applied", "policy", "human command", "human applied"))
+    assert ("expert" in caption) == bool(np.isfinite(data.expert).any())
 
 
 def _answer_dialogs(texts: list[str | None], offered: list[str]) -> None:

@@ -9,6 +9,8 @@ until it is ready).
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pyqtgraph as pg
 from PyQt6.QtCore import QEvent, QObject, QPointF, QSize, Qt, QTimer, pyqtSignal
@@ -177,6 +179,7 @@ class ActionPlots(pg.GraphicsLayoutWidget):
         self.cursors: list[pg.InfiniteLine] = []
         self.human_steps = np.zeros(0, np.int64)
         self.human_dims: list[int] = []  # action dims with a human command curve
+        self.legend: list[tuple[str, str, str]] = []  # (name, colour, line kind) of the curves shown
 
     def show_episode(self, data: EpisodeData) -> None:
         self.clear()
@@ -215,11 +218,11 @@ class ActionPlots(pg.GraphicsLayoutWidget):
             p.addItem(cursor)
             self.plots.append(p)
             self.cursors.append(cursor)
-        if self.plots:
-            self.plots[0].setTitle(legend_html(self._legend(data, human.size > 0)), size="9pt")
+        self.legend = self._legend(data, human.size > 0)
 
     def _legend(self, data: EpisodeData, human_applied: bool) -> list[tuple[str, str, str]]:
-        """The curves the plots hold, for the legend in the first plot's title."""
+        """The curves the plots hold: the legend, shown in the caption above them (it wraps in a narrow pane and
+        never covers a curve)."""
         entries = [("applied", style.APPLIED, "solid"), ("policy", style.POLICY, "solid")]
         if np.isfinite(data.expert).any():
             entries.append(("expert", style.EXPERT, "dashed"))
@@ -458,8 +461,9 @@ class EpisodeView(QWidget):
         self.privacy.setText(f"privacy: {data.privacy}")
         self.timeline.show_episode(data, window_id)
         self.plots.show_episode(data)
-        self.action_caption.setText(f"actions ({data.task_id or 'task'} raw units): {data.action_description}"
-                                    if data.action_description else "")
+        units = (f"actions ({html.escape(data.task_id or 'task')} raw units): {html.escape(data.action_description)}<br>"
+                 if data.action_description else "")
+        self.action_caption.setText(units + legend_html(self.plots.legend))
         self.frame.set_episode(data)
         self._show_scene(data)
         self.slider.blockSignals(True)
