@@ -115,6 +115,7 @@ class OperatorApp(QtCore.QObject):
         self._poll.setInterval(100)
         self._poll.timeout.connect(self._on_poll)
         self._progress: QtWidgets.QProgressDialog | None = None
+        self._progress_intro = ""  # what the first-student dialog is for; its stages are added under it
 
     # ---- start ---------------------------------------------------------------------------
 
@@ -136,9 +137,9 @@ class OperatorApp(QtCore.QObject):
                                  out_dir=str(opts.task_dir / "students" / "round-00"), demos=opts.bootstrap_demos,
                                  steps=opts.bootstrap_steps, seed=opts.seed)
         self._job_kind = "bootstrap"
-        self._progress = QtWidgets.QProgressDialog(
-            f"No student for {opts.task} yet: recording planner demonstrations and training a first, deliberately "
-            "weak student, so the gates have something to catch.", "Cancel", 0, 100)
+        self._progress_intro = (f"No student for {opts.task} yet: recording planner demonstrations and training a "
+                                "first, deliberately weak student, so the gates have something to catch.")
+        self._progress = QtWidgets.QProgressDialog(self._progress_intro, "Cancel", 0, 100)
         self._progress.setWindowTitle("hg-dagger: first student")
         self._progress.setMinimumDuration(0)
         self._progress.setMinimumWidth(460)
@@ -264,7 +265,7 @@ class OperatorApp(QtCore.QObject):
 
     def _show_progress(self, stage: str, fraction: float) -> None:
         if self._progress is not None:
-            self._progress.setLabelText(f"{stage}...")
+            self._progress.setLabelText(f"{self._progress_intro}\n\nnow: {stage}...")  # the why stays in view
             self._progress.setValue(int(100 * fraction))
         elif self.window is not None:
             self.window.set_training_progress(stage, fraction)

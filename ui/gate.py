@@ -289,7 +289,8 @@ class HandoverBanner(QFrame):
         elif look == "human" and look != self.look:
             back = handback_hint(self.device_kind)
             steer = f"steer: {self.keys_text}" if self.keys_text else "steer the robot"
-            self._text("YOU ARE IN CONTROL", f"{steer}   ·   {back} to hand back" if back else steer)
+            # how to hand back first: a narrow window cuts the end of the line, and the keys are in the Device tab
+            self._text("YOU ARE IN CONTROL", f"{back} to hand back   ·   {steer}" if back else steer)
         if look == self.look:
             return
         self.look = look

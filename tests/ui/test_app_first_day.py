@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 from PyQt6.QtCore import Qt, QTimer
-from PyQt6.QtWidgets import QApplication, QMessageBox
+from PyQt6.QtWidgets import QApplication, QMessageBox, QProgressDialog
 from support.app import WAIT_MS, close_app, wait_snap
 
 from hg_dagger.contract import ActionSource, EventKind, LabelMask
@@ -66,14 +66,22 @@ def apps():
             op.loop.stop()
 
 
-def launch(qtbot, apps, opts: AppOptions, settings) -> OperatorApp:
+def launch(qtbot, apps, opts: AppOptions, settings, progress: list[str] | None = None) -> OperatorApp:
+    """The app, started and idle. ``progress`` collects what its first-student dialog said meanwhile."""
     op = OperatorApp(opts, settings)
     apps.append(op)
     ended: list[int] = []
     op.finished.connect(ended.append)
     op.start()
+
+    def opened() -> bool:
+        if progress is not None:
+            progress.extend(w.labelText() for w in QApplication.topLevelWidgets()
+                            if isinstance(w, QProgressDialog) and w.isVisible())
+        return op.window is not None or bool(ended)
+
     # the window opens after the first student, if one is made; a failed bootstrap ends the app (said on stderr)
-    qtbot.waitUntil(lambda: op.window is not None or bool(ended), timeout=WAIT_MS)
+    qtbot.waitUntil(opened, timeout=WAIT_MS)
     assert op.window is not None, f"the app ended with exit code {ended[0]} before its window opened"
     qtbot.addWidget(op.window)
     wait_snap(qtbot, op, lambda s: s.phase == "idle" and not s.loading and s.seq > 2)
@@ -147,7 +155,10 @@ def test_first_day_with_a_human_paced_operator(qtbot, tmp_path, settings, apps, 
     opts = AppOptions(task=task, operator="device", device="keyboard", name="op-day1", home=str(tmp_path / "home"),
                       bootstrap_demos=day.bootstrap_demos, bootstrap_steps=day.bootstrap_steps,
                       train_steps=day.train_steps, seed=0)
-    op = launch(qtbot, apps, opts, settings)  # no student yet: the app bootstraps one first
+    said: list[str] = []
+    op = launch(qtbot, apps, opts, settings, said)  # no student yet: the app bootstraps one first
+    # the dialog keeps saying why it is there while it names each stage under it
+    assert any(f"No student for {task} yet" in t and "now: " in t for t in said), said[-3:]
     win = op.window
     store = op.opts.store_url
     first_student = op.student_path
