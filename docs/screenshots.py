@@ -73,7 +73,7 @@ def main() -> int:
             tab.browser.select(row.window_id)
             review["tab_row"] = row
             state["phase"] = "review-select"
-        elif ph == "review-select" and shown(tab, review["tab_row"]):
+        elif ph == "review-select" and shown(tab, review["tab_row"]) and tab.episode.frame.state != "rendering":
             tab.episode.set_step(middle(review["tab_row"]))
             grab("app-review-tab")
             ws = ReviewWorkspace([op.opts.store_url], "rev-07")

@@ -3,6 +3,7 @@ table, the episode timeline coloured by action source, scrubbing, and decisions 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from hg_dagger.store import EpisodeStore
 from hg_dagger.ui import style
 from hg_dagger.ui.review import ReviewWorkspace
 from hg_dagger.ui.review.browser import COLUMNS
+from hg_dagger.ui.review.model import Marker
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.app]
 
@@ -150,6 +152,19 @@ def test_timeline_colours_markers_and_scrubbing(qtbot, workspace, store):
     qtbot.mouseMove(tl.viewport(), at(8))
     qtbot.mouseRelease(tl.viewport(), Qt.MouseButton.LeftButton, pos=at(8))
     assert ws.episode.step == 8 and f"qpos: {qpos[8][0]:+.3f}" in ws.episode.frame.text()
+
+
+def test_a_run_of_markers_on_consecutive_steps_is_labelled_once(qtbot, workspace):
+    """A clamp held for several steps is one "clamp x4" on the timeline, not four labels drawn over each other;
+    a clamp further on is a run of its own, and every marker keeps its line."""
+    ws = workspace
+    _select(qtbot, ws, 0)
+    clamps = [Marker(s, "safety_clamp", "max_delta") for s in (5, 6, 7, 8, 20)]
+    ws.episode.timeline.show_episode(dataclasses.replace(ws.episode.data, markers=clamps), None)
+    tl = ws.episode.timeline
+    assert list(zip(tl.markers, tl.marker_texts, strict=True)) == [
+        ((5, "safety_clamp"), "clamp x4"), ((6, "safety_clamp"), ""), ((7, "safety_clamp"), ""),
+        ((8, "safety_clamp"), ""), ((20, "safety_clamp"), "clamp")]
 
 
 def test_approve_and_reject_through_the_buttons(qtbot, workspace, store):

@@ -123,8 +123,11 @@ class Timeline(pg.PlotWidget):
                     self.regions.append((a, b, kind))
         self.markers, self.marker_texts = [], []
         waits = 0
-        for m in data.markers:
+        runs = _marker_runs(data.markers)
+        for m, run in zip(data.markers, runs, strict=True):
             colour, label = MARKER_STYLE.get(m.kind, (style.NEUTRAL, m.kind))
+            if label and m.kind != WAIT_MARKER:  # a run of the same marker on consecutive steps: one label
+                label = "" if run == 0 else f"{label} x{run}" if run > 1 else label
             position, fill = 0.95, None
             if m.kind == WAIT_MARKER:
                 # a wait that left no rows (the world paused) says it all; beside held steps a short label will do
@@ -166,6 +169,22 @@ class Timeline(pg.PlotWidget):
             ev.accept()
             return
         super().mouseMoveEvent(ev)
+
+
+def _marker_runs(markers) -> list[int]:
+    """Per marker: the length of the run of same-kind markers on consecutive steps it starts, or 0 where it
+    continues one (a clamp held for 25 steps is one "clamp x25", not 25 labels drawn over each other)."""
+    runs = [1] * len(markers)
+    head: dict[str, tuple[int, int]] = {}  # kind -> (index of the run's first marker, last step in the run)
+    for i, m in enumerate(markers):
+        first = head.get(m.kind)
+        if first is not None and m.step - first[1] in (0, 1):
+            runs[first[0]] += 1
+            runs[i] = 0
+            head[m.kind] = (first[0], m.step)
+        else:
+            head[m.kind] = (i, m.step)
+    return runs
 
 
 class ActionPlots(pg.GraphicsLayoutWidget):
