@@ -179,7 +179,7 @@ class StudentNet(nn.Module):
             self.register_buffer("chunk_coverage", torch.ones(self.horizon))
 
     def features(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
-        x = (state - self.obs_mean) / self.obs_std
+        x = normalize_state(state, self.obs_mean, self.obs_std)
         if self.spec.image_keys:
             x = torch.cat([x] + [self.encoders[k](images[k]) for k in self.spec.image_keys], dim=-1)
         return x
@@ -187,7 +187,10 @@ class StudentNet(nn.Module):
     def chunks(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """Normalized per-member predictions of the next ``horizon`` actions [K, N, H, A] (H = 1 but for a chunk
         head)."""
-        z = self.head(self.features(state, images))
+        return self.as_chunks(self.head(self.features(state, images)))
+
+    def as_chunks(self, z: torch.Tensor) -> torch.Tensor:
+        """The head's output [K, N, H * A] -> [K, N, H, A]."""
         return z.reshape(*z.shape[:2], self.horizon, self.spec.action_dim)
 
     def forward(self, state: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -379,15 +382,15 @@ class Student:
         """The ensemble's mean action, its spread and confidence. Only the network runs in torch: each torch call
         hands the interpreter lock to the recorder's threads, so the small arithmetic after it is numpy's."""
         t0 = time.perf_counter_ns()
-        state, images = self.encode(obs)
         net = self.net
         act_std, act_mean = net.act_std.numpy(), net.act_mean.numpy()
+        out = net.head(self._act_input(obs))
         if net.horizon > 1:
-            chunks = net.chunks(state, images).numpy()  # normalized [K, N, H, A]
+            chunks = net.as_chunks(out).numpy()  # normalized [K, N, H, A]
             z = chunks[:, :, 0]
             chunk = to_policy_units(chunks.mean(0), act_mean, act_std)
         else:
-            z = net(state, images).numpy()  # normalized [K, N, A]
+            z = out.numpy()  # normalized [K, N, A]
         if z.shape[0] > 1:
             unc = z.std(0).mean(-1, dtype=np.float32)
         else:
@@ -408,6 +411,16 @@ class Student:
             policy_action=policy,
         )
 
+    def _act_input(self, obs: dict[str, np.ndarray]) -> torch.Tensor:
+        """The head's input for acting. A state-only student's is normalized and repeated for each member in
+        numpy, [K, N, in]: each torch call hands the interpreter lock to the recorder's threads, and those small
+        calls took longer inside a session than the network's layers did (docs/benchmarks.md)."""
+        state, images = self.encode(obs)
+        if self.spec.image_keys:
+            return self.net.features(state, images)
+        x = normalize_state(state.numpy(), self.net.obs_mean.numpy(), self.net.obs_std.numpy())
+        return torch.from_numpy(np.repeat(x[None], self.spec.ensemble, axis=0))
+
     @torch.inference_mode()
     def calibrate_confidence(self, obs: dict[str, np.ndarray], quantile: float = 0.95) -> float:
         """Set the uncertainty that maps to confidence exp(-1): the given quantile over in-distribution obs."""
@@ -418,6 +431,11 @@ class Student:
         self.net.uncertainty_ref.fill_(max(ref, 1e-6))
         self.weights_changed()
         return ref
+
+
+def normalize_state(state, mean, std):
+    """A flat state (torch for training, numpy for acting) in the network's input units."""
+    return (state - mean) / std
 
 
 def to_policy_units(z, mean, std):
