@@ -36,10 +36,10 @@ def test_policy_expert_labels_like_the_student_in_one_forward_pass(checkpoint):
     expert = make_expert("toy_reach", kind="policy", checkpoint=path, mapping=env.mapping)
     assert isinstance(expert, PolicyExpert) and expert.output_space == "policy"
     calls = []
-    hook = expert.student.net.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    hook = expert.student.net.head.register_forward_hook(lambda mod, args, out: calls.append(tuple(out.shape)))
     q = query_expert(expert, obs, np.arange(5), env.mapping)
     hook.remove()
-    assert len(calls) == 1  # the whole batch in one forward pass
+    assert calls == [(3, 5, 2)]  # the whole batch in one forward pass of the network (3 members, 5 rows, 2 dims)
     out = student.act(obs)
     # its labels reach raw space through the same policy_to_raw as the learner's own actions
     np.testing.assert_allclose(q.action, out.action, atol=1e-6)
