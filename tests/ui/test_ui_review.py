@@ -165,6 +165,10 @@ def test_a_run_of_markers_on_consecutive_steps_is_labelled_once(qtbot, workspace
     assert list(zip(tl.markers, tl.marker_texts, strict=True)) == [
         ((5, "safety_clamp"), "clamp x4"), ((6, "safety_clamp"), ""), ((7, "safety_clamp"), ""),
         ((8, "safety_clamp"), ""), ((20, "safety_clamp"), "clamp")]
+    # labels of different kinds a step apart are drawn at two heights, not over each other
+    close = [Marker(30, "gate_warning", "confidence"), Marker(31, "gate_trigger", "confidence"), Marker(32, "estop")]
+    ws.episode.timeline.show_episode(dataclasses.replace(ws.episode.data, markers=close), None)
+    assert (tl.marker_texts, tl.marker_heights) == (["warn", "gate", "E-STOP"], [0.95, 0.8, 0.95])
 
 
 def test_approve_and_reject_through_the_buttons(qtbot, workspace, store):

@@ -90,6 +90,7 @@ class Timeline(pg.PlotWidget):
         self.colours: list[str] = []
         self.markers: list[tuple[int, str]] = []
         self.marker_texts: list[str] = []  # the label drawn at each marker
+        self.marker_heights: list[float] = []  # where on the bar it is drawn (a fraction of the height)
         self.regions: list[tuple[int, int, str]] = []  # (start, end, "window" | "context")
         self.cursor = pg.InfiniteLine(pos=0, angle=90, pen=pg.mkPen(style.APPLIED, width=2))
         self.cursor.setZValue(10)
@@ -121,14 +122,20 @@ class Timeline(pg.PlotWidget):
                     region.setZValue(-5)
                     self._add(region)
                     self.regions.append((a, b, kind))
-        self.markers, self.marker_texts = [], []
+        self.markers, self.marker_texts, self.marker_heights = [], [], []
         waits = 0
         runs = _marker_runs(data.markers)
+        near = max(2, n // 30)  # labels closer than this (in steps) would be drawn over each other
+        top: tuple[int, float] | None = None  # the last label drawn at the top: its step and height
         for m, run in zip(data.markers, runs, strict=True):
             colour, label = MARKER_STYLE.get(m.kind, (style.NEUTRAL, m.kind))
+            position, fill = 0.95, None
             if label and m.kind != WAIT_MARKER:  # a run of the same marker on consecutive steps: one label
                 label = "" if run == 0 else f"{label} x{run}" if run > 1 else label
-            position, fill = 0.95, None
+                if label:  # a different marker's label just before: this one a line lower
+                    if top is not None and m.step - top[0] < near and top[1] == 0.95:
+                        position = 0.8
+                    top = (m.step, position)
             if m.kind == WAIT_MARKER:
                 # a wait that left no rows (the world paused) says it all; beside held steps a short label will do
                 held = 0 < m.step <= n and data.kinds[m.step - 1] == "waiting"
@@ -141,6 +148,7 @@ class Timeline(pg.PlotWidget):
             self._add(line)
             self.markers.append((m.step, m.kind))
             self.marker_texts.append(label)
+            self.marker_heights.append(position)
         self._add(self.cursor)
         self.setXRange(0, max(n, 1), padding=0.01)
 
