@@ -380,7 +380,7 @@ class Student:
     @torch.inference_mode()
     def act(self, obs: dict[str, np.ndarray]) -> PolicyOutput:
         """The ensemble's mean action, its spread and confidence. Only the network runs in torch: each torch call
-        hands the interpreter lock to the recorder's threads, so the small arithmetic after it is numpy's."""
+        hands the interpreter lock to the recorder's threads, so the small arithmetic around it is numpy's."""
         t0 = time.perf_counter_ns()
         net = self.net
         act_std, act_mean = net.act_std.numpy(), net.act_mean.numpy()

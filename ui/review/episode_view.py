@@ -41,6 +41,7 @@ MARKER_STYLE = {"gate_warning": (style.WARNING, "warn"), "gate_trigger": (style.
                 "estop": (style.SAFETY, "E-STOP"), "safety_clamp": (style.SAFETY, "clamp"),
                 "handover_start": (style.HUMAN, ""), "handover_end": (style.POLICY, ""),
                 WAIT_MARKER: (style.NEUTRAL, "")}
+LABEL_TOP, LABEL_LOWER = 0.95, 0.8  # heights of a marker's label on the timeline (a fraction of the bar)
 LEGEND_KINDS = ("policy", "human", "expert", "waiting", "handback", "safety")
 _SHORTCUT_MODIFIERS = (Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier
                        | Qt.KeyboardModifier.MetaModifier)
@@ -129,12 +130,12 @@ class Timeline(pg.PlotWidget):
         top: tuple[int, float] | None = None  # the last label drawn at the top: its step and height
         for m, run in zip(data.markers, runs, strict=True):
             colour, label = MARKER_STYLE.get(m.kind, (style.NEUTRAL, m.kind))
-            position, fill = 0.95, None
+            position, fill = LABEL_TOP, None
             if label and m.kind != WAIT_MARKER:  # a run of the same marker on consecutive steps: one label
                 label = "" if run == 0 else f"{label} x{run}" if run > 1 else label
-                if label:  # a different marker's label just before: this one a line lower
-                    if top is not None and m.step - top[0] < near and top[1] == 0.95:
-                        position = 0.8
+                if label:  # a different marker's label just before at the top: this one a line lower
+                    if top is not None and m.step - top[0] < near and top[1] == LABEL_TOP:
+                        position = LABEL_LOWER
                     top = (m.step, position)
             if m.kind == WAIT_MARKER:
                 # a wait that left no rows (the world paused) says it all; beside held steps a short label will do
