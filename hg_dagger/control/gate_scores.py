@@ -130,7 +130,8 @@ class StallScorer(GateScorer):
 
 
 class EtaScorer(GateScorer):
-    """Keeps each row's last ``window_s`` seconds of the signal (a ring over ticks) to measure its pace."""
+    """Keeps each row's last ``window_s`` seconds of the signal (a ring over ticks) to measure its pace, and with
+    a calibration the signal's value at each success onset (the goal is learned from those alone)."""
 
     def __init__(self, spec: ProgressEtaGate, *a):
         super().__init__(spec, *a)
@@ -138,16 +139,43 @@ class EtaScorer(GateScorer):
         self.ring = np.zeros((self.width + 1, self.n), np.float64)
         self.seen = np.zeros(self.n, np.int64)  # ticks recorded since the row's last reset
         self.pace = np.zeros(self.n, np.float64)  # signal units per second over the window (for values)
+        cal = spec.calibration
+        self.onsets = np.empty(cal.window if cal else 0, np.float64)  # the signal where successes began
+        self.onsets_n = 0
+        self.was_succeeding = np.zeros(self.n, bool)
+        self.goal = spec.goal  # in force: the configured goal until enough successes were seen
 
     def reset(self, rows):
         self.seen[rows] = 0
 
+    def _learn_goal(self, p: np.ndarray, succeeding: np.ndarray | None) -> None:
+        cal = self.spec.calibration
+        if cal is None or succeeding is None:
+            return
+        now = np.asarray(succeeding, bool)
+        onset = np.flatnonzero(now & ~self.was_succeeding & np.isfinite(p))
+        self.was_succeeding = now.copy()
+        for row in onset:
+            self.onsets[self.onsets_n % self.onsets.size] = p[row]
+            self.onsets_n += 1
+        if onset.size and self.onsets_n >= cal.min_successes:
+            self.goal = float(np.quantile(self.onsets[: min(self.onsets_n, self.onsets.size)], cal.quantile))
+
+    def calibration_state(self) -> dict[str, Any]:
+        """The goal in force and where it came from (for the gate config recorded with episodes)."""
+        cal = self.spec.calibration
+        learned = cal is not None and self.onsets_n >= cal.min_successes
+        return {"goal": self.goal, "goal_source": "successes" if learned else "config", "successes": self.onsets_n}
+
     def score(self, inp, armed):
         out = np.zeros(self.n, np.float32)
         p = inp.signals.get(self.spec.signal)
-        if p is None or inp.steps_left is None:
+        if p is None:
             return out
         p = np.asarray(p, np.float64)
+        self._learn_goal(p, inp.succeeding)
+        if inp.steps_left is None:
+            return out
         slot = self.seen % (self.width + 1)
         ok = np.isfinite(p)
         self.ring[slot[ok], np.flatnonzero(ok)] = p[ok]
@@ -155,8 +183,10 @@ class EtaScorer(GateScorer):
         full = self.seen > self.width
         oldest = self.ring[self.seen % (self.width + 1), np.arange(self.n)]
         self.pace = np.where(full, (p - oldest) / (self.width * self.step_dt), 0.0)
+        if self.goal is None:  # nothing learned yet and nothing configured: quiet
+            return out
         left_s = np.asarray(inp.steps_left, np.float64) * self.step_dt
-        remaining = self.spec.goal - p
+        remaining = self.goal - p
         rows = full & ok & (remaining > 0) & (left_s > 0)
         if inp.succeeding is not None:  # the task's own success condition holds: done, whatever the signal says
             rows &= ~np.asarray(inp.succeeding, bool)
@@ -167,7 +197,7 @@ class EtaScorer(GateScorer):
 
     def values(self, row, inp):
         p = float(np.asarray(inp.signals[self.spec.signal])[row])
-        return {"progress": p, "goal": self.spec.goal, "pace_per_s": float(self.pace[row]),
+        return {"progress": p, "goal": self.goal, "pace_per_s": float(self.pace[row]),
                 "seconds_left": float(np.asarray(inp.steps_left)[row] * self.step_dt)}
 
 

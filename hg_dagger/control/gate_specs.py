@@ -63,19 +63,40 @@ class ProgressStallGate(_GateBase):
     min_delta: float = Field(default=1e-3, ge=0)
 
 
+class EtaCalibration(StrictModel):
+    """Where the progress-ETA gate's goal lies, learned from successful rollouts only: the ``quantile`` of the
+    signal's value at the step the task's success condition began to hold, over the last ``window`` successes
+    of the session (whoever drove). Failures never move it, so a student that fails often cannot talk the gate
+    into quiet."""
+
+    min_successes: int = Field(default=3, ge=1, description="successes before the learned goal replaces the "
+                               "configured one (without a configured goal the gate is quiet until then)")
+    quantile: float = Field(default=0.5, gt=0.0, lt=1.0)
+    window: int = Field(default=200, ge=1)
+
+
 class ProgressEtaGate(_GateBase):
     """The task will not be done in time at the pace of the last ``window_s`` seconds: the score is the time the
     remaining progress to ``goal`` needs at that pace over the time the episode has left (1.0 = just in time; no
     progress at all scores ``cap``). It sees a student that creeps or drifts, which a stall gate misses as long as
     it improves by ``min_delta`` now and then. Quiet at the goal (or while the task's success condition holds) and
-    where the episode has no step limit."""
+    where the episode has no step limit. With ``calibration`` the goal is learned from successful rollouts."""
 
     type: Literal["progress_eta"] = "progress_eta"
     signal: str = "progress"
-    goal: float = Field(description="the signal's value at which the task counts as done")
+    goal: float | None = Field(default=None, description="the signal's value at which the task counts as done "
+                               "(None: learned by ``calibration`` from successes; quiet until then)")
+    calibration: EtaCalibration | None = None
     window_s: float = Field(default=1.0, gt=0, description="seconds over which the pace is measured")
     cap: float = Field(default=10.0, gt=0, description="score when the pace is zero or backwards")
     trigger: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _goal_or_calibration(self):
+        if self.goal is None and self.calibration is None:
+            raise ValueError(f"gate {self.name or self.type!r}: give a goal, or a calibration to learn it from "
+                             f"successful rollouts")
+        return self
 
 
 class ConstraintGate(_GateBase):

@@ -99,6 +99,8 @@ class GateEngine:
         for g in self.gates:
             d = g.spec.model_dump(mode="json")
             d["warn"], d["trigger"] = g.warn, g.trigger
+            if hasattr(g, "calibration_state"):  # a goal learned from successes: the one in force
+                d.update(g.calibration_state())
             gates.append(d)
         return {"name": self.config.name, "task": self.config.task, "scene": self.config.scene, "gates": gates}
 

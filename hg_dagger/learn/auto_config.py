@@ -24,6 +24,7 @@ from hg_dagger.control.run_config import RunConfig, load_run_config
 from hg_dagger.control.safety import SafetyConfig
 from hg_dagger.errors import ConfigError
 from hg_dagger.learn.aggregate import LabelBufferConfig
+from hg_dagger.learn.budget import check_one_budget, task_budget
 from hg_dagger.learn.evaluate import EvalConfig
 from hg_dagger.learn.schedules import BetaSchedule
 from hg_dagger.learn.train import StudentConfig, TrainConfig
@@ -111,6 +112,16 @@ class AutoConfig(StrictModel):
         if g.operator.type == "device" or g.robot is not None:
             raise ValueError("human-gated rounds run unattended: the synthetic or expert operator on a simulator "
                              "(a person or a robot trains between rounds in `hg-dagger app`)")
+        # one time budget: the gated sessions cut their episodes where evaluation stops them
+        budget = g.max_episode_steps or self.max_episode_steps or task_budget(self.task)
+        if self.eval.max_steps is None:
+            self.eval = self.eval.model_copy(update={"max_steps": budget})
+        try:
+            check_one_budget(budget, self.eval.max_steps, where=f"auto on {self.task}")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if g.max_episode_steps is None:
+            self.gated = g.model_copy(update={"max_episode_steps": budget})
         return self
 
     def beta_at(self, iteration: int) -> float:

@@ -30,7 +30,8 @@ class EvalConfig(StrictModel):
     episodes: int = Field(default=20, gt=0)
     num_envs: int = Field(default=10, gt=0)
     seed: int = 100_000  # far from collection seeds: evaluation states are not training states
-    max_steps: int | None = Field(default=None, gt=0, description="stop an episode early (default: the task horizon)")
+    max_steps: int | None = Field(default=None, gt=0, description="stop an episode here (default: the task time "
+                                  "budget, learn.budget: the run config's max_episode_steps, else the horizon)")
 
 
 def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, trace: list | None = None,
@@ -43,6 +44,7 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
     ``trace`` (a list), when given, receives (obs, applied action) of every step, for audits and tests.
     """
     from hg_dagger.control.engine import EvalStats, StudentOnly, Trace
+    from hg_dagger.learn.budget import task_budget
 
     seeds = [int(s) for s in seeds] if seeds is not None else [config.seed + k for k in range(config.episodes)]
     stats = EvalStats(env.num_envs, seeds)
@@ -50,7 +52,8 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
     stats.on_episode = lambda: bar.update(1)
     sinks = [stats] if trace is None else [stats, Trace(trace)]
     try:
-        ticks = _rollout(student, env, StudentOnly(), seeds, config.max_steps or env.mapping.horizon, safety, sinks)
+        ticks = _rollout(student, env, StudentOnly(), seeds, config.max_steps or task_budget(env.mapping), safety,
+                         sinks)
     finally:
         bar.close()
     return summarize(sorted(stats.episodes, key=lambda e: e["index"]), steps=ticks)
@@ -158,6 +161,8 @@ def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=
         ep = load_labels(store, info, keys)
         if not len(ep):
             continue
+        if hasattr(student, "drop_chunks"):  # a chunking policy: each label's action from its own observation
+            student.reset_rows(range(len(ep)), len(ep))
         out = student.act(ep.obs)
         pol_err = np.abs(mapping.raw_to_policy(out.action) - mapping.raw_to_policy(ep.target))
         errs.append(pol_err)
@@ -226,31 +231,44 @@ def evaluate(
     holdout_fraction: float = 0.0,
     progress: bool = True,
     executor=None,
+    policy_options=None,
 ) -> dict[str, Any]:
-    """`hg-dagger eval`: closed-loop student-only rollouts (+ offline error on held-out windows of a store);
-    with a Ray ``executor`` (learn.executor) the closed-loop episodes run on its workers, same seeds."""
+    """`hg-dagger eval`: closed-loop policy-only rollouts (+ offline error on held-out windows of a store);
+    with a Ray ``executor`` (learn.executor) the closed-loop episodes run on its workers, same seeds.
+    ``checkpoint`` is any policy spec (policy.sources): a student checkpoint, ws://HOST:PORT or lerobot:DIR."""
     from hg_dagger.envs import load_mapping, make_env
-    from hg_dagger.policy import Student
+    from hg_dagger.errors import ConfigError
+    from hg_dagger.policy import close_policy, open_policy, policy_source
 
     cfg = config or EvalConfig()
+    spec = str(checkpoint)
+    remote = policy_source(spec).remote
+    if remote and executor is not None and executor.kind != "local":
+        raise ConfigError(f"--executor {executor.kind} ships the built-in student to its workers; --policy {spec} "
+                          "evaluates with --executor local")
     mapping = load_mapping(task)
-    student = Student.load(checkpoint, mapping)
-    result: dict[str, Any] = {"checkpoint": str(checkpoint), "policy_version": student.version, "task": task,
-                              "seed": cfg.seed}
-    if executor is not None and executor.kind != "local":
-        result["closed_loop"] = executor.evaluate(student, task, cfg)  # id or file, as given
-        result["executor"] = executor.describe()
-    else:
-        with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:
-            result["closed_loop"] = closed_loop(student, env, cfg, progress=progress)
-    if store_url:
-        from hg_dagger.policy import read_checkpoint
-        from hg_dagger.store import EpisodeStore
+    student = open_policy(spec, mapping, policy_options)
+    try:
+        result: dict[str, Any] = {"checkpoint": spec, "policy_version": student.version, "task": task,
+                                  "seed": cfg.seed}
+        if executor is not None and executor.kind != "local":
+            result["closed_loop"] = executor.evaluate(student, task, cfg)  # id or file, as given
+            result["executor"] = executor.describe()
+        else:
+            with make_env(mapping, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed) as env:
+                result["closed_loop"] = closed_loop(student, env, cfg, progress=progress)
+        if store_url:
+            from hg_dagger.policy import read_checkpoint
+            from hg_dagger.store import EpisodeStore
 
-        train = read_checkpoint(checkpoint)["extra"].get("train") or {}
-        trained_on = {e for e, _ in train.get("replay", {}).get("episodes", [])}
-        result["offline"] = offline(student, EpisodeStore.open(store_url, mode="r"), mapping,
-                                    holdout_fraction=holdout_fraction, trained_on=trained_on)
+            trained_on: set[str] = set()
+            if not remote:  # a student checkpoint knows the episodes it was trained on: never scored
+                train = read_checkpoint(spec)["extra"].get("train") or {}
+                trained_on = {e for e, _ in train.get("replay", {}).get("episodes", [])}
+            result["offline"] = offline(student, EpisodeStore.open(store_url, mode="r"), mapping,
+                                        holdout_fraction=holdout_fraction, trained_on=trained_on)
+    finally:
+        close_policy(student)
     paths = write_report(result, out_dir, title=f"{task} - {student.version}")
     result["files"] = {k: str(v) for k, v in paths.items()}
     return result
