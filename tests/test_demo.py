@@ -27,3 +27,31 @@ def test_demo_never_appends_to_an_existing_store(tmp_path):
     with pytest.raises(HgDaggerError, match="already exists"):
         run_demo(tmp_path, task="toy_reach", progress=False)
     assert main(["demo", "--out", str(tmp_path), "--task", "toy_reach", "--quiet"]) == 2
+
+
+@pytest.mark.simulation
+@pytest.mark.slow
+def test_the_fetch_demo_keeps_every_command_a_person_gave_where_the_monitor_clamped_it(tmp_path):
+    """`make run`'s headless demo on Fetch: the safety monitor clamps some of the synthetic operator's commands.
+    Those steps are the controller's, yet keep the raw device value; a step under the person's control without one
+    says why in its flags, and validate agrees."""
+    import numpy as np
+
+    from hg_dagger.contract import ActionSource, ControlState, StepFlag
+
+    report = run_demo(tmp_path / "demo", progress=False)
+    assert report.violations == []
+    store = EpisodeStore.open(str(report.store))
+    clamped_kept = 0
+    for info in store.episodes(mode="human_gated"):
+        d = store.read_steps(info.episode_id, ["action_source", "control_state", "step_flags", "human_command", "t_device"])
+        person = d["control_state"] == ControlState.HUMAN.code
+        has_cmd = np.isfinite(d["human_command"]).all(axis=1)
+        flags = d["step_flags"].astype(np.int64)
+        why = (flags & int(StepFlag.DEVICE_LOST | StepFlag.INCOMPLETE_INPUT)) != 0
+        assert (has_cmd | why)[person].all()
+        assert (d["t_device"][person & has_cmd] > 0).all()
+        clamped = person & ((flags & int(StepFlag.CLAMPED)) != 0) & has_cmd
+        assert (d["action_source"][clamped] == ActionSource.SAFETY_CONTROLLER.code).all()
+        clamped_kept += int(clamped.sum())
+    assert clamped_kept >= 1, "the demo no longer has a clamped operator step: this test checks nothing"

@@ -374,6 +374,9 @@ class Session(SessionControls, SessionEpisodes):
             return_button=op.ret, agree=agree, confident=self.gates.confident(), estop=estop,
             gate_trip=self.gates.trip, t_warn=self.gates.t_warn, t_gate=self.gates.t_gate, decline=decline))
         self.gates.rearm(d.rearm, grace="handback", step=self.ep_step)
+        drop = getattr(self.student, "drop_chunks", None)  # a chunking policy starts afresh at a handover or hand-back
+        if drop is not None and d.transitions:
+            drop([r for r, frm, to, _ in d.transitions if frm in (HUMAN, EXPERT) or to in (HUMAN, EXPERT)])
         self._transition_events(d, t_ns)
         self._request_events(d.requests_ended, t_ns)
         return d
@@ -412,6 +415,10 @@ class Session(SessionControls, SessionEpisodes):
 
         safety_stage(self.safety, self.mapping, tick, on_clamp)
         tick.flags = tick.flags | np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)
+        person = d.state == HUMAN
+        if person.any():  # a person in control whose device sent no command: the step says why it has none
+            silent = person & ~np.isfinite(tick.operator.raw).all(axis=1) & ~d.device_lost
+            tick.flags = tick.flags | np.where(silent, StepFlag.INCOMPLETE_INPUT, 0).astype(np.uint16)
 
     def _step_env(self, applied, t_ns: int):
         try:

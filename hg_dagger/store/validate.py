@@ -195,14 +195,7 @@ def _check_episode(store: EpisodeStore, seg: SegmentView, info: EpisodeInfo, col
 
     source = col.get("action_source")
     if source is not None:
-        human = source == ActionSource.HUMAN.code
-        for name, what in (("human_command", "the raw device command"), ("policy_action", "the student's action")):
-            v = col.get(name)
-            if v is None:
-                continue
-            missing = human & ~np.isfinite(v.reshape(n, -1)).any(axis=1)
-            for s in np.flatnonzero(missing)[:5]:
-                bad(s, name, f"human step without {name} ({what} is recorded at every human step)")
+        _check_commands_kept(n, source, col, bad)
 
     start = info.start
     if start.parent_episode_id is not None:
@@ -234,6 +227,43 @@ def _check_episode(store: EpisodeStore, seg: SegmentView, info: EpisodeInfo, col
         _check_layer(eid, v, layer, n, inputs, col, start, window_owner, bad, info.end.quality_flags)
     if versions and versions[-1] != 0:
         _check_independence(store, eid, start, bad)
+
+
+def _check_commands_kept(n: int, source: np.ndarray, col: dict[str, Any], bad: Bad) -> None:
+    """Whoever commanded a step keeps their command in the record, whatever the safety monitor made of it: a human
+    step keeps the raw device value and the policy's action; a step under a person's control keeps the device value
+    unless its flags say why there was none (device lost, incomplete input); an expert's step, and an expert's
+    command the monitor clamped, keep the expert's action. Without them one cannot tell the operator's or the
+    expert's recovery from the controller's."""
+    state = col.get("control_state")
+    flags = col.get("step_flags")
+    flags = np.zeros(n, np.int64) if flags is None else flags.astype(np.int64)
+    explained = (flags & int(StepFlag.DEVICE_LOST | StepFlag.INCOMPLETE_INPUT)) != 0
+    clamped = (flags & int(StepFlag.CLAMPED)) != 0
+    valid = col.get("valid")
+    if valid is not None:  # a dropped step holds fill values only
+        source = np.where(valid.astype(bool), source, ActionSource.UNKNOWN.code)
+        state = None if state is None else np.where(valid.astype(bool), state, ControlState.AUTONOMOUS.code)
+    human = source == ActionSource.HUMAN.code
+    under_person = human if state is None else human | ((state == ControlState.HUMAN.code) & ~explained)
+    under_expert = source == ActionSource.EXPERT.code
+    if state is not None:
+        under_expert = under_expert | ((state == ControlState.EXPERT.code) & clamped)
+    for name, rows, what in (
+        ("human_command", under_person, "step under a person's control without human_command (the raw device "
+                                        "command is kept at every such step, clamped or not, unless device_lost "
+                                        "or incomplete_input says why)"),
+        ("policy_action", human, "human step without policy_action (the student's action is recorded at every "
+                                 "human step)"),
+        ("expert_action", under_expert, "an expert's step without expert_action (the expert's command is kept "
+                                        "even where the safety monitor clamped it)"),
+    ):
+        v = col.get(name)
+        if v is None or not rows.any():
+            continue
+        missing = rows & ~np.isfinite(v.reshape(n, -1)).any(axis=1)
+        for s in np.flatnonzero(missing)[:5]:
+            bad(s, name, what)
 
 
 def _check_independence(store: EpisodeStore, eid: str, start: EpisodeStart, bad: Bad) -> None:

@@ -11,7 +11,7 @@ import zarr
 from support.store import end, fields, human_window, record, start, step
 
 from hg_dagger.cli import main
-from hg_dagger.contract import ActionSource, EventKind, ExpertCertification, LabelMask, LabelTarget
+from hg_dagger.contract import ActionSource, EventKind, ExpertCertification, LabelMask, LabelTarget, StepFlag
 from hg_dagger.errors import ContractError, StoreError
 from hg_dagger.store import EpisodeStore, LabelLayer, layout, validate_store
 
@@ -250,30 +250,106 @@ def test_window_t_handover_must_be_its_first_applied_step(gated_store, tmp_path,
     assert f"episode {eid} step {w.handover_start} field 't_handover'" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("missing", ["human_command", "policy_action"])
-def test_human_step_needs_its_command_and_the_policy_action(gated_store, tmp_path, missing):
-    """A copy of a recorded episode, written through the recorder with one field absent at the human steps."""
-    path = _copy(gated_store[0], tmp_path)
-    eid = gated_store[1]
-    store = EpisodeStore.open(path, mode="a")
+def _copy_with(store, eid, new_eid, change):
+    """A copy of a recorded episode, written through the recorder, with ``change(t, step)`` applied to each step
+    (NaN is the contract's "absent")."""
     info, specs = store.info(eid), store.fields(eid)
     data = store.read_steps(eid, list(specs))
     layer = store.labels(eid)
-    human = np.flatnonzero(data["action_source"] == ActionSource.HUMAN.code)
-    copy = info.start.model_copy(update={"episode_id": "c" * 32})
+    copy = info.start.model_copy(update={"episode_id": new_eid})
     with store.recorder() as rec:
         rec.begin_episode(copy, specs)
         for t in range(info.num_steps):
             s = {k: v[t] for k, v in data.items()}
-            if t in human:
-                s[missing] = np.full_like(s[missing], np.nan)  # NaN: the contract's "absent"
+            change(t, s)
             rec.put(copy.episode_id, s)
         rec.end_episode(copy.episode_id, info.end.model_copy(update={"events": []}),
-                        windows=[w.model_copy(update={"parent_episode_id": copy.episode_id, "window_id": "d" * 32})
+                        windows=[w.model_copy(update={"parent_episode_id": copy.episode_id,
+                                                      "window_id": new_eid[:1] * 31 + "d"})
                                  for w in layer.windows])
+    return data
+
+
+@pytest.mark.parametrize("missing", ["human_command", "policy_action"])
+def test_human_step_needs_its_command_and_the_policy_action(gated_store, tmp_path, missing):
+    path = _copy(gated_store[0], tmp_path)
+    eid = gated_store[1]
+    store = EpisodeStore.open(path, mode="a")
+    human = np.flatnonzero(store.read_steps(eid, ["action_source"])["action_source"] == ActionSource.HUMAN.code)
+
+    def drop(t, s):
+        if t in human:
+            s[missing] = np.full_like(s[missing], np.nan)
+
+    _copy_with(store, eid, "c" * 32, drop)
     found = [v for v in validate_store(EpisodeStore.open(path)) if v.field == missing]
-    assert {v.episode_id for v in found} == {copy.episode_id}
-    assert found[0].step == int(human[0]) and f"human step without {missing}" in found[0].message
+    assert {v.episode_id for v in found} == {"c" * 32}
+    assert found[0].step == int(human[0]) and f"without {missing}" in found[0].message
+
+
+def test_a_clamped_step_under_a_person_keeps_the_device_command_unless_a_flag_says_why(gated_store, tmp_path):
+    """The safety monitor clamped a person's command: the step is the controller's, but the raw device value stays
+    in human_command; a step without it is reported unless device_lost or incomplete_input explains the gap."""
+    path = _copy(gated_store[0], tmp_path)
+    eid = gated_store[1]
+    store = EpisodeStore.open(path, mode="a")
+    d = store.read_steps(eid, ["action_source", "step_flags"])
+    human = np.flatnonzero((d["action_source"] == ActionSource.HUMAN.code) & (d["step_flags"] == 0))
+    lost, silent, kept = int(human[0]), int(human[1]), int(human[2])
+
+    def clamp(t, s, *, flag_lost: bool, flag_silent: bool):
+        if t in (lost, silent, kept):  # the monitor clamped these: the controller's source, flagged clamped
+            s["action_source"] = np.uint8(ActionSource.SAFETY_CONTROLLER.code)
+            s["step_flags"] = np.uint16(int(s["step_flags"]) | StepFlag.CLAMPED)
+        if t in (lost, silent):
+            s["human_command"] = np.full_like(s["human_command"], np.nan)
+        if t == lost and flag_lost:
+            s["step_flags"] = np.uint16(int(s["step_flags"]) | StepFlag.DEVICE_LOST)
+        if t == silent and flag_silent:
+            s["step_flags"] = np.uint16(int(s["step_flags"]) | StepFlag.INCOMPLETE_INPUT)
+
+    _copy_with(store, eid, "a" * 32, lambda t, s: clamp(t, s, flag_lost=False, flag_silent=False))
+    _copy_with(store, eid, "b" * 32, lambda t, s: clamp(t, s, flag_lost=True, flag_silent=True))
+    violations = validate_store(EpisodeStore.open(path))
+    found = [v for v in violations if v.field == "human_command"]
+    assert [(v.episode_id, v.step) for v in found] == [("a" * 32, lost), ("a" * 32, silent)], violations
+    assert "device_lost or incomplete_input" in found[0].message
+
+
+def test_an_expert_command_the_monitor_clamped_keeps_the_expert_action(tmp_path):
+    """Planner demonstrations on toy_reach with a tight safety limit: the clamped steps keep the expert's action;
+    a copy that lost it at a clamped step is reported."""
+    from hg_dagger.contract import CollectionMode, ControlState
+    from hg_dagger.envs import make_env
+    from hg_dagger.learn.auto_config import ExpertSpec
+    from hg_dagger.learn.collect import Collector, build_expert
+    from hg_dagger.policy import Student
+
+    path = tmp_path / "s.zarr"
+    store = EpisodeStore.create(path)
+    with make_env("toy_reach", num_envs=2, seed=0) as env:
+        with store.recorder() as rec:
+            collector = Collector(env, build_expert(ExpertSpec(), env.mapping, relabel=False), rec,
+                                  mode=CollectionMode.EXPERT_DEMO.value, seed=0, certify=True)
+            collector.set_policy(Student.create(env.mapping, seed=0), iteration=0, beta=1.0)
+            collector.run(episodes=2, reset_seed=0)
+    store = EpisodeStore.open(path, mode="a")
+    assert validate_store(store) == []
+    eid = store.episodes(mode=CollectionMode.EXPERT_DEMO)[0].episode_id
+    d = store.read_steps(eid, ["control_state", "expert_action"])
+    assert (d["control_state"] == ControlState.EXPERT.code).all() and np.isfinite(d["expert_action"]).all()
+    target = 3
+
+    def clamp_and_lose(t, s):
+        if t == target:
+            s["action_source"] = np.uint8(ActionSource.SAFETY_CONTROLLER.code)
+            s["step_flags"] = np.uint16(int(s["step_flags"]) | StepFlag.CLAMPED)
+            s["expert_action"] = np.full_like(s["expert_action"], np.nan)
+
+    _copy_with(store, eid, "e" * 32, clamp_and_lose)
+    found = [v for v in validate_store(EpisodeStore.open(path))
+             if v.field == "expert_action" and "expert's step" in v.message]
+    assert [(v.episode_id, v.step) for v in found] == [("e" * 32, target)]
 
 
 def test_a_self_certification_is_refused_by_write_labels_and_reported_by_validate(tmp_path, capsys):

@@ -44,6 +44,8 @@ def step(seed: int, t: int, *, image: bool = False, source: ActionSource = Actio
     }
     if source == ActionSource.HUMAN:
         s["human_command"] = np.full(7, (seed + t) / 100, np.float32)  # the contract: human steps keep the raw command
+    if source == ActionSource.EXPERT:
+        s["expert_action"] = np.full(ACTION_DIM, seed + t / 100, np.float32)  # and expert steps the expert's
     if image:
         s["obs/rgb"] = np.full((16, 16, 3), (seed * 7 + t) % 256, np.uint8)
     return s
