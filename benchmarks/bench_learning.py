@@ -44,7 +44,7 @@ LABEL = {"bc": "BC", "dagger": "classic DAgger", "gated": "human-gated DAgger",
 # Settings per task. quick = toy_reach sized for about 10 minutes on 2 shared cores.
 PRESETS = {
     "toy_reach": {
-        "num_envs": 8, "rounds": 6, "warm_episodes": 8, "episodes_per_round": 8, "max_episode_steps": 100,
+        "num_envs": 8, "rounds": 6, "warm_episodes": 8, "episodes_per_round": 8,
         "beta_decay": 0.5, "steps_per_label": 4.0,
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [64, 64]},
         "train": {"batch_size": 256, "lr": 2e-3},
@@ -52,40 +52,51 @@ PRESETS = {
         "gated": {"num_envs": 4, "calibrate_steps": 200, "target_rate": 0.1},
     },
     "fetch_pick_place": {
-        "num_envs": 6, "rounds": 8, "warm_episodes": 6, "episodes_per_round": 6, "max_episode_steps": 80,
+        "num_envs": 6, "rounds": 8, "warm_episodes": 6, "episodes_per_round": 6,
         "beta_decay": 0.5, "steps_per_label": 3.3,
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
         "train": {"batch_size": 256, "lr": 1e-3},
-        "eval": {"episodes": 50, "num_envs": 10, "seed": 100_000, "max_steps": 80},
+        "eval": {"episodes": 50, "num_envs": 10, "seed": 100_000},
         "gated": {"num_envs": 3, "calibrate_steps": 300, "target_rate": 0.1},
     },
     # Fetch with its 128 px camera and the CNN student (a shared CNN per camera, the state beside it): every
     # step renders and every gradient step runs the CNN, so rounds, batches and evaluation are smaller.
     "fetch_pick_place_rgb": {
-        "num_envs": 6, "rounds": 4, "warm_episodes": 6, "episodes_per_round": 6, "max_episode_steps": 80,
+        "num_envs": 6, "rounds": 4, "warm_episodes": 6, "episodes_per_round": 6,
         "beta_decay": 0.5, "steps_per_label": 3.3,
         "student": {"kind": "cnn", "ensemble": 3, "hidden": [256, 256]},
         "train": {"batch_size": 64, "lr": 1e-3},
-        "eval": {"episodes": 30, "num_envs": 10, "seed": 100_000, "max_steps": 80},
+        "eval": {"episodes": 30, "num_envs": 10, "seed": 100_000},
         "gated": {"num_envs": 3, "calibrate_steps": 300, "target_rate": 0.1},
     },
-    # Meta-World push-v3 (80 Hz): the planner pushes the puck within about 2 s; episodes and evaluation are cut
-    # at 200 steps (2.5 s), as Fetch's are at 80, so labels are the push rather than the hold after it.
+    # Meta-World push-v3 (80 Hz): the planner pushes the puck within about 2 s; its time budget (configs/run) is
+    # 200 steps (2.5 s), as Fetch's is 80, so labels are the push rather than the hold after it.
     "mw_push": {
-        "num_envs": 6, "rounds": 5, "warm_episodes": 6, "episodes_per_round": 6, "max_episode_steps": 200,
+        "num_envs": 6, "rounds": 5, "warm_episodes": 6, "episodes_per_round": 6,
         "beta_decay": 0.5, "steps_per_label": 3.3,
         "student": {"kind": "mlp", "ensemble": 5, "hidden": [256, 256]},
         "train": {"batch_size": 256, "lr": 1e-3},
-        "eval": {"episodes": 30, "num_envs": 10, "seed": 100_000, "max_steps": 200},
+        "eval": {"episodes": 30, "num_envs": 10, "seed": 100_000},
         "gated": {"num_envs": 3, "calibrate_steps": 300, "target_rate": 0.1},
     },
 }
 
 
 def arm_spec(task: str, seed: int, **over) -> dict:
+    """One arm's settings: the task's preset with ``over`` on top. Every episode of every arm - demonstrations,
+    DAgger and gated collection, the reported and the promotion evaluations - is cut at one time budget, the
+    task's (hg_dagger.learn.budget: configs/run/<task>.yaml max_episode_steps), unless ``budget`` is given."""
+    from hg_dagger.learn.budget import task_budget
+
     base = PRESETS.get(task) or PRESETS["fetch_pick_place"]
     spec = json.loads(json.dumps(base))
     spec.update(task=task, seed=seed)
+    budget = over.pop("budget", None) or task_budget(task)
+    spec["max_episode_steps"] = spec["eval"]["max_steps"] = int(budget)
+    promo = over.pop("promotion_episodes", None)
+    spec["promotion"] = None if promo == 0 else {
+        "episodes": int(promo or over.get("eval_episodes") or spec["eval"]["episodes"]), "seed": 200_000,
+        "confidence": 0.95}
     for k, v in over.items():
         if v is None:
             continue
@@ -150,13 +161,55 @@ def summarize(arms: list[dict], target: float) -> dict:
             "labels_to_target": [first_reaching([r["labels"] for r in a["rounds"]],
                                                 [r["success"] for r in a["rounds"]], target) for a in runs],
             "seconds": float(np.mean([a["seconds"] for a in runs])),
+            "promoted_per_round": [sum(bool(a["rounds"][i].get("promotion", {}).get("promoted", True)) for a in runs)
+                                   for i in range(n)],
+            "candidate_success_mean": [_mean_or_none([a["rounds"][i].get("promotion", {}).get("candidate_success")
+                                                      for a in runs]) for i in range(n)],
+            "collect_success_mean": [_mean_or_none([a["rounds"][i].get("collect_success") for a in runs])
+                                     for i in range(n)],
+            "new_labels_mean": col("new_labels").mean(0).tolist(),
+            "operator_s_round_mean": col("operator_s").mean(0).tolist(),
             **_gate_recall(runs, n),
         }
     if "gated" in out and "bc" in out:
         g, b = out["gated"]["labels_to_target"], out["bc"]["labels_to_target"]
         ratios = [gi / bi if gi is not None and bi else None for gi, bi in zip(g, b, strict=False)]
         out["gated_over_bc_labels_at_target"] = ratios
+        out["gated_vs_bc"] = compare(arms, "gated", "bc")
     return out
+
+
+def at_budget(xs: list[float], ys: list[float], x: float) -> float | None:
+    """A curve's value at budget ``x``: the last point whose cost is within it (None: even the first is over)."""
+    vals = [y for xi, y in zip(xs, ys, strict=True) if xi <= x + 1e-9]
+    return vals[-1] if vals else None
+
+
+def compare(arms: list[dict], a: str, b: str) -> dict:
+    """Arm ``a`` against arm ``b`` per seed: at ``b``'s final labels and at its final operator-seconds (the best
+    point of ``a`` within each budget, and ``b``'s), and what ``a`` spent to first reach ``b``'s final success."""
+    by = {(x["method"], x["seed"]): x["rounds"] for x in arms}
+    rows = []
+    for seed in sorted({s for m, s in by if m == a and (b, s) in by}):
+        ra, rb = by[(a, seed)], by[(b, seed)]
+        final_b = rb[-1]
+        lab_a, ops_a, suc_a = ([r[k] for r in ra] for k in ("labels", "operator_s_total", "success"))
+        lab_b, ops_b, suc_b = ([r[k] for r in rb] for k in ("labels", "operator_s_total", "success"))
+        reach = next((i for i, y in enumerate(suc_a) if y >= final_b["success"] - 1e-9), None)
+        rows.append({
+            "seed": seed, "b_final_success": final_b["success"], "b_final_labels": final_b["labels"],
+            "b_final_operator_s": final_b["operator_s_total"], "a_final_success": suc_a[-1],
+            "a_final_labels": lab_a[-1], "a_final_operator_s": ops_a[-1],
+            "a_at_b_labels": at_budget(lab_a, suc_a, final_b["labels"]),
+            "b_at_a_labels": at_budget(lab_b, suc_b, lab_a[-1]),
+            "a_at_b_operator_s": at_budget(ops_a, suc_a, final_b["operator_s_total"]),
+            "b_at_a_operator_s": at_budget(ops_b, suc_b, ops_a[-1]),
+            "a_operator_s_to_b_final": None if reach is None else ops_a[reach],
+            "a_operator_s_ratio_to_b_final": None if reach is None else ops_a[reach] / final_b["operator_s_total"],
+            "a_labels_to_b_final": None if reach is None else lab_a[reach],
+        })
+    mean = {k: _mean_or_none([r[k] for r in rows]) for k in rows[0] if k != "seed"} if rows else {}
+    return {"a": a, "b": b, "per_seed": rows, "mean": mean}
 
 
 def _mean_or_none(values: list) -> float | None:
@@ -176,7 +229,9 @@ def _gate_recall(runs: list[dict], n: int) -> dict:
         return sum(f[num] for f in col if f) / d if d else None
 
     recall = [pooled(col, "caught", "failed") for col in figs]
+    leads = [[x for a in runs for x in a["rounds"][i].get("lead_s", [])] for i in range(n)]
     return {
+        "gate_lead_s_median_per_round": [float(np.median(v)) if v else None for v in leads],
         "gate_recall_per_round": recall,
         "gate_precision_per_round": [pooled(col, "requests_before_failure", "requests") for col in figs],
         "gate_failed_per_round": [sum(f["failed"] for f in col if f) for col in figs],
@@ -241,9 +296,43 @@ def print_table(summary: dict, target: float) -> None:
             f"r{i} {pct(r)} / {pct(p)} ({f} failed)" for i, (r, p, f) in enumerate(zip(
                 s["gate_recall_per_round"], s["gate_precision_per_round"], s["gate_failed_per_round"], strict=True))
             if i > 0) + f"; recall from round 1 on: {pct(s['gate_recall_from_round_1'])}")
+        lead = s.get("gate_lead_s_median_per_round") or []
+        print(f"{LABEL[m]} gate lead time (median s from the first request to the failure point) per round: "
+              + ", ".join(f"r{i} {'-' if v is None else format(v, '.1f')}" for i, v in enumerate(lead) if i > 0))
         for miss in s["gate_misses"]:
             print(f"{LABEL[m]} GATE MISS seed {miss['seed']} round {miss['round']}: the student failed and no gate "
                   f"asked (episodes {', '.join(miss['episodes'])})")
+
+
+def print_rounds(summary: dict) -> None:
+    """Per round and method (means over seeds): success, labels, operator-seconds, collection success, how many
+    seeds promoted the round's student and the candidates' held-out success."""
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    for m in METHODS:
+        s = summary.get(m)
+        if not s:
+            continue
+        print(f"\n{LABEL[m]}: round | success | labels | operator-s | collect success | promoted (seeds) | "
+              f"candidate held-out | gate recall | precision | lead s")
+        rec = s.get("gate_recall_per_round") or [None] * len(s["success_mean"])
+        pre = s.get("gate_precision_per_round") or [None] * len(s["success_mean"])
+        lead = s.get("gate_lead_s_median_per_round") or [None] * len(s["success_mean"])
+        for i in range(len(s["success_mean"])):
+            print(f"  {i} | {s['success_mean'][i]:.0%} | {s['labels_mean'][i]:.0f} | {s['operator_s_mean'][i]:.1f} | "
+                  f"{pct(s['collect_success_mean'][i])} | {s['promoted_per_round'][i]}/{len(s['seeds'])} | "
+                  f"{pct(s['candidate_success_mean'][i])} | {pct(rec[i])} | {pct(pre[i])} | "
+                  f"{'-' if lead[i] is None else format(lead[i], '.1f')}")
+    c = summary.get("gated_vs_bc")
+    if c and c["per_seed"]:
+        print("\ngated against BC per seed (BC final: success / labels / operator-s; gated at BC's labels, at BC's "
+              "operator-s; gated's operator-s to BC's final success):")
+        for r in c["per_seed"]:
+            ratio = r["a_operator_s_ratio_to_b_final"]
+            print(f"  seed {r['seed']}: BC {r['b_final_success']:.0%} / {r['b_final_labels']:.0f} / "
+                  f"{r['b_final_operator_s']:.1f}; gated {pct(r['a_at_b_labels'])} at BC's labels, "
+                  f"{pct(r['a_at_b_operator_s'])} at BC's operator-s, BC {pct(r['b_at_a_operator_s'])} at gated's "
+                  f"{r['a_final_operator_s']:.1f} operator-s; gated reaches BC's final with "
+                  f"{'never' if ratio is None else format(ratio, '.2f') + 'x'} BC's operator-s")
 
 
 def main(argv=None) -> int:
@@ -267,6 +356,11 @@ def main(argv=None) -> int:
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
     p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
     p.add_argument("--eval-episodes", type=int)
+    p.add_argument("--promotion-episodes", type=int,
+                   help="held-out episodes (seeds 200000 on) that decide whether a trained student takes over "
+                        "(default: --eval-episodes; 0: every trained student takes over, as before)")
+    p.add_argument("--budget", type=int, help="steps every episode has, in collection and evaluation alike "
+                   "(default: the task time budget, configs/run/<task>.yaml max_episode_steps)")
     p.add_argument("--target-rate", type=float, help="gated: the confidence gate's calibrated intervention rate")
     p.add_argument("--gates", help="gated: a gate config (name in configs/gates or a path; default: the task's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="spec_set",
@@ -294,7 +388,8 @@ def main(argv=None) -> int:
     over = {"rounds": args.rounds, "episodes_per_round": args.episodes_per_round, "warm_episodes": args.warm_episodes,
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
             "target_rate": args.target_rate, "gates": args.gates, "gated_episodes": args.gated_episodes,
-            "gated_windows": args.gated_windows}
+            "gated_windows": args.gated_windows, "promotion_episodes": args.promotion_episodes,
+            "budget": args.budget}
     def pairs(items: list[str], flag: str) -> dict:
         out = {}
         for item in items:
@@ -347,6 +442,7 @@ def _report(args, argv, task, seeds, target, specs, arms, out: Path, t0: float) 
          f"{len(seeds)} seeds, {specs[0][1]['steps_per_label']:g} grad steps/label, "
          f"{specs[0][1]['eval']['episodes']} eval episodes")
     print_table(summary, target)
+    print_rounds(summary)
     if "gated_over_bc_labels_at_target" in summary:
         print(f"gated / BC labels to reach {target:.0%} per seed: "
               + ", ".join("-" if r is None else f"{r:.2f}" for r in summary["gated_over_bc_labels_at_target"]))

@@ -91,6 +91,21 @@ def risk_data(store, infos, keys: list[str], horizon: int) -> tuple[dict[str, np
     return {k: np.concatenate(v) for k, v in obs.items()}, np.concatenate(ys)
 
 
+def lead_times(infos, dt: float) -> list[float]:
+    """Seconds from a gate's first request to the failure point, for each failed student episode it caught."""
+    from hg_dagger.review.recall import failure_step, is_request
+
+    out = []
+    for info in infos:
+        fail = failure_step(info) if info.end is not None else None
+        if fail is None:
+            continue
+        steps = [e.step for e in info.end.events if is_request(e) and e.step < fail]
+        if steps:
+            out.append((fail - min(steps)) * dt)
+    return out
+
+
 def _new_episodes(store, ids: list[str]) -> list:
     if hasattr(store, "refresh"):
         store.refresh()
@@ -131,6 +146,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
     from hg_dagger.learn.auto import Collector
     from hg_dagger.learn.effort import operator_seconds
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
+    from hg_dagger.learn.promotion import Promoter
     from hg_dagger.learn.train import TrainConfig, Trainer
     from hg_dagger.policy import Student
     from hg_dagger.review.recall import describe, recall_figures
@@ -167,6 +183,13 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
         return sum(len(e) for e in eps)
 
     with make_env(task, num_envs=min(ev.num_envs, ev.episodes), seed=ev.seed) as env_eval:
+        promo = spec.get("promotion")
+        promoter = None
+        if promo:  # held-out seeds of its own: choosing on them leaves the reported figure unbiased
+            held = EvalConfig(episodes=promo["episodes"], num_envs=ev.num_envs, seed=promo["seed"],
+                              max_steps=ev.max_steps)
+            promoter = Promoter(lambda s: closed_loop(s, env_eval, held), promo.get("confidence", 0.95))
+        reported: dict[str, dict] = {}  # policy version -> its evaluation (the same seeds give the same result)
         for r in range(int(spec["rounds"])):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"round": r}
@@ -198,12 +221,12 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 risk_states = None
                 if method == "gated_risk":  # the novelty gate plus a risk gate fit on this arm's outcomes so far
                     gate_cfg, risk_states, row["risk"] = _with_risk_gate(gate_cfg, store, gated_infos, keys, g, out, r)
-                # sessions run to the task horizon: autonomous steps cost no person anything, and a stall (the
-                # gate's cue to ask) needs time to show; labels and operator time count what was spent
-                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0, "gates": gate_cfg}
+                # sessions cut their episodes at the task time budget, where evaluation stops (learn.budget)
+                over = {"operator.certification": "planner_auto", "operator.noise_std": 0.0, "gates": gate_cfg,
+                        "max_episode_steps": spec["max_episode_steps"]}
                 if method == "gated_human":  # a person at the keyboard: one env, the device operator
                     over = {"operator.type": "device", "operator.device": "keyboard", "operator.name": "human-model",
-                            "gates": gate_cfg}
+                            "gates": gate_cfg, "max_episode_steps": spec["max_episode_steps"]}
                 over.update(g.get("overrides", {}))
                 cfg = load_run_config(None, task, num_envs=1 if method == "gated_human" else g["num_envs"],
                                       seed=seed + 1000 * r, calibrate_steps=g["calibrate_steps"], **over)
@@ -233,7 +256,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                            gate_triggers=summary.gate_triggers,
                            intervention_rate=summary.human_steps / max(1, summary.steps),
                            collect_success=summary.successes / max(1, summary.episodes),
-                           calibration=cal, gates=recall_figures(infos))
+                           calibration=cal, gates=recall_figures(infos), lead_s=lead_times(infos, dt))
             totals["labels"] += labels
             totals["operator_s"] += row["operator_s"]
             totals["context_switches"] += row["context_switches"]
@@ -241,8 +264,13 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
             fit = None
             if labels:  # the trainer's per-label budget (train.steps_per_label) sets the round's steps
                 trainer.iteration = r + 1
+                if promoter is not None:
+                    promoter.before_fit(trainer.student)
                 fit = trainer.fit(progress=False, info={"round": r, "method": method})
-            e = closed_loop(trainer.student, env_eval, ev)
+                if promoter is not None:  # the candidate takes over only if not worse beyond the held-out noise
+                    row["promotion"] = promoter.judge(trainer.student, {"round": r})
+            e = reported.get(trainer.student.version) or closed_loop(trainer.student, env_eval, ev)
+            reported[trainer.student.version] = e
             row.update(labels=totals["labels"], operator_s_total=totals["operator_s"],
                        context_switches_total=totals["context_switches"], episodes_total=totals["episodes"],
                        grad_steps=trainer.total_steps, train_loss=fit["loss_last"] if fit else None,
@@ -254,6 +282,10 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
             log(f"  {method} seed {seed} round {r}: {totals['labels']} labels, {row['operator_s']:.0f} operator-s, "
                 f"{row['context_switches']} switches, intervention {row['intervention_rate']:.1%}, "
                 f"{trainer.total_steps} grad steps -> success {e['success_rate']:.0%} ({row['seconds']:.0f} s)")
+            if "promotion" in row:
+                d = row["promotion"]
+                log(f"  {method} seed {seed} round {r} promotion: {'PROMOTED' if d['promoted'] else 'KEPT the acting'}"
+                    f" student: {d['reason']}")
             if "gates" in row:
                 log(f"  {method} seed {seed} round {r} gates: {describe(row['gates'])}")
     return {"method": method, "seed": seed, "rounds": rows, "seconds": time.perf_counter() - t_start}
