@@ -116,7 +116,14 @@ class AutoRun:
         trainer.replay.add(load_labels(store, infos[eid], keys, trainer.replay.config.authorization) for eid in new_ids
                            if not held_out(eid, infos[eid].start.split, frac))
         trainer.iteration, trainer.beta = it + 1, beta
+        promoter = self._promoter(env_eval)
+        if promoter is not None:
+            promoter.before_fit(trainer.student)
         fit = trainer.fit(log_path=self.out / "loss.jsonl", progress=progress, info={"beta": beta})
+        promotion = promoter.judge(trainer.student, {"iteration": it}) if promoter is not None else None
+        if promotion is not None:
+            log.info("iteration %d: %s: %s", it, "promoted" if promotion["promoted"] else "kept the acting student",
+                     promotion["reason"])
         if after_fit is not None:
             after_fit()
         if self.executor is not None and self.executor.kind != "local":
@@ -128,6 +135,7 @@ class AutoRun:
             "iteration": it, "mode": self.cfg.mode, "beta": beta, "policy_version": trainer.student.version,
             "collected_with": collect.pop("policy_versions", None),
             **collect, "replay": trainer.replay.summary(), "train": fit,
+            "promotion": promotion,
             "eval_success_rate": ev["success_rate"], "eval_episode_length": ev["episode_length_mean"],
             "eval": ev, "recoverability": recover, "rss_mb": _rss_mb(),
         }
@@ -149,6 +157,25 @@ class AutoRun:
         if getattr(self, "on_round", None) is not None:  # unattended runs: a summary line, ETA, curve.png
             self.on_round(row)
         return row
+
+    def _promoter(self, env_eval):
+        """The promotion rule's state for this run (None when off): the held-out evaluation on its own seeds."""
+        if not self.cfg.promoting:
+            return None
+        if getattr(self, "_promotion", None) is None:
+            from hg_dagger.learn.evaluate import EvalConfig, closed_loop
+            from hg_dagger.learn.promotion import Promoter
+
+            pc = self.cfg.promotion
+            held = EvalConfig(episodes=pc.episodes, num_envs=pc.num_envs, seed=pc.seed, max_steps=self.cfg.eval.max_steps)
+
+            def evaluate(student):
+                if env_eval is None or (self.executor is not None and self.executor.kind != "local"):
+                    return self.executor.evaluate(student, self.cfg.task, held)
+                return closed_loop(student, env_eval, held)
+
+            self._promotion = Promoter(evaluate, pc.confidence)
+        return self._promotion
 
     def _recoverability(self, student, mapping, env_eval, episodes) -> dict[str, Any] | None:
         """The round's expert recoverability (learn.evaluate.recoverability) on the evaluation env, or None when off."""

@@ -26,6 +26,7 @@ from hg_dagger.errors import ConfigError
 from hg_dagger.learn.aggregate import LabelBufferConfig
 from hg_dagger.learn.budget import check_one_budget, task_budget
 from hg_dagger.learn.evaluate import EvalConfig
+from hg_dagger.learn.promotion import PromotionConfig
 from hg_dagger.learn.schedules import BetaSchedule
 from hg_dagger.learn.train import StudentConfig, TrainConfig
 
@@ -67,6 +68,9 @@ class AutoConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: LabelBufferConfig = Field(default_factory=LabelBufferConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig, description="the held-out evaluation "
+                                       "after which a trained student takes over, or the acting one goes on "
+                                       "(learn.promotion; default on for mode human_gated)")
     recoverability_episodes: int = Field(
         default=10, ge=0, description="per iteration: failed evaluation episodes the expert takes over at the "
         "student's first-failure step; the share it completes is the round's expert recoverability (0: off)")
@@ -128,6 +132,12 @@ class AutoConfig(StrictModel):
         if self.mode == CollectionMode.HUMAN_GATED:  # the student drives; the gates decide when the operator does
             return 1.0 if self.demo_round(iteration) else 0.0
         return 1.0 if self.mode == CollectionMode.EXPERT_DEMO else self.beta(iteration)
+
+    @property
+    def promoting(self) -> bool:
+        """Whether a trained student must pass the held-out evaluation before it acts."""
+        on = self.promotion.enabled
+        return self.mode == CollectionMode.HUMAN_GATED if on is None else bool(on)
 
     def demo_round(self, iteration: int) -> bool:
         """Mode human_gated: iteration 0 of a run from a fresh student is planner demonstrations."""

@@ -99,6 +99,11 @@ class RoundReporter:
             f"labels {int((row.get('replay') or {}).get('labels', 0)):,}",
             f"eval success {row.get('eval_success_rate', float('nan')):.1%}",
         ]
+        promo = row.get("promotion")
+        if promo:  # both held-out figures and the decision (learn.promotion)
+            inc = promo.get("incumbent_success")
+            parts.append(f"{'promoted' if promo['promoted'] else 'kept the acting student'}: candidate "
+                         f"{promo['candidate_success']:.1%} vs {'-' if inc is None else format(inc, '.1%')} held-out")
         if row.get("collect_success_rate") is not None:
             parts.append(f"collect success {row['collect_success_rate']:.1%}")
         if row.get("intervention_rate") is not None:  # human_gated: steps the operator drove, windows opened

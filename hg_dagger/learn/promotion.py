@@ -4,8 +4,9 @@ worse than the student acting now (docs/decisions.md, "Promotion rule").
 Fresh-weight retraining moves a round's success by several points either way; without this rule a worse
 student would act in the next round and be the one reported. The evaluation runs on fixed seeds of its own
 (``PromotionConfig.seed``), apart from the collection's and from the reported evaluation's, so choosing on it
-does not bias the reported figure. The rule: the candidate is refused when the one-sided Wilson upper bound of
-its success (at ``confidence``, over ``episodes``) lies below the acting student's success on the same seeds.
+does not bias the reported figure. The rule: the candidate is refused when its success on those seeds is below
+the acting student's by more than the one-sided ``confidence`` quantile of the noise of both figures (a pooled
+two-proportion z test at ``episodes`` each).
 A refused candidate is recorded in the acting student's lineage; the round's labels stay in the replay.
 """
 
@@ -31,36 +32,38 @@ class PromotionConfig(StrictModel):
     num_envs: int = Field(default=10, gt=0)
     seed: int = Field(default=200_000, description="held-out seeds: not the collection's, not the reported "
                       "evaluation's (100000 on)")
-    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="one-sided level of the Wilson bound")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="one-sided level of the test")
 
 
-def wilson_upper(successes: int, n: int, confidence: float = 0.95) -> float:
-    """One-sided upper Wilson score bound of a binomial success rate."""
-    if n <= 0:
-        raise ValueError(f"wilson_upper needs at least one episode, got n={n}")
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes {successes} outside 0..{n}")
-    z = NormalDist().inv_cdf(confidence)
-    p = successes / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return min(1.0, (centre + half) / (1 + z * z / n))
+def worse_by(candidate: tuple[int, int], incumbent: tuple[int, int]) -> float:
+    """How many standard errors the candidate's success lies below the incumbent's: the pooled two-proportion z
+    statistic (0 when neither evaluation varies, negative when the candidate is ahead)."""
+    (k, n), (ki, ni) = candidate, incumbent
+    if n <= 0 or ni <= 0:
+        raise ValueError(f"a held-out evaluation needs at least one episode, got {n} and {ni}")
+    if not (0 <= k <= n and 0 <= ki <= ni):
+        raise ValueError(f"successes outside the episodes: {k}/{n}, {ki}/{ni}")
+    pooled = (k + ki) / (n + ni)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n + 1 / ni))
+    diff = ki / ni - k / n
+    return 0.0 if se == 0 else diff / se
 
 
 def decide(candidate: tuple[int, int], incumbent: tuple[int, int] | None, confidence: float = 0.95) -> dict[str, Any]:
     """The promotion decision from (successes, episodes) of the candidate and of the acting student (None: there
-    is none yet, the candidate takes over). Refused when the candidate's upper bound is below the incumbent's rate."""
+    is none yet, the candidate takes over). Refused when the candidate is worse by more than the one-sided
+    ``confidence`` quantile of the noise of both evaluations (a pooled two-proportion z test)."""
     k, n = candidate
-    out: dict[str, Any] = {"candidate_success": k / n, "episodes": n, "confidence": confidence,
-                           "candidate_upper": wilson_upper(k, n, confidence)}
+    z_max = NormalDist().inv_cdf(confidence)
+    out: dict[str, Any] = {"candidate_success": k / n, "episodes": n, "confidence": confidence, "z_limit": z_max}
     if incumbent is None:
-        return {**out, "promoted": True, "incumbent_success": None, "reason": "no student acted before"}
+        return {**out, "promoted": True, "incumbent_success": None, "z": None, "reason": "no student acted before"}
     ki, ni = incumbent
-    rate = ki / ni
-    promoted = out["candidate_upper"] >= rate
-    why = (f"candidate {k}/{n} (upper bound {out['candidate_upper']:.1%}) "
-           f"{'is not below' if promoted else 'is below'} the acting student's {ki}/{ni} ({rate:.1%})")
-    return {**out, "promoted": promoted, "incumbent_success": rate, "reason": why}
+    z = worse_by(candidate, incumbent)
+    promoted = z <= z_max
+    why = (f"candidate {k}/{n} against the acting student's {ki}/{ni}: {z:+.2f} standard errors worse, "
+           f"{'within' if promoted else 'beyond'} the limit {z_max:.2f}")
+    return {**out, "promoted": promoted, "incumbent_success": ki / ni, "z": z, "reason": why}
 
 
 @dataclass
