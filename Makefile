@@ -58,15 +58,17 @@ system-deps:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
 	else echo "not root: make sure these system packages are installed: $(SYSTEM_PACKAGES)"; fi
 
-$(VENV)/.installed: pyproject.toml setup.py
+# The app's extras (console, devices, simulators, export) with the exact versions of constraints.txt; the core alone
+# (`pip install hg-dagger`) is what a robot PC needs (docs/install.md).
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, so nothing pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	$(PIP) install -q -c constraints.txt torch
+	$(PIP) install -q -c constraints.txt -e ".[app,sim,export]"
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	# EmbodiChain's CPU-importable parts (learning.rl, data_pipeline) for the LearningVecEnv tests.
 	# --no-deps: its simulator dexsim_engine is served only by DexForce's own index.
 	$(PIP) install -q --no-deps embodichain==0.3.2

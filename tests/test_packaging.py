@@ -1,5 +1,6 @@
 """ui/ and devices/ install as hg_dagger.ui and hg_dagger.devices, in editable and regular installs."""
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -109,3 +110,99 @@ def test_wheel_and_sdist_install_into_a_clean_venv_and_run(tmp_path):
         work = tmp_path / artifact.name.split(".")[-1]
         work.mkdir()
         _install_and_run(_fresh_venv(work / "venv"), artifact, work)
+
+
+# ------------------------------------------------------------------ the core install, as on a robot PC
+
+# what the core install must do without: the console, its devices, the plots, the simulators, video and parquet, Ray
+NOT_IN_CORE = ("PyQt6", "pyqtgraph", "pygame", "hid", "matplotlib", "mujoco", "gymnasium", "gymnasium_robotics",
+               "metaworld", "pyarrow", "av", "ray")
+
+
+def _core_closure() -> list:
+    """The installed distributions the core requirements of hg-dagger need (no extras), transitively."""
+    from importlib.metadata import PackageNotFoundError, distribution, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo = [Requirement(r) for r in requires("hg-dagger") or []]
+    found: dict[str, object] = {}
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra's requirement, or one for another platform
+        name = canonicalize_name(req.name)
+        if name in found:
+            continue
+        try:
+            dist = distribution(req.name)
+        except PackageNotFoundError:
+            continue  # an optional dependency of a dependency that the dev environment does not hold either
+        found[name] = dist
+        todo += [Requirement(r) for r in dist.requires or []]
+    return list(found.values())
+
+
+def _core_venv(root: Path) -> Path:
+    """A new venv that sees only the core dependencies: a folder of links to just their installed files (taken
+    from the dev venv, so nothing is downloaded), on the venv's path through a .pth line."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
+    (site,) = (root / "lib").glob("python3*/site-packages")
+    deps = root / "core-dependencies"
+    deps.mkdir()
+    for dist in _core_closure():
+        for f in dist.files or []:
+            top = f.parts[0]
+            src = Path(dist.locate_file(top))
+            if top in ("..", "bin") or (deps / top).exists() or not src.exists():
+                continue
+            (deps / top).symlink_to(src)
+    (site / "_core_dependencies.pth").write_text(f"{deps}\n")
+    return root
+
+
+def test_the_core_wheel_serves_a_bridge_and_validates_without_the_app_or_simulators(tmp_path):
+    """`pip install hg-dagger` without extras, as on a robot PC: no Qt, pygame, HID, matplotlib, MuJoCo, Gymnasium,
+    pyarrow, PyAV or Ray; the bridge serves the numpy toy arm, a session from the dev environment drives it, and
+    the store it wrote validates with the core CLI."""
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheel_dir), str(REPO)], check=True, capture_output=True)
+    (wheel,) = wheel_dir.glob("hg_dagger-*.whl")
+    venv = _core_venv(tmp_path / "venv")
+    python = venv / "bin" / "python"
+    env = {**_base_env(), "PYTHONNOUSERSITE": "1"}
+    done = subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True, text=True, env=env)
+    pip = [str(python), "-m", "pip"] if done.returncode == 0 else [sys.executable, "-m", "pip", "--python", str(python)]
+    done = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = ("import importlib.util, json; print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
+             f"{list(NOT_IN_CORE)!r}}}))")
+    present = json.loads(subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=env,
+                                        check=True).stdout.strip().splitlines()[-1])
+    assert not any(present.values()), f"the core venv sees extras: {[m for m, p in present.items() if p]}"
+
+    token = tmp_path / "robot.token"
+    token.write_text("ab" * 32)
+    token.chmod(0o600)
+    server = subprocess.Popen([str(venv / "bin" / "hg-dagger"), "bridge", "serve", "toy_reach", "--port", "0",
+                               "--token-file", str(token)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, cwd=tmp_path)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("listening on "), (line, server.stderr.read() if server.poll() is not None else "")
+        address = line.split()[-1]
+        store = tmp_path / "store.zarr"
+        out = subprocess.run([sys.executable, "-m", "hg_dagger", "run", "--task", "toy_reach", "--robot", address,
+                              "--token-file", str(token), "--operator", "synthetic", "--episodes", "1",
+                              "--store", str(store), "--quiet"], capture_output=True, text=True, timeout=240,
+                             cwd=tmp_path)
+        assert out.returncode == 0, (out.stdout[-1500:], out.stderr[-1500:])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    checked = subprocess.run([str(venv / "bin" / "hg-dagger"), "validate", str(store)], capture_output=True,
+                             text=True, env=env, timeout=240)
+    assert checked.returncode == 0 and "1 episodes (0 incomplete), 0 violation(s)" in checked.stdout, checked

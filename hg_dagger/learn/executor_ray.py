@@ -49,6 +49,8 @@ class RayExecutor:
     def __init__(self, workers: int = 2, address: str | None = None, *, start_timeout_s: float = 300.0):
         if int(workers) < 1:
             raise ConfigError(f"--workers must be >= 1, got {workers}")
+        # Ray's usage statistics stay off unless the user turned them on (read by ray.init from the environment)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:
             import ray
         except ImportError:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -281,3 +284,14 @@ def test_local_executor_is_the_default_path(tmp_path):
     assert rows[0]["executor"] == {"kind": "local", "workers": 1}
     rows_b = AutoRun(cfg, tmp_path / "b").run(progress=False)
     assert rows[0]["policy_version"] == rows_b[0]["policy_version"]
+
+
+@pytest.mark.subprocess
+def test_ray_usage_statistics_stay_off_unless_the_user_turned_them_on():
+    """The executor's own ray.init runs with Ray's usage statistics off when the user has not set them."""
+    code = ("import os; from hg_dagger.learn.executor_ray import RayExecutor; e = RayExecutor(workers=1); "
+            "from ray._common.usage.usage_lib import usage_stats_enabled; "
+            "print('usage', usage_stats_enabled(), os.environ['RAY_USAGE_STATS_ENABLED']); e.close()")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_USAGE_STATS_ENABLED"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert "usage False 0" in out.stdout, out.stdout + out.stderr
