@@ -4,7 +4,11 @@
     python benchmarks/bench_learning.py --task fetch_pick_place --seeds 3 --out runs/bench_learning_fpp
 
 Same student (architecture and initial weights per seed), same round 0 (expert demonstrations), same
-gradient steps per label (``--steps-per-label``), same fixed-seed evaluation episodes after every round.
+gradient steps per label (``--steps-per-label``), same fixed-seed evaluation episodes after every round, and one
+time budget for every episode of every arm (the task's, hg_dagger.learn.budget; ``--budget``). After each round
+a trained student takes over only if a held-out evaluation (seeds 200000 on, ``--promotion-episodes``) does not
+say it is worse beyond the noise (hg_dagger.learn.promotion); the reported success is the acting student's. The
+summary compares gated against BC per seed at BC's final labels and at BC's final operator-seconds.
 Human-gated DAgger uses the synthetic operator (the planner through ``raw_to_human``, certified with
 ``operator.certification: planner_auto``) and the task's gates; ``gated_human`` answers the same gates with the
 human operator model at the keyboard, in real time (reaction times, look-aways, declines, key-level steering;

@@ -12,7 +12,11 @@ Fairness rules (issue 12):
   labels the trainer runs until its total gradient steps equal ``steps_per_label`` x the labels it holds, so
   each method gets the same budget per label; with ``train.warm_start: false`` every such round starts from
   fresh weights and runs that whole budget;
-- evaluation: the same ``eval`` episodes (fixed seeds) after every round, nothing tuned per method.
+- evaluation: the same ``eval`` episodes (fixed seeds) after every round, nothing tuned per method;
+- one time budget: collection (demonstrations, DAgger, gated sessions) and evaluation cut every episode at
+  ``max_episode_steps`` (the task's, hg_dagger.learn.budget), so a late success is a failure in both;
+- promotion (``spec["promotion"]``, every arm alike): a trained student acts and is reported only when the held-out
+  evaluation on its own seeds does not say it is worse than the acting student beyond the noise.
 
 Human effort per round, counted three ways:
 - labels: trainable labels that reached the replay (expert / operator steps);

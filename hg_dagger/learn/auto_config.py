@@ -117,7 +117,7 @@ class AutoConfig(StrictModel):
             raise ValueError("human-gated rounds run unattended: the synthetic or expert operator on a simulator "
                              "(a person or a robot trains between rounds in `hg-dagger app`)")
         # one time budget: the gated sessions cut their episodes where evaluation stops them
-        budget = g.max_episode_steps or self.max_episode_steps or task_budget(self.task)
+        budget = g.max_episode_steps or self.max_episode_steps or self.eval.max_steps or task_budget(self.task)
         if self.eval.max_steps is None:
             self.eval = self.eval.model_copy(update={"max_steps": budget})
         try:

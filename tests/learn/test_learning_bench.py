@@ -154,3 +154,39 @@ def test_no_seeds_to_run_is_a_usage_error_that_says_how_to_name_one(bench, capsy
         bench.main(["--quick", "--seeds", "0", "--methods", "gated"])
     assert exit_.value.code == 2
     assert "--seeds 0: no seeds to run" in capsys.readouterr().err
+
+
+def test_every_arm_runs_to_one_budget_and_promotes_by_the_held_out_rule(result):
+    """Every episode of every arm is cut at the task time budget, and after each round the held-out evaluation's
+    two figures and the decision are recorded; the reported success is the acting student's."""
+    from hg_dagger.learn.budget import task_budget
+    from hg_dagger.learn.promotion import decide
+    from hg_dagger.store import EpisodeStore
+
+    out, res = result
+    assert res["spec"]["max_episode_steps"] == res["spec"]["eval"]["max_steps"] == task_budget("toy_reach")
+    for arm in res["arms"]:
+        store = EpisodeStore.open(str(out / f"{arm['method']}_s0" / "store"), mode="r")
+        assert max(i.num_steps for i in store.episodes()) <= task_budget("toy_reach")
+        first, second = arm["rounds"][0]["promotion"], arm["rounds"][1]["promotion"]
+        assert first["promoted"] and first["incumbent_success"] is None
+        assert second["incumbent_version"] == arm["rounds"][0]["policy_version"]
+        n = second["episodes"]
+        again = decide((round(second["candidate_success"] * n), n), (round(second["incumbent_success"] * n), n))
+        assert again["promoted"] == second["promoted"]
+        acting = second["candidate_version"] if second["promoted"] else second["incumbent_version"]
+        assert arm["rounds"][1]["policy_version"] == acting
+    assert len(res["summary"]["gated"]["promoted_per_round"]) == 2
+
+
+def test_gated_is_compared_with_bc_at_equal_labels_and_equal_operator_seconds(bench, result):
+    _, res = result
+    c = res["summary"]["gated_vs_bc"]
+    row = c["per_seed"][0]
+    bc = next(a for a in res["arms"] if a["method"] == "bc")["rounds"]
+    gated = next(a for a in res["arms"] if a["method"] == "gated")["rounds"]
+    assert row["b_final_labels"] == bc[-1]["labels"] and row["a_final_operator_s"] == gated[-1]["operator_s_total"]
+    within = [r["success"] for r in gated if r["labels"] <= bc[-1]["labels"]]
+    assert row["a_at_b_labels"] == within[-1]  # round 0 is shared, so some point is always within BC's labels
+    assert bench.at_budget([1, 2, 3], [0.1, 0.5, 0.4], 2.5) == 0.5
+    assert bench.at_budget([1, 2, 3], [0.1, 0.5, 0.4], 0.5) is None

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.subprocess]
 AUTO = {  # the student and training of the rounds; long enough training that the kill lands inside round 1's
     "kind": "auto", "task": "toy_reach", "student": {"ensemble": 3, "hidden": [32, 32]},
     "train": {"steps": 1500, "batch_size": 32, "log_every": 10},
-    "eval": {"episodes": 4, "num_envs": 4, "max_steps": 25},
+    "eval": {"episodes": 4, "num_envs": 4},  # at the task time budget, where the gated sessions cut
+    "promotion": {"episodes": 8, "num_envs": 4},
 }
 ROUNDS = ["run", "--task", "toy_reach", "--operator", "synthetic", "--certify", "--episodes", "4", "--seed", "3",
           "--rounds", "3", "--quiet"]
