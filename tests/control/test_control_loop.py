@@ -149,6 +149,7 @@ def test_the_tick_decides_on_an_observation_sampled_at_its_start(tmp_path, loop_
     assert snap.health.latency_p50_ms < 25.0, "a 50 ms period: the obs must not wait a whole slot"
 
 
+@pytest.mark.subprocess
 def test_a_settled_control_process_keeps_its_built_objects_out_of_collections(tmp_path):
     """steady_collector in a process of its own (it changes the whole process): what existed is frozen, and
     cycles made afterwards are still collected."""
