@@ -29,6 +29,8 @@ def register(sub) -> None:
                    help="drive the robot behind `hg-dagger bridge serve TASK` at HOST:PORT instead of a local simulator")
     p.add_argument("--token-file", help="bridge token file for --robot (default: the run config's robot.token_file, "
                    "else the environment variable HG_DAGGER_BRIDGE_TOKEN)")
+    p.add_argument("--tls-ca", metavar="FILE", help="for --robot served with --tls-cert: trust robot certificates that "
+                   "chain to this PEM file (a CA, or the robot's self-signed certificate); default: robot.tls_ca")
     r = p.add_argument_group("rounds", "human-gated DAgger unattended: run, train on the certified corrections, "
                              "evaluate, repeat (resumable; one summary line per round; OUT/curve.png)")
     r.add_argument("--rounds", type=int, help="rounds of run + train + evaluate (round 0 is planner demonstrations "
@@ -80,6 +82,10 @@ def _run(args) -> int:
             raise ConfigError("--token-file is for a robot run: give --robot HOST:PORT (or a robot section in the "
                               "run config)")
         overrides["robot.token_file"] = args.token_file
+    if args.tls_ca is not None:
+        if args.robot is None and load_run_config(args.config, args.task, **overrides).robot is None:
+            raise ConfigError("--tls-ca is for a robot run: give --robot HOST:PORT (or a robot section in the run config)")
+        overrides["robot.tls_ca"] = args.tls_ca
     if args.certify:
         overrides.update({"operator.certification": "planner_auto", "operator.noise_std": 0.0})
     cfg = load_run_config(args.config, args.task, **overrides)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hg_dagger import config as config_io
+from hg_dagger import safety_log
 from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import HandoverMachine
 from hg_dagger.control.operators import make_operator
@@ -32,7 +33,7 @@ def make_run_env(cfg: RunConfig):
     env = BridgeEnv(cfg.task, host=rc.host, port=rc.port, token=load_token(rc.token_file),
                     connect_timeout_s=rc.connect_timeout_s, request_timeout_s=rc.request_timeout_s,
                     max_retries=rc.max_retries, clock_pings=rc.clock_pings, clock_resync_s=rc.clock_resync_s,
-                    resume_on_reconnect=rc.resume_on_reconnect)
+                    resume_on_reconnect=rc.resume_on_reconnect, tls_ca=rc.tls_ca, tls_server_name=rc.tls_server_name)
     if env.num_envs != cfg.num_envs:
         log.info("robot bridge %s serves %d env(s); the run follows it (run config num_envs %d is for simulation)",
                  rc.endpoint, env.num_envs, cfg.num_envs)
@@ -108,6 +109,7 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
         env.close()
         raise
     rec = store.recorder()
+    safety_log.attach_session(store_url)  # STORE/safety.log: e-stops, holds, resumes, clamp summaries
     try:
         session = build_session(cfg, rec, student, env=env, extra=extra)
         if session.student_has_thresholds:  # the student's own thresholds: no start-up calibration
@@ -150,5 +152,6 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
     try:
         return session.run(cfg.episodes, progress=progress)
     finally:
+        safety_log.detach_session()
         session.rec.close()
         session.env.close()

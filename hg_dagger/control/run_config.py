@@ -50,6 +50,10 @@ class RobotConfig(StrictModel):
     clock_resync_s: float = Field(default=5.0, gt=0)
     resume_on_reconnect: bool = Field(default=False, description="lift a robot hold found after a reconnect without "
                                       "a person (unattended runs only; otherwise resume needs the operator)")
+    tls_ca: str | None = Field(default=None, description="connect over TLS, trusting robot certificates that chain "
+                               "to this PEM file (a CA, or the robot's self-signed certificate)")
+    tls_server_name: str | None = Field(default=None, description="the name the robot's certificate must carry "
+                                        "(default: host; an IP address must be an IP entry of its subjectAltName)")
 
     @model_validator(mode="before")
     @classmethod

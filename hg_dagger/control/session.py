@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from hg_dagger import safety_log
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import (
     ControlState,
@@ -532,6 +533,7 @@ class Session(SessionControls, SessionEpisodes):
                values: dict[str, Any] | None = None) -> None:
         self.writer.event(r, Event(kind=kind, step=int(self.ep_step[r]), t_ns=int(t_ns), reason=reason,
                                    source=source, values=values or {}))
+        safety_log.event(kind, r, int(self.ep_step[r]), reason, source, values, self.eids[r])  # the incident file
 
     def _episode_ends(self, stopped, result: StepResult, active) -> None:
         """End finished episodes, reset their rows with fresh seeds and begin the next ones."""

@@ -17,7 +17,10 @@ resumes by itself, and says so (the robot logs who resumed, and the next reply's
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -44,6 +47,7 @@ from hg_dagger.envs.bridge.protocol import (
     encode,
     recv_frame,
 )
+from hg_dagger.envs.bridge.tls import client_context
 from hg_dagger.envs.common import fit_image, image_keys
 from hg_dagger.envs.mapping import TaskMapping, load_mapping
 from hg_dagger.errors import EnvError
@@ -51,7 +55,23 @@ from hg_dagger.errors import EnvError
 log = logging.getLogger("hg_dagger.bridge.client")
 
 # refusals that a reconnect cannot fix: report them at once
-_NO_RETRY = frozenset({ErrorCode.AUTH, ErrorCode.VERSION})
+_NO_RETRY = frozenset({ErrorCode.AUTH, ErrorCode.VERSION, ErrorCode.TLS})
+
+
+class _TLSReader:
+    """Reads a TLS socket for recv_frame while the heartbeat thread may write to it: OpenSSL allows one thread at a
+    time on a connection, so each read holds the send lock, taken only once data is there (never while waiting)."""
+
+    def __init__(self, sock: ssl.SSLSocket, lock: threading.Lock):
+        self.sock, self.lock = sock, lock
+
+    def recv(self, n: int) -> bytes:
+        if not self.sock.pending():
+            ready, _, _ = select.select([self.sock], [], [], self.sock.gettimeout())
+            if not ready:
+                raise TimeoutError("timed out")
+        with self.lock:
+            return self.sock.recv(n)
 
 
 class _Dropped(Exception):
@@ -88,10 +108,17 @@ class BridgeEnv(VecEnv):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         client_name: str = "hg-dagger",
         mapping: TaskMapping | None = None,
+        tls_ca: str | os.PathLike | None = None,
+        tls_server_name: str | None = None,
     ):
         """``mapping``: the task mapping to check the robot against (default: configs/tasks/<task>.yaml).
-        ``resume_on_reconnect``: lift a hold found after a reconnect without a person (unattended runs only)."""
+        ``resume_on_reconnect``: lift a hold found after a reconnect without a person (unattended runs only).
+        ``tls_ca``: connect over TLS, trusting robot certificates that chain to this PEM file (a CA, or the
+        robot's self-signed certificate); the certificate must name ``tls_server_name`` (default ``host``)."""
         self.host, self.port = host, int(port)
+        self.tls_ca = None if tls_ca is None else os.fspath(tls_ca)
+        self.tls_server_name = tls_server_name or host
+        self._tls = None if tls_ca is None else client_context(tls_ca)
         self._token = token.encode() if isinstance(token, str) else bytes(token)
         self.connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
         self.max_retries, self.backoff_s, self.backoff_max_s = max_retries, backoff_s, backoff_max_s
@@ -337,8 +364,9 @@ class BridgeEnv(VecEnv):
         t_send = now_ns()
         try:
             self._send_frame(frame)
+            source = _TLSReader(self._sock, self._send_lock) if self._tls is not None else self._sock
             while True:
-                reply = recv_frame(self._sock, self.max_frame_bytes)
+                reply = recv_frame(source, self.max_frame_bytes)
                 if reply.get("re") == seq or (reply["type"] == Msg.ERROR and reply.get("re") is None):
                     break
         except ProtocolError as exc:
@@ -392,9 +420,16 @@ class BridgeEnv(VecEnv):
             sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
         except OSError as exc:
             raise _Dropped(str(exc)) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._tls is not None:
+            sock = self._tls_handshake(sock)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            challenge = recv_frame(sock, 4096)
+            try:
+                challenge = recv_frame(sock, 4096)
+            except (OSError, ConnectionError) as exc:
+                hint = "" if self._tls is not None else ("; a bridge served with --tls-cert needs a TLS CA on this "
+                                                         "side (tls_ca, --tls-ca)")
+                raise _Dropped(f"no challenge from the robot ({exc or type(exc).__name__}){hint}") from exc
             if challenge.get("type") != Msg.CHALLENGE or not isinstance(challenge.get("nonce"), bytes):
                 raise BridgeError(f"{self._where}: not a robot bridge (first message {challenge.get('type')!r})")
             if challenge.get("version") != PROTOCOL_VERSION:
@@ -446,6 +481,26 @@ class BridgeEnv(VecEnv):
         except _Dropped:
             self._disconnect()
             raise
+
+    def _tls_handshake(self, sock: socket.socket) -> ssl.SSLSocket:
+        """TLS over a fresh connection. A certificate we do not trust, or a bridge without TLS, is refused at once
+        (no retry can fix it); a connection lost during the handshake is retried like any other."""
+        try:
+            return self._tls.wrap_socket(sock, server_hostname=self.tls_server_name)
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise BridgeError(f"{self._where}: the robot's TLS certificate is not trusted: {exc.verify_message} "
+                              f"(checked against {self.tls_ca} for {self.tls_server_name!r})", ErrorCode.TLS) from None
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError, TimeoutError) as exc:
+            sock.close()
+            raise _Dropped(f"connection lost during the TLS handshake ({exc})") from exc
+        except ssl.SSLError as exc:
+            sock.close()
+            raise BridgeError(f"{self._where}: TLS handshake failed ({exc.reason or exc}); is the bridge served with "
+                              "--tls-cert?", ErrorCode.TLS) from None
+        except OSError as exc:
+            sock.close()
+            raise _Dropped(f"TLS handshake: {exc}") from exc
 
     def _start_heartbeat(self) -> None:
         """Start the heartbeat thread once, at the first session's welcome; it serves every reconnect after."""

@@ -92,6 +92,7 @@ class ErrorCode:
     SUPERSEDED = "superseded"  # a newer authenticated session took over
     INTERNAL = "internal"  # the backend raised
     UNREACHABLE = "unreachable"  # client side only, never on the wire: the robot could not be reached
+    TLS = "tls"  # a TLS handshake failed, or a TLS client met a bridge without TLS (the robot counts it as refused)
 
 
 # Refusals after which the robot closes the connection: the peer is not (yet) trusted or the byte

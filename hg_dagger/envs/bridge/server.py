@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import ssl
 import time
 import uuid
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from hg_dagger.envs.bridge.protocol import (
     new_nonce,
 )
 from hg_dagger.envs.bridge.robot import Counters, Robot, is_int, string_field, text
+from hg_dagger.envs.bridge.tls import handshake_problem, looks_like_tls, server_context
 from hg_dagger.errors import EnvError
 
 log = logging.getLogger("hg_dagger.bridge.server")
@@ -59,8 +61,12 @@ class ServerConfig:
     # long; a correct client answers the challenge in milliseconds, so idle peers cannot keep it out
     pending_grace_s: float = 0.25
     listen_backlog: int = 128
+    tls_cert: str | None = None  # PEM certificate (chain) and key: serve over TLS (docs/bridge-protocol.md, TLS)
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise BridgeError("bridge server: TLS needs both a certificate and its key (--tls-cert and --tls-key)")
         for name in ("heartbeat_timeout_s", "handshake_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise BridgeError(f"bridge server: {name} must be > 0, got {getattr(self, name)}")
@@ -83,6 +89,8 @@ class _Conn:
     authed: bool = False
     closed: bool = False
     quiet_logged: bool = False  # its silence while the robot holds was logged
+    tls_pending: bool = False  # a TLS connection whose handshake has not finished: nothing is sent on it yet
+    rx_bytes: int = 0
 
 
 class BridgeServer:
@@ -95,6 +103,7 @@ class BridgeServer:
         self.config = config or ServerConfig()
         self._token = bytes(token)
         self.instance = uuid.uuid4().hex
+        self._tls = server_context(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
         self.robot = Robot(env, seed=seed, counters=Counters())
         if self.config.host not in LOOPBACK:
             log.warning("bridge listening on %s: not loopback; anyone who can reach this port may try the token",
@@ -140,7 +149,7 @@ class BridgeServer:
                         self._accept()
                     else:
                         try:
-                            self._on_readable(key.data)
+                            self._on_ready(key.data)
                         except Exception:  # noqa: BLE001 - one bad connection must not stop the robot side
                             log.exception("unexpected failure serving %s; dropping it", key.data.peer)
                             self._drop(key.data, "server error")
@@ -190,14 +199,56 @@ class BridgeServer:
                         oldest.peer, addr[0], addr[1], len(pending))
             self._close(oldest)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.config.send_timeout_s)  # sends block (bounded); reads happen only when readable
+        if self._tls is not None:
+            try:  # the handshake runs non-blocking in the loop (_handshake); the handshake timeout bounds it
+                sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning("refused tls from %s:%s: %s (connection closed)", addr[0], addr[1], exc)
+                sock.close()
+                return
+            sock.setblocking(False)
+        else:
+            sock.settimeout(self.config.send_timeout_s)  # sends block (bounded); reads happen only when readable
         t = now_ns()
-        conn = _Conn(sock, f"{addr[0]}:{addr[1]}", new_nonce(), FrameReader(PREAUTH_MAX_FRAME_BYTES), t, t)
+        conn = _Conn(sock, f"{addr[0]}:{addr[1]}", new_nonce(), FrameReader(PREAUTH_MAX_FRAME_BYTES), t, t,
+                     tls_pending=self._tls is not None)
         self._conns[sock.fileno()] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
         log.debug("connection from %s", conn.peer)
+        if conn.tls_pending:
+            self._handshake(conn)
+        else:
+            self._challenge(conn)
+
+    def _challenge(self, conn: _Conn) -> None:
         self._send(conn, {"type": Msg.CHALLENGE, "protocol": PROTOCOL_NAME, "version": PROTOCOL_VERSION,
                           "nonce": conn.nonce})
+
+    def _handshake(self, conn: _Conn) -> None:
+        """One non-blocking step of a TLS handshake: the loop comes back when the socket is ready again, so a
+        peer that never finishes cannot stall it (the handshake timeout closes it)."""
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            return
+        except ssl.SSLWantWriteError:
+            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self._refuse_tls(conn, handshake_problem(exc))
+            return
+        conn.tls_pending = False
+        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        conn.sock.settimeout(self.config.send_timeout_s)  # from here on like a plain connection (reads: _receive)
+        log.debug("TLS from %s: %s, %s", conn.peer, conn.sock.version(), (conn.sock.cipher() or ("?",))[0])
+        self._challenge(conn)
+
+    def _refuse_tls(self, conn: _Conn, why: str) -> None:
+        """A failed TLS handshake: logged and counted like any refusal; no error message (there is no channel)."""
+        self.counters.refused[ErrorCode.TLS] = self.counters.refused.get(ErrorCode.TLS, 0) + 1
+        log.warning("refused %s from %s: TLS handshake failed: %s (connection closed)", ErrorCode.TLS, conn.peer, why)
+        self._drop(conn, "TLS handshake failed")
 
     def _close(self, conn: _Conn) -> None:
         if conn.closed:
@@ -213,7 +264,7 @@ class BridgeServer:
             self._active = None
 
     def _send(self, conn: _Conn, msg: dict) -> None:
-        if conn.closed:
+        if conn.closed or conn.tls_pending:
             return
         try:
             frame = encode(msg)
@@ -234,17 +285,57 @@ class BridgeServer:
         if was_active:
             self.robot.hold(f"session from {conn.peer} lost: {why}")
 
+    def _on_ready(self, conn: _Conn) -> None:
+        if conn.tls_pending:
+            self._handshake(conn)
+        else:
+            self._on_readable(conn)
+
+    def _receive(self, conn: _Conn) -> tuple[bytes, bool]:
+        """What the peer sent, and whether it closed. A TLS socket is read without blocking: a readable socket may
+        hold only part of a record, and waiting for the rest would stall the loop."""
+        if self._tls is None:
+            data = conn.sock.recv(1 << 20)
+            return data, not data
+        chunks, eof = [], False
+        conn.sock.setblocking(False)
+        try:
+            for _ in range(256):  # records of at most 16 KiB; what is left wakes the selector again
+                try:
+                    data = conn.sock.recv(1 << 20)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    break
+                except ssl.SSLZeroReturnError:
+                    eof = True
+                    break
+                if not data:
+                    eof = True
+                    break
+                chunks.append(data)
+        finally:
+            if not conn.closed:
+                conn.sock.settimeout(self.config.send_timeout_s)
+        return b"".join(chunks), eof
+
     def _on_readable(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 20)
+            data, eof = self._receive(conn)
         except OSError as exc:
             self._drop(conn, f"receive failed: {exc}")
             return
-        if not data:
+        if data:
+            self._on_data(conn, data)
+        if eof and not conn.closed:
             if conn is self._active:
                 log.warning("session from %s closed its connection without bye", conn.peer)
             self._drop(conn, "connection closed")
+
+    def _on_data(self, conn: _Conn, data: bytes) -> None:
+        if conn.rx_bytes == 0 and self._tls is None and looks_like_tls(data):
+            self._refuse(conn, ErrorCode.TLS, "a TLS handshake, but this bridge serves without TLS (serve with "
+                         "--tls-cert, or connect without a TLS CA)")
             return
+        conn.rx_bytes += len(data)
         try:
             frames = conn.reader.feed(data)
         except ProtocolError as exc:
@@ -282,7 +373,8 @@ class BridgeServer:
         for conn in list(self._conns.values()):
             if not conn.authed and t - conn.t_open > self.config.handshake_timeout_s * 1e9:
                 self._refuse(conn, ErrorCode.HANDSHAKE_TIMEOUT,
-                             f"no hello within {self.config.handshake_timeout_s:g} s")
+                             f"no TLS handshake within {self.config.handshake_timeout_s:g} s (a client without TLS?)"
+                             if conn.tls_pending else f"no hello within {self.config.handshake_timeout_s:g} s")
         active = self._active
         silent = active is not None and t - active.last_rx > self.config.heartbeat_timeout_s * 1e9
         if silent and not self.robot.running:
@@ -443,8 +535,9 @@ def serve(task: str, *, token: bytes, config: ServerConfig | None = None, num_en
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGUSR1, lambda *_: server.request_estop("SIGUSR1 on the robot side"))
     host, port = server.address
-    log.info("serving %s (num_envs %d, mapping %s) on %s:%d, heartbeat timeout %g s", env.task_id, env.num_envs,
-             env.mapping.hash, host, port, server.config.heartbeat_timeout_s)
+    log.info("serving %s (num_envs %d, mapping %s) on %s:%d%s, heartbeat timeout %g s", env.task_id, env.num_envs,
+             env.mapping.hash, host, port, f" over TLS ({server.config.tls_cert})" if server.config.tls_cert else "",
+             server.config.heartbeat_timeout_s)
     if on_ready is not None:
         on_ready(host, port)
     t0 = time.monotonic()
