@@ -16,7 +16,7 @@ from support.bridge import TOKEN, Robot
 from support.cli import run_cli
 
 from hg_dagger.cli import main
-from hg_dagger.envs.bridge import BridgeEnv, BridgeError, ErrorCode, RobotState
+from hg_dagger.envs.bridge import BridgeError, ErrorCode, RobotState
 from hg_dagger.store import EpisodeStore, validate_store
 
 pytestmark = [pytest.mark.subprocess]
