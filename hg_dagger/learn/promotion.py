@@ -61,8 +61,9 @@ def decide(candidate: tuple[int, int], incumbent: tuple[int, int] | None, confid
     ki, ni = incumbent
     z = worse_by(candidate, incumbent)
     promoted = z <= z_max
-    why = (f"candidate {k}/{n} against the acting student's {ki}/{ni}: {z:+.2f} standard errors worse, "
-           f"{'within' if promoted else 'beyond'} the limit {z_max:.2f}")
+    gap = f"{z:.2f} standard errors worse" if z > 0 else f"{-z:.2f} standard errors better"
+    why = (f"candidate {k}/{n} against the acting student's {ki}/{ni}: {gap}, "
+           f"{'within' if promoted else 'beyond'} the limit of {z_max:.2f} worse")
     return {**out, "promoted": promoted, "incumbent_success": ki / ni, "z": z, "reason": why}
 
 
