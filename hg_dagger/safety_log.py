@@ -154,6 +154,16 @@ def event(kind: Any, row: int, step: int, reason: str, source: str, values: dict
         log.log(level, "%s %s: %s (source %s)%s", name.upper(), where, reason or "-", source or "-", extra)
 
 
+def note(text: str, source: str) -> None:
+    """A safety action taken while no episode is open (an e-stop cleared, a robot resumed between episodes): the
+    session has no episode to record it in, so the log is its only record beside the run summary."""
+    if _session_handler is None:
+        return
+    with _lock:
+        _clamps.flush()
+        log.warning("NOTE no episode open: %s (source %s)", text, source or "-")
+
+
 @atexit.register
 def _flush_at_exit() -> None:
     with _lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from hg_dagger import safety_log
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import (
     EndReason,
@@ -40,6 +41,7 @@ class SessionControls:
             self._event(r, EventKind.NOTE, now_ns(), note, by)
         if not rows:
             self.summary.notes.append(note)
+            safety_log.note(note, by)
         self.safety.clear_estop()
         self.summary.stopped_by = ""
 
@@ -57,6 +59,7 @@ class SessionControls:
             self._event(r, EventKind.NOTE, now_ns(), f"robot resumed by {by}", "operator", values)
         if not rows:
             self.summary.notes.append(f"robot resumed by {by}")
+            safety_log.note(f"robot resumed by {by} (after: {self.robot_hold})", by)
         self.robot_hold = ""
 
     def decline(self) -> bool:

@@ -26,6 +26,7 @@ def test_a_session_that_estops_leaves_lines_beside_its_store(tmp_path):
         s.estop("app", "stop button pressed")
         s.tick()
         assert s.summary.stopped_by == "estop"
+        s.clear_estop("alice")  # the e-stop ended the episode: the log is the reset's only record
     finally:
         safety_log.detach_session()
         s.rec.close()
@@ -34,6 +35,7 @@ def test_a_session_that_estops_leaves_lines_beside_its_store(tmp_path):
     estop = [ln for ln in text.splitlines() if " ESTOP row 0 episode " in ln]
     assert estop and "stop button pressed" in estop[0] and "(source app)" in estop[0] and "WARNING" in estop[0]
     assert f"recording into {store}" in text.splitlines()[0]
+    assert any("NOTE no episode open: estop cleared by alice" in ln for ln in text.splitlines())
     # after detaching, another session's events do not reach this file
     safety_log.event(EventKind.ESTOP, 0, 1, "elsewhere", "app", None, "ep")
     assert "elsewhere" not in (store / safety_log.FILE_NAME).read_text()

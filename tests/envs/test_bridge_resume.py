@@ -19,7 +19,7 @@ from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui.controls import EpisodeControls
 
-pytestmark = [pytest.mark.app]
+pytestmark = [pytest.mark.app, pytest.mark.subprocess]
 
 
 def test_resume_button_is_offered_only_while_the_robot_holds_and_names_the_operator(qtbot):
