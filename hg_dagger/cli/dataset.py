@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import sys
 
+from hg_dagger.cli.export import add_format_arguments, format_options
 from hg_dagger.contract.enums import Usage
+from hg_dagger.datasets import export
 
 ROOT_HELP = "dataset folder (default: the folder 'datasets' beside the first --store)"
 
 
 def register(sub) -> None:
-    from hg_dagger.cli.export import add_format_options
-
     d = sub.add_parser("dataset", help="versioned datasets: build dataset_v(N+1) = v_N + new authorized samples, "
                                        "with usage classes, leak-free splits and lineage; list, show, diff, check")
     dsub = d.add_subparsers(dest="dataset_command", metavar="ACTION")
@@ -72,15 +72,13 @@ def register(sub) -> None:
     c.add_argument("--no-stores", action="store_true", help="check the manifest alone")
     c.set_defaults(func=_check)
 
-    e = dsub.add_parser("export", help="export a version's episodes (trainable mask = its trainable samples) with "
-                                       "hg-dagger export's formats")
+    e = dsub.add_parser("export", help="export a version's episodes (training mask = its trainable samples) with "
+                                       "hg-dagger export's formats and options")
     e.add_argument("ref", metavar="NAME[@vN]|FILE")
-    e.add_argument("--format", required=True, choices=("lerobot", "ods", "rlinf"))
-    e.add_argument("--out", required=True, metavar="DIR", help="output folder (new or empty)")
+    add_format_arguments(e)
     e.add_argument("--usage", nargs="+", default=["trainable"],
                    choices=[u.value for u in Usage],
                    help="episodes with a sample of these usage classes (default: trainable)")
-    add_format_options(e)
     e.add_argument("--root", help=ROOT_HELP)
     e.add_argument("--store", action="append", default=[], help="find the folder beside this store")
     e.add_argument("--quiet", action="store_true")
@@ -239,17 +237,15 @@ def _check(args) -> int:
 
 
 def _export(args) -> int:
-    from hg_dagger.cli.export import check_format_options, write_export
+    from hg_dagger.datasets.manifest import DatasetError
     from hg_dagger.datasets.read import export_items
     from hg_dagger.datasets.repository import load
 
-    check_format_options(args)
+    options = format_options(args)  # a bad format or option is refused before the version is read
     m = load(_root(args), args.ref)
     items = export_items(m, args.usage)
     if not items:
-        from hg_dagger.datasets.manifest import DatasetError
-
         raise DatasetError(f"{m.ref}: no sample of usage {', '.join(args.usage)} to export")
-    summary = write_export(items, args)
+    summary = export(args.format, items, args.out, progress=not args.quiet, **options)
     print(f"{m.ref}: {summary.line()}")
     return 0

@@ -8,7 +8,7 @@ with ``video`` videos/<camera>/chunk-CCC/file-FFF.mp4 (PyAV). The state the poli
 frames are ``observation.images.<key>``, PNG bytes inside the parquet by default (lossless).
 
 By default one store episode is one LeRobot episode with every step, and the label information travels per frame
-(``trainable``, ``intervene_flag``, ``label_mask``, ``action_source``, ``segment_id``). With
+(``trainable``: the training boundary, ``intervene_flag``, ``label_mask``, ``action_source``, ``segment_id``). With
 ``labels="trainable"`` only the labels training may use are written, each run of them one episode with the label
 target as ``action``, for trainers without a per-frame mask. Columns: docs/datasets.md, "Exports".
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.contract import SCHEMA_VERSION
+from hg_dagger.datasets.exporters import EXPORTERS, Exporter, ExportOption, ExportSummary, Training
 from hg_dagger.datasets.feature_stats import FeatureStats
 from hg_dagger.datasets.lerobot_format import (
     CHUNKS_SIZE,
@@ -52,11 +53,11 @@ from hg_dagger.datasets.source import (
     EpisodeData,
     ExportError,
     ExportItem,
-    ExportSummary,
     abandon_output,
     check_frames,
     common_fps,
     finish_output,
+    nothing_trainable,
     obs_fields,
     read_groups,
     start_output,
@@ -156,7 +157,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
         from tqdm import tqdm
 
         bar = tqdm(desc="export", unit="ep", mininterval=1.0)
-    for group in read_groups(items, allowed=trainable_only):
+    for group in read_groups(items):
         cols_list, frames_list, pieces_meta = [], [], []
         for ep in group:
             fps = common_fps(ep, fps)
@@ -176,7 +177,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
             cont = ep.continuity(continuity)
             continuity = int(cont.max(initial=continuity - 1)) + 1
             if trainable_only:
-                pieces = label_runs(ep.arrays["action_source"], ep.allowed, ep.windows)
+                pieces = label_runs(ep.arrays["action_source"], ep.trainable, ep.windows)
             else:
                 pieces = [(0, ep.num_steps)]
             for lo, hi in pieces:
@@ -193,7 +194,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
                     frames_list.append(frames)
                 cols_list.append(cols)
                 _episode_meta(episodes_meta, ep, task, index, e, lo, hi,
-                              trainable=int((ep.allowed if trainable_only else ep.trainable)[lo:hi].sum()))
+                              trainable=int(ep.trainable[lo:hi].sum()))
                 pieces_meta.append(e)
                 index += hi - lo
                 trainable_total += int(cols["trainable"].sum())
@@ -219,8 +220,8 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
     writer.close()
     n_eps = len(episodes_meta.get("episode_index", ()))
     if n_eps == 0:
-        raise ExportError(f"nothing to export: none of the {source_eps} episode(s) has a label training may use "
-                          "(reviewed and authorized, or certified; `hg-dagger report STORE` lists what stopped them)")
+        raise nothing_trainable(source_eps)
+    training = Training.LABELS if trainable_only else Training.MASK
     _write_episodes(pa, pq, root, episodes_meta)
     _write_tasks(pa, pq, root, tasks)
     with open(root / "meta" / "stats.json", "w") as f:
@@ -241,6 +242,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
         "features": features,
         "hg_dagger": {"exporter": "hg_dagger.datasets.export_lerobot", "schema_version": SCHEMA_VERSION,
                       "labels": "trainable" if trainable_only else "all",
+                      "training": training.value, "training_note": training.note,
                       "action": ("label target: expert_action where the label layer names it, else applied_action"
                                  if trainable_only else "applied_action"),
                       "state": layout.composed[STATE][0],
@@ -326,3 +328,18 @@ def _write_tasks(pa, pq, root: Path, tasks: dict[str, int]) -> None:
     path = root / "meta" / "tasks.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
+
+
+EXPORTERS.register("lerobot", Exporter(
+    write=export_lerobot,
+    description="LeRobot v3.0 (lerobot >= 0.4, lerobot-train): every step with the training boundary per frame, or "
+                "with --labels trainable only the labels training may use",
+    training=lambda o: Training.LABELS if o.get("labels") == "trainable" else Training.MASK,
+    options=(
+        ExportOption("labels", "all = every step with the training boundary per frame (`trainable`); "
+                     "trainable = only the labels training may use, each run of them one episode, action = the "
+                     "label target (what lerobot-train, which has no per-frame mask, trains on)",
+                     choices=LABELS, default="all"),
+        ExportOption("video", "cameras as mp4 video (H.264 for OpenCV and browsers, AV1 for archives; lossy) "
+                     "instead of PNG frames", choices=("h264", "av1")),
+    )))

@@ -10,9 +10,10 @@ identifiers -1); ``ragged``: episodes packed end to end into rows as long as the
 cost no padding each. Every episode is its own ``continuity_id`` stretch (a new one after an invalid step or a
 dropped frame), so a sampled context never joins two episodes. Each step carries the DAgger schema of the ODS
 integration: obs, expert_action, executed_action, expert_used, valid, confidence, episode_id, iteration,
-policy_version, beta, terminated, truncated, success. A segment is a maximal run of steps sharing the action
-source and the trainable flag; ``segment_accepted`` is that flag, so ``SequenceSpecCfg(sampling_mode="segment")``
-samples only authorized labels and never crosses a handover.
+policy_version, beta, terminated, truncated, success. ``trainable`` is the training boundary per step (labels
+reviewed and authorized, or certified; source.training_mask). A segment is a maximal run of steps sharing the
+action source and the trainable flag; ``segment_accepted`` is that flag, so
+``SequenceSpecCfg(sampling_mode="segment")`` samples only authorized labels and never crosses a handover.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from hg_dagger.contract import SCHEMA_VERSION
+from hg_dagger.datasets.exporters import EXPORTERS, Exporter, ExportOption, ExportSummary, Training
 from hg_dagger.datasets.source import (
     ExportError,
     ExportItem,
-    ExportSummary,
     abandon_output,
     common_fps,
     episode_info,
@@ -135,6 +136,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
             "source_id": _source_id(rows),
             "fps": fps,
             "layout": layout,
+            "training": Training.MASK.value, "training_note": Training.MASK.note,
             "schema": _schema(specs, fps, a_dim),
             "policy_versions": list(versions),  # policy_version per step indexes this list; episode_id "episodes"
             "language": {"task": {str(i): t for t, i in tasks.items()}, "subtask": {"0": ""}},
@@ -312,3 +314,13 @@ def load_ods(path: str | os.PathLike) -> tuple:
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise ExportError(f"{root}: ods.json is not an {FORMAT} version {FORMAT_VERSION} export")
     return TensorDict.load_memmap(root / "data"), meta
+
+
+EXPORTERS.register("ods", Exporter(
+    write=export_ods,
+    description="ODS-compatible TensorDict for EmbodiChain's TensorDataSource, with the DAgger schema and the "
+                "training boundary per step (segment sampling draws only trainable segments)",
+    training=Training.MASK,
+    options=(ExportOption("layout", "padded = one row per episode, padded to the longest; ragged = "
+                          "episodes packed end to end into rows, each its own continuity stretch",
+                          choices=LAYOUTS, default="padded"),)))

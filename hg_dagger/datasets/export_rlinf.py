@@ -7,9 +7,12 @@ not v3.0: ``meta/info.json`` (its ``data_path`` formatted with ``episode_chunk``
 ``meta/episodes.jsonl``, ``meta/tasks.jsonl`` and one parquet per episode (plus ``meta/episodes_stats.jsonl`` and
 the ``datasets`` feature types in each parquet, which a LeRobot v2.1 reader also needs); its MLP student reads the frame keys
 ``state`` and ``actions`` (``prepare_lerobot_sft_batch``), and ``intervene_flag`` selects chunks when
-``only_save_expert`` is set. RLinf's loss has no per-frame mask, so only trainable steps are exported: each maximal
-run of consecutive trainable steps of a store episode becomes one shard episode (nothing is interpolated across a
-gap), with ``actions`` = the label layer's target (``expert_action`` in expert windows, else ``applied_action``).
+``only_save_expert`` is set. RLinf's loss has no per-frame mask, so the shard is training data and holds only the
+labels the training boundary allows, the same ones ``export_lerobot(labels="trainable")`` writes
+(source.training_mask: reviewed and authorized, or certified; QC passed; replay not mismatched), cut into runs the
+same way (sequences.label_runs: at correction window boundaries and action source changes); each run is one shard
+episode (nothing is interpolated across a gap), with ``actions`` = the label target (``expert_action`` in expert
+windows, else ``applied_action``). A selection without such a label is refused in one line.
 """
 
 from __future__ import annotations
@@ -21,18 +24,20 @@ from pathlib import Path
 
 import numpy as np
 
-from hg_dagger.contract import SCHEMA_VERSION, LabelTarget
+from hg_dagger.contract import SCHEMA_VERSION
+from hg_dagger.datasets.exporters import EXPORTERS, Exporter, ExportSummary, Training
 from hg_dagger.datasets.feature_stats import FeatureStats
 from hg_dagger.datasets.parquet import encode_pngs, pyarrow_modules
+from hg_dagger.datasets.sequences import label_runs
 from hg_dagger.datasets.source import (
     EpisodeData,
     ExportError,
     ExportItem,
-    ExportSummary,
     abandon_output,
     check_frames,
     common_fps,
     finish_output,
+    nothing_trainable,
     obs_fields,
     read_groups,
     start_output,
@@ -42,14 +47,13 @@ from hg_dagger.datasets.source import (
 CODEBASE_VERSION = "v2.1"
 CHUNKS_SIZE = 1000
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
-_EXPERT = LabelTarget.EXPERT_ACTION.code
 
 
 def export_rlinf(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: float | None = None,
                  robot_type: str = "hg_dagger", progress: bool = False) -> ExportSummary:
-    """Write the trainable runs of the episodes of ``items`` (in that order) as one shard at ``out`` (a new or
-    empty folder; RLinf looks for shards at ``<data_path>/rank_<r>/id_<n>``). Written into a temporary sibling and
-    renamed into place at the end. An export without a single trainable step is an error."""
+    """Write the runs of labels training may use of the episodes of ``items`` (in that order) as one shard at
+    ``out`` (a new or empty folder; RLinf looks for shards at ``<data_path>/rank_<r>/id_<n>``). Written into a
+    temporary sibling and renamed into place at the end. An export without a single such label is an error."""
     pa, pq = pyarrow_modules()
     final, tmp = start_output(out)
     try:
@@ -60,12 +64,6 @@ def export_rlinf(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: fl
         abandon_output(tmp)
         raise
     return summary
-
-
-def _runs(trainable: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of each maximal run of True."""
-    edges = np.diff(np.concatenate([[0], trainable.astype(np.int8), [0]]))
-    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
 
 
 def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSummary:
@@ -94,7 +92,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
                 features = _features(ep, specs, state_keys, cams)
                 schema = _schema(pa, features)
             task_index = tasks.setdefault(task_text(ep.info), len(tasks))
-            for seg, (lo, hi) in enumerate(_runs(ep.trainable)):
+            for seg, (lo, hi) in enumerate(label_runs(ep.arrays["action_source"], ep.trainable, ep.windows)):
                 cols = _columns(ep, lo, hi, seg, state_keys, len(episodes), index, task_index, fps)
                 check_frames(cols["episode_index"], cols["frame_index"], cols["index"], cols["timestamp"], fps,
                              where=f"episode {ep.info.episode_id} steps [{lo}, {hi})")
@@ -130,7 +128,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
     if features is None:
         raise ExportError("nothing to export: no episodes were given")
     if not episodes:
-        raise ExportError(f"nothing to export: none of the {source_eps} episode(s) has a trainable step")
+        raise nothing_trainable(source_eps)
     meta = root / "meta"
     meta.mkdir(parents=True, exist_ok=True)
     with open(meta / "episodes.jsonl", "w") as f:
@@ -148,6 +146,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
         "hg_dagger": {"exporter": "hg_dagger.datasets.export_rlinf", "schema_version": SCHEMA_VERSION,
                       "state": [n[4:] for n in state_keys], "cameras": {c: n[4:] for n, c in cams.items()},
                       "actions": "label target: expert_action in expert windows, else applied_action",
+                      "training": Training.LABELS.value, "training_note": Training.LABELS.note,
                       "source_episodes": source_eps},
     }
     with open(meta / "info.json", "w") as f:
@@ -196,12 +195,7 @@ def _columns(ep: EpisodeData, lo: int, hi: int, seg: int, state_keys, episode: i
     n = hi - lo
     sl = slice(lo, hi)
     state = np.concatenate([a[k][sl].reshape(n, -1).astype(np.float32) for k in state_keys], 1)
-    expert = ep.label_target[sl] == _EXPERT
-    actions = np.where(expert[:, None], a["expert_action"][sl], a["applied_action"][sl]).astype(np.float32)
-    bad = np.flatnonzero(~np.isfinite(actions).all(1))
-    if len(bad):
-        raise ExportError(f"episode {ep.info.episode_id} step {lo + int(bad[0])}: trainable step without a finite "
-                          f"label ({'expert_action' if expert[bad[0]] else 'applied_action'})")
+    actions = ep.label_action(lo, hi)
     frame = np.arange(n, dtype=np.int64)
     return {
         "state": state,
@@ -216,3 +210,10 @@ def _columns(ep: EpisodeData, lo: int, hi: int, seg: int, state_keys, episode: i
         "index": index0 + frame,
         "task_index": np.full(n, task_index, np.int64),
     }
+
+
+EXPORTERS.register("rlinf", Exporter(
+    write=export_rlinf,
+    description="LeRobot v2.1 shard for RLinf's online DAgger (<data_path>/rank_0/id_<n>): only the labels training "
+                "may use, as lerobot --labels trainable",
+    training=Training.LABELS))

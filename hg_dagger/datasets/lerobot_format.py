@@ -140,7 +140,7 @@ def episode_columns(ep: EpisodeData, lo: int, hi: int, layout: ColumnLayout, fea
         cols[col] = np.concatenate([a[f"obs/{k}"][sl].reshape(t, -1).astype(np.float32) for k in keys], 1)
     for name, col in layout.obs_cols.items():
         cols[col] = a[name][sl]
-    trainable = (ep.allowed if label_action else ep.trainable)[sl]
+    trainable = ep.trainable[sl]
     cols["action"] = ep.label_action(lo, hi) if label_action else a["applied_action"][sl]
     cols["expert_action"] = a["expert_action"][sl]
     cols["expert_valid"] = a["expert_valid"][sl]

@@ -116,6 +116,17 @@ def void_authorization(store, s: Sample, rule: TrainingRule) -> str | None:
     return why or ", ".join(TrainingBlock.names(bits & _VOID_REVIEW))
 
 
+def refuse_void(manifest: Manifest, store, s: Sample, *, use: str, then: str) -> None:
+    """One line, naming the version, sample and episode, when a trainable sample's authorization counts for
+    nothing now (``void_authorization``): it may not ``use`` ("train"), and the next version is what to ``then``."""
+    void = void_authorization(store, s, manifest.config.selection.rule)
+    if void is not None:
+        raise DatasetError(f"{manifest.ref}: sample {s.id} of episode {s.episode_id} may not {use}: {void} (label "
+                           f"layer v{s.label_version}; the version was built before this was refused); "
+                           f"`hg-dagger dataset build {manifest.name}` (same --root) writes the next version with "
+                           f"it demoted - {then}")
+
+
 def trainable_steps(manifest: Manifest) -> dict[tuple[str, str], list[tuple[Sample, list[tuple[int, int]]]]]:
     """(store id, episode id) -> [(sample, runs)] of every trainable sample, in manifest order."""
     out: dict[tuple[str, str], list] = {}
@@ -176,12 +187,7 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
                                        f"label layer v{s.label_version} of episode {eid}")
                 mask[a:b] = _TRAINABLE
                 target[a:b] = layer.target[a:b]
-            void = void_authorization(st, s, manifest.config.selection.rule)
-            if void is not None:
-                raise DatasetError(f"{manifest.ref}: sample {s.id} of episode {eid} may not train: {void} (label "
-                                   f"layer v{s.label_version}; the version was built before this was refused); "
-                                   f"`hg-dagger dataset build {manifest.name}` (same --root) writes the next "
-                                   "version with it demoted - train on that")
+            refuse_void(manifest, st, s, use="train", then="train on that")
         data["label_mask"], data["label_target"] = mask, target
         try:
             out.append(extract_labels(data, episode_id=eid, obs_keys=obs_keys, iteration=info.start.iteration,
@@ -193,7 +199,9 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
 
 def export_items(manifest: Manifest, usages: Iterable[str] = (Usage.TRAINABLE,)) -> list:
     """ExportItems (hg_dagger.datasets.source) of every episode with a sample of ``usages``: the per-step
-    ``trainable`` mask is the trainable samples' runs, the label layer the newest one those samples name."""
+    ``trainable`` mask is the trainable samples' runs, the label layer the newest one those samples name. A
+    trainable sample whose authorization counts for nothing now (an older version's self-approval, a reviewer
+    off the roster) is refused as `train --dataset` refuses it: no export offers it as training data."""
     from hg_dagger.datasets.source import ExportItem
 
     want = set(usages)
@@ -222,6 +230,7 @@ def export_items(manifest: Manifest, usages: Iterable[str] = (Usage.TRAINABLE,))
         mask = np.zeros(n, bool)
         for s in samples:
             if s.usage == Usage.TRAINABLE:
+                refuse_void(manifest, st, s, use="be exported as training data", then="export that")
                 for a, b in s.runs:
                     mask[a:b] = True
         items.append(ExportItem(st, eid, trainable=mask, label_version=max(s.label_version for s in samples) or None))

@@ -2,8 +2,9 @@
 with bounded memory, and the output folder written beside its final place and renamed into it at the end.
 
 An export takes an iterable of ExportItem (a store, an episode id, and optionally the per-step ``trainable`` mask
-the caller decided, e.g. a dataset manifest's authorization rule); without a mask the episode's stored label layer
-decides (steps whose mask is TRAINABLE).
+the caller decided, e.g. a dataset manifest's authorization rule); without a mask the training boundary decides
+(``training_mask``: the label layer's trainable steps that the contract's training rule allows). Every format
+reads that one mask as ``EpisodeData.trainable``.
 """
 
 from __future__ import annotations
@@ -11,32 +12,35 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hg_dagger.contract.enums import INTERVENTION_SOURCES, LabelMask, LabelTarget, StepFlag
-from hg_dagger.errors import ConfigError, ContractError, EnvError, HgDaggerError, StoreError
-from hg_dagger.store import EpisodeInfo, EpisodeStore
+from hg_dagger.datasets.exporters import ExportError
+from hg_dagger.errors import ConfigError, ContractError, EnvError, StoreError
+
+if TYPE_CHECKING:  # the store (zarr) is loaded by whoever opens one, not when the commands list the formats
+    from hg_dagger.store import EpisodeInfo, EpisodeStore
 
 # Per-step fields every export reads besides the observations (all are contract step fields).
 STEP_FIELDS = ("applied_action", "expert_action", "expert_valid", "expert_used", "policy_confidence", "action_source",
                "step_flags", "reward", "valid", "terminated", "truncated", "success")
 _TRAINABLE = LabelMask.TRAINABLE.code
+_CONTEXT = LabelMask.CONTEXT_ONLY.code
 _EXPERT = LabelTarget.EXPERT_ACTION.code
 LABELS = ("all", "trainable")  # what an export writes: every step, or only training-allowed labels
 ROW_BUDGET_BYTES = 64 << 20  # rows read per store round trip: about this many bytes of step data
 
 
-class ExportError(HgDaggerError):
-    """An export cannot be written (bad selection, output folder in the way, episodes that do not fit together)."""
-
-
 @dataclass(frozen=True)
 class ExportItem:
-    """One episode to export. ``trainable`` (bool per step) overrides the stored label layer's TRAINABLE mask;
-    ``label_version`` picks the label layer read for the mask codes (default: the latest)."""
+    """One episode to export. ``trainable`` (bool per step) is the caller's training mask (a dataset version's
+    rule); without it the training boundary decides (``training_mask``). ``label_version`` picks the label layer
+    read for the mask and target codes (default: the latest)."""
 
     store: EpisodeStore
     episode_id: str
@@ -52,12 +56,11 @@ class EpisodeData:
     item: ExportItem
     info: EpisodeInfo
     arrays: dict[str, np.ndarray]
-    label_mask: np.ndarray  # uint8 LabelMask codes of the label layer read
-    label_target: np.ndarray  # uint8 LabelTarget codes of that layer (which array supervises a trainable step)
+    label_mask: np.ndarray  # uint8 LabelMask codes after the boundary: TRAINABLE exactly where `trainable`
+    label_target: np.ndarray  # uint8 LabelTarget codes of the layer read (which array supervises a trainable step)
     label_version: int
-    trainable: np.ndarray  # bool (T,)
+    trainable: np.ndarray  # bool (T,): the labels training may use (training_mask), the one mask every format writes
     windows: list = field(default_factory=list)  # the label layer's CorrectionWindows
-    allowed: np.ndarray | None = None  # bool (T,): labels training may use (read with labels="trainable")
     extra: dict = field(default_factory=dict)
 
     @property
@@ -94,8 +97,7 @@ class EpisodeData:
         expert = self.label_target[sl] == _EXPERT
         a = self.arrays
         target = np.where(expert[:, None], a["expert_action"][sl], a["applied_action"][sl]).astype(np.float32)
-        keep = (self.allowed if self.allowed is not None else self.trainable)[sl]
-        bad = np.flatnonzero(keep & ~np.isfinite(target).all(1))
+        bad = np.flatnonzero(self.trainable[sl] & ~np.isfinite(target).all(1))
         if len(bad):
             raise ExportError(f"episode {self.info.episode_id} step {sl.start + int(bad[0])}: trainable step without "
                               f"a finite label ({'expert_action' if expert[bad[0]] else 'applied_action'})")
@@ -130,18 +132,18 @@ def select(store: EpisodeStore, *, task_id: str | None = None, episodes: Sequenc
 
 
 def read_episodes(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = None,
-                  row_budget_bytes: int = ROW_BUDGET_BYTES, *, allowed: bool = False) -> Iterator[EpisodeData]:
-    """Episodes in the order given, each with STEP_FIELDS and its obs/<key> arrays (see read_groups)."""
-    for group in read_groups(items, obs_keys, row_budget_bytes, allowed=allowed):
+                  row_budget_bytes: int = ROW_BUDGET_BYTES) -> Iterator[EpisodeData]:
+    """Episodes in the order given, each with STEP_FIELDS, its obs/<key> arrays and its training mask
+    (EpisodeData.trainable; see read_groups)."""
+    for group in read_groups(items, obs_keys, row_budget_bytes):
         yield from group
 
 
 def read_groups(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = None,
-                row_budget_bytes: int = ROW_BUDGET_BYTES, *, allowed: bool = False) -> Iterator[list[EpisodeData]]:
+                row_budget_bytes: int = ROW_BUDGET_BYTES) -> Iterator[list[EpisodeData]]:
     """Episodes in the order given, in groups: consecutive items of one store are read together, about
     ``row_budget_bytes`` of step data at a time, with one block read per field (``iter_batches`` without
-    shuffling), so memory stays bounded and many short episodes do not cost one store round trip each.
-    ``allowed``: also read which labels training may use (EpisodeData.allowed, see ``allowed_labels``)."""
+    shuffling), so memory stays bounded and many short episodes do not cost one store round trip each."""
     group: list[tuple[int, ExportItem, EpisodeInfo]] = []
     group_bytes = 0
     n = 0
@@ -153,13 +155,13 @@ def read_groups(items: Iterable[ExportItem], obs_keys: Sequence[str] | None = No
             row_bytes[key] = _row_bytes(item.store, info)
         size = row_bytes[key] * info.num_steps
         if group and (group[0][1].store is not item.store or group_bytes + size > row_budget_bytes):
-            yield list(_read_group(group, obs_keys, allowed))
+            yield list(_read_group(group, obs_keys))
             group, group_bytes = [], 0
         group.append((n, item, info))
         group_bytes += size
         n += 1
     if group:
-        yield list(_read_group(group, obs_keys, allowed))
+        yield list(_read_group(group, obs_keys))
 
 
 def episode_info(item: ExportItem) -> EpisodeInfo:
@@ -186,8 +188,7 @@ def obs_fields(store: EpisodeStore, episode_id: str) -> dict[str, object]:
     return {n: s for n, s in store.fields(episode_id).items() if n.startswith("obs/")}
 
 
-def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequence[str] | None,
-                with_allowed: bool = False) -> Iterator[EpisodeData]:
+def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequence[str] | None) -> Iterator[EpisodeData]:
     store = group[0][1].store
     first = group[0][2].episode_id
     keys = list(obs_keys) if obs_keys is not None else [n[4:] for n in obs_fields(store, first)]
@@ -235,22 +236,32 @@ def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequ
             order = np.argsort(steps, kind="stable")
             arrays = {n: _restore_dtype(have[n].np_dtype, np.concatenate(v)[order]) for n, v in parts.items()}
         layer = store.labels(info.episode_id, item.label_version)
-        trainable = (layer.mask == _TRAINABLE) if item.trainable is None else np.asarray(item.trainable, bool)
-        yield EpisodeData(index=n_out, item=item, info=info, arrays=arrays, label_mask=layer.mask,
+        trainable = training_mask(item, info, layer.mask)
+        mask = np.where(trainable, _TRAINABLE, np.where(layer.mask == _TRAINABLE, _CONTEXT, layer.mask))
+        yield EpisodeData(index=n_out, item=item, info=info, arrays=arrays, label_mask=mask.astype(np.uint8),
                           label_target=layer.target, label_version=layer.version, trainable=trainable,
-                          windows=list(layer.windows),
-                          allowed=allowed_labels(item, info, trainable) if with_allowed else None)
+                          windows=list(layer.windows))
 
 
-def allowed_labels(item: ExportItem, info: EpisodeInfo, trainable: np.ndarray) -> np.ndarray:
-    """The labels training may use: the caller's mask when it gave one (a dataset version's rule), else the
-    latest label layer's trainable steps that the contract's training boundary allows (store.trainable.selection,
-    the reader the trainer uses)."""
+def training_mask(item: ExportItem, info: EpisodeInfo, layer_mask: np.ndarray) -> np.ndarray:
+    """bool (T,): the labels training may use, the one rule every export applies: the caller's mask where it gave
+    one (a dataset version's rule, re-checked when the version is read), else the label layer's trainable steps
+    that the contract's training boundary allows (``contract.training_selection`` under the store's reviewer
+    roster, through ``store.trainable.selection``, the reader the trainer uses: reviewed and authorized, or
+    certified; QC passed; replay not mismatched)."""
     if item.trainable is not None:
-        return trainable
+        return np.asarray(item.trainable, bool)
+    # deferred: the store (zarr) loads when an export reads one, not when the commands list the formats
     from hg_dagger.store.trainable import selection
 
-    return trainable & selection(item.store, info).allowed
+    return (np.asarray(layer_mask) == _TRAINABLE) & selection(item.store, info).allowed
+
+
+def nothing_trainable(episodes: int) -> ExportError:
+    """The one line a training-labels export (Training.LABELS) gives when its selection holds no label training
+    may use."""
+    return ExportError(f"nothing to export: none of the {episodes} episode(s) has a label training may use "
+                       "(reviewed and authorized, or certified; `hg-dagger report STORE` lists what stopped them)")
 
 
 def task_mapping(info: EpisodeInfo, specs: dict) -> object | None:
@@ -332,6 +343,19 @@ def finish_output(final: Path, tmp: Path) -> None:
     _CREATED.pop(tmp, None)
 
 
+@contextmanager
+def output_folder(out: str | os.PathLike) -> Iterator[Path]:
+    """``with output_folder(out) as tmp:`` write the export into ``tmp``; it is renamed to ``out`` (a new or empty
+    folder) when the block ends, and removed, with the parent folders made for it, when the block fails."""
+    final, tmp = start_output(out)
+    try:
+        yield tmp
+        finish_output(final, tmp)
+    except BaseException:
+        abandon_output(tmp)
+        raise
+
+
 def abandon_output(tmp: Path) -> None:
     """Remove a failed export's temporary folder and the parent folders made for it."""
     shutil.rmtree(tmp, ignore_errors=True)
@@ -370,24 +394,3 @@ def check_frames(episode_index: np.ndarray, frame_index: np.ndarray, index: np.n
         bad = int(np.flatnonzero(timestamp != want)[0])
         raise ContractError(f"{where}: episode {int(episode_index[bad])} timestamp {float(timestamp[bad])!r} != "
                             f"frame_index / fps at row {bad}")
-
-
-@dataclass
-class ExportSummary:
-    """What an export wrote."""
-
-    out: str
-    format: str
-    episodes: int
-    frames: int
-    tasks: int
-    fps: float
-    files: int
-    trainable_frames: int = 0
-    bytes: int = 0
-    columns: list[str] = field(default_factory=list)
-
-    def line(self) -> str:
-        return (f"{self.format} export: {self.episodes} episodes, {self.frames} frames ({self.trainable_frames} "
-                f"trainable), {self.tasks} task(s), fps {self.fps:g}, {self.files} files, "
-                f"{self.bytes / 1e6:.1f} MB -> {self.out}")

@@ -363,9 +363,9 @@ def train_from_store(
 
     mapping = load_mapping(task)
     if dataset is not None:
-        return _train_on_dataset(dataset, datasets_root, store_url, mapping, out_dir, student_cfg=student_cfg,
-                                 train_cfg=train_cfg, replay_cfg=replay_cfg, resume=resume, progress=progress,
-                                 on_step=on_step, warm_start=warm_start)
+        return _train_on_dataset(dataset, datasets_root, store_url, task, mapping, out_dir,
+                                 student_cfg=student_cfg, train_cfg=train_cfg, replay_cfg=replay_cfg, resume=resume,
+                                 progress=progress, on_step=on_step, warm_start=warm_start)
     if store_url is None:
         raise ConfigError("train needs --store (or --dataset NAME@vN)")
     store = EpisodeStore.open(store_url, mode="r")
@@ -434,10 +434,13 @@ def _new_trainer(mapping, student_cfg, train_cfg, replay_cfg, resume, warm_start
     return Trainer(student, tc, LabelBuffer(replay_cfg, seed=tc.seed))
 
 
-def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, train_cfg, replay_cfg, resume,
+def _train_on_dataset(ref, root, store_url, task, mapping, out_dir, *, student_cfg, train_cfg, replay_cfg, resume,
                       progress, on_step, warm_start) -> dict[str, Any]:
-    """`train --dataset NAME@vN`: exactly the version's trainable samples (hg_dagger.datasets.read); the
-    dataset version is recorded in train.json, in the checkpoint and beside the manifest."""
+    """`train --dataset NAME@vN`: exactly the version's trainable samples (hg_dagger.datasets.read), each
+    re-checked on the label layer it names (an authorization that counts for nothing now - its operator's own,
+    or by a reviewer off the roster - stops training in one line, ``read.refuse_void``); the dataset version is
+    recorded in train.json, in the checkpoint and beside the manifest, and the student's calibrated gate
+    thresholds are stored with it as `train --store` stores them (``_calibrate``)."""
     from hg_dagger.datasets.read import episode_labels
     from hg_dagger.datasets.repository import default_root, load, record_training, root_of
 
@@ -475,5 +478,18 @@ def _train_on_dataset(ref, root, store_url, mapping, out_dir, *, student_cfg, tr
     result.update(checkpoint=str(ckpt), replay=trainer.replay.summary(), selection=selected,
                   dataset={"name": manifest.name, "version": manifest.version, "ref": manifest.ref,
                            "hash": manifest.hash, "root": str(root)})
+    stores = [str(store_url)] if store_url else [s.url for s in reversed(manifest.stores)]
+    result["gate_calibration"] = _calibrate(stores, str(ckpt), task)  # the student's own gate, as with --store
     (out / "train.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _calibrate(stores: list[str], checkpoint: str, task: str) -> dict[str, Any]:
+    """``calibrate_student`` on the first of ``stores`` whose recorded states calibrate the student's gate (`train
+    --dataset`: the store given, else the version's stores, the newest first); what it stored, and where from."""
+    result: dict[str, Any] = {"thresholds": None, "message": "no store to calibrate the confidence gate on"}
+    for url in stores:
+        result = {**calibrate_student(url, checkpoint, task), "store": url}
+        if result["thresholds"]:
+            break
     return result

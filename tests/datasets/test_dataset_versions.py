@@ -1,6 +1,7 @@
 """Dataset versions end to end on stores recorded for real (toy_reach, synthetic operator, an eager gate): after a
 review, `dataset build` adds exactly the approved, authorized, QC-passed human labels to the previous version,
-with lineage and leak-free splits; `train --dataset` trains on exactly those; `report --dataset` reports it;
+with lineage and leak-free splits; `train --dataset` trains on exactly those and stores the student's calibrated
+gate thresholds with it; `report --dataset` reports it;
 earlier versions never change; `auto` builds one version per iteration."""
 
 from __future__ import annotations
@@ -102,7 +103,13 @@ def test_build_review_build_train_report(session):
     assert result["dataset"]["hash"] == v3.hash and "toy@v3" in r.stdout
     from hg_dagger.policy.checkpoint import read_checkpoint
 
-    assert read_checkpoint(root / "t" / "student.pt")["extra"]["dataset"]["dataset"] == "toy@v3"
+    ckpt = read_checkpoint(root / "t" / "student.pt")
+    assert ckpt["extra"]["dataset"]["dataset"] == "toy@v3"
+    # the student's gate thresholds are calibrated and stored with it, as `train --store` stores them
+    # (this store is too small for the shipped gate's 100 samples: test_dataset_train.py has one that calibrates)
+    cal = result["gate_calibration"]
+    assert cal["store"] == str(store) and cal["message"] in r.stdout
+    assert ckpt["extra"].get("gate_thresholds") == cal["thresholds"]
     r = _ok("dataset", "show", "toy@v3", "--store", store)
     assert f"trained policy {result['version']}" in r.stdout and "-> toy@v3" in r.stdout
     assert f"{lin.windows} windows" in r.stdout

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from reviewed import approve
 from support.store import fields, record, start, step
 
 from hg_dagger.contract import ActionSource, EndReason, EpisodeEnd, LabelMask, LabelTarget
@@ -23,6 +24,7 @@ from hg_dagger.datasets import ExportError, ExportItem, export_lerobot, select
 from hg_dagger.datasets.source import check_frames
 from hg_dagger.errors import ContractError
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import selection
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
 
@@ -33,8 +35,9 @@ EPISODES = [(0, 30, (5, 12)), (1, 17, None), (2, 41, (20, 33))]
 
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory):
-    """Three toy_reach episodes with cameras, one of another task, one never committed; episode 2 has a
-    reviewer's layer v2 that excludes part of its window."""
+    """Three toy_reach episodes with cameras, one of another task, one never committed; the windows of episodes 0
+    and 2 are approved for training (layer v2), and episode 2 has a reviewer's layer v3 that excludes part of its
+    window."""
     path = tmp_path_factory.mktemp("export") / "store"
     store = EpisodeStore.create(path)
     with store.recorder(on_full="block") as rec:
@@ -46,7 +49,9 @@ def store_path(tmp_path_factory):
         for t in range(5):
             rec.put(eid, step(9, t, image=True))
     store = EpisodeStore.open(path, mode="a")
-    e2 = store.episodes(task_id="toy_reach", complete=True)[2].episode_id
+    e0, _, e2 = (i.episode_id for i in store.episodes(task_id="toy_reach", complete=True))
+    approve(store, e0)
+    approve(store, e2)
     mask = store.labels(e2).mask.copy()
     mask[20:25] = LabelMask.EXCLUDED.code
     store.write_labels(e2, author="reviewer", mask=mask)
@@ -91,7 +96,7 @@ def test_lerobot_export_equals_the_store(store_path, tmp_path):
     assert eps["length"] == lengths and eps["tasks"] == [["toy_reach"]] * 3
     assert eps["dataset_from_index"] == [0, 30, 47] and eps["dataset_to_index"] == [30, 47, 88]
     assert eps["hg_dagger/episode_id"] == [i.episode_id for i in infos]
-    assert eps["hg_dagger/label_version"] == [1, 1, 2]  # episode 2: the reviewer's layer, the latest
+    assert eps["hg_dagger/label_version"] == [2, 1, 3]  # the latest layers: approvals, episode 2's exclusion
 
     f = _frames(out)
     assert len(f["index"]) == sum(lengths)
@@ -105,7 +110,8 @@ def test_lerobot_export_equals_the_store(store_path, tmp_path):
         for t in range(n):
             np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(f["observation.images.rgb"][row + t]))),
                                           step(seed, t, image=True)["obs/rgb"], err_msg=f"episode {k} step {t}")
-        trainable = store.labels(eid).mask == LabelMask.TRAINABLE.code
+        trainable = selection(store, infos[k]).allowed  # the training boundary
+        assert (trainable == (store.labels(eid).mask == LabelMask.TRAINABLE.code)).all()  # every label approved
         human = stored["action_source"] == ActionSource.HUMAN.code
         np.testing.assert_array_equal(f["trainable"][sl], trainable)
         np.testing.assert_array_equal(f["intervene_flag"][sl], trainable & human)

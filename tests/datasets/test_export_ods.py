@@ -10,11 +10,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from reviewed import approve
 from support.store import record
 
 from hg_dagger.contract import ActionSource, LabelMask
 from hg_dagger.datasets import ExportError, ExportItem, export_ods, load_ods, select
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import selection
 
 pytestmark = [pytest.mark.subprocess]
 
@@ -26,12 +28,14 @@ EPISODES = [(0, 30, (5, 12)), (1, 17, None), (2, 41, (20, 33))]  # (seed, steps,
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
+    """Episode 0's window approved for training; episode 2's never reviewed (labels, not trainable)."""
     base = tmp_path_factory.mktemp("ods")
     store = EpisodeStore.create(base / "store")
     with store.recorder(on_full="block") as rec:
         for seed, n, w in EPISODES:
             record(rec, seed, n, image=True, window=w)
     store = EpisodeStore.open(base / "store")
+    approve(store, store.episodes()[0].episode_id)
     summary = export_ods(select(store), base / "ods")
     return store, base / "ods", summary
 
@@ -56,8 +60,11 @@ def test_tensor_data_source_reads_the_export_and_values_equal_the_store(export):
         np.testing.assert_array_equal(d["obs", "rgb"][:n].numpy(), a["obs/rgb"])
         np.testing.assert_array_equal(d["actions"][:n].numpy(), a["applied_action"])
         np.testing.assert_array_equal(d["action_source"][:n].numpy(), a["action_source"])
-        trainable = store.labels(eid).mask == LabelMask.TRAINABLE.code
+        trainable = selection(store, store.info(eid)).allowed  # the training boundary, not the layer's labels
+        assert trainable.any() == (row == 0) and (store.labels(eid).mask == LabelMask.TRAINABLE.code).any() == (row != 1)
         np.testing.assert_array_equal(d["trainable"][:n].numpy(), trainable)
+        # the label codes agree: a label the boundary stops is context only, as the trainer's reader has it
+        np.testing.assert_array_equal(d["label_mask"][:n].numpy() == LabelMask.TRAINABLE.code, trainable)
         np.testing.assert_array_equal(d["segment_accepted"][:n].numpy(), trainable)
         np.testing.assert_array_equal(d["label_target"][:n].numpy(), store.labels(eid).target)
         assert d["valid"][:n].all() and not d["valid"][n:].any()  # padding past the episode's end
@@ -83,6 +90,7 @@ def test_segment_sampling_yields_only_trainable_human_labels(export):
     sup = batch["loss_mask"]
     assert sup.any()
     assert batch["trainable"][sup].all()
+    assert (batch["episode_id"][sup] == 0).all()  # episode 2's unreviewed window is never a target
     assert (batch["action_source"][sup] == ActionSource.HUMAN.code).all()
     seg = batch["segment_id"]
     for i in range(len(seg)):  # one context never spans two segments (a handover or a label boundary)

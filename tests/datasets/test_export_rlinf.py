@@ -1,6 +1,7 @@
 """hg-dagger export --format rlinf: the shard RLinf's online DAgger loads from <data_path>/rank_<r>/id_<n> (LeRobot
-v2.1 layout, frame keys state / actions / intervene_flag), holding only trainable labels, one shard episode per run
-of consecutive trainable steps. RLinf itself (GPU, Ray) is not installed here: these tests read the files the way
+v2.1 layout, frame keys state / actions / intervene_flag), holding only the labels training may use (the boundary
+lerobot --labels trainable holds: reviewed and authorized, or certified), one shard episode per run of them. RLinf
+itself (GPU, Ray) is not installed here: these tests read the files the way
 its archived-shard reader does (info.json's data_path formatted with episode_chunk and episode_index,
 meta/episodes.jsonl, meta/tasks.jsonl, parquet rows as Python values)."""
 
@@ -13,11 +14,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from reviewed import approve, certify
 from support.store import record, step
 
 from hg_dagger.contract import ActionSource, LabelMask
 from hg_dagger.datasets import ExportError, ExportItem, export_rlinf, select
 from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import selection
 
 pytestmark = [pytest.mark.subprocess]
 
@@ -26,11 +29,15 @@ EPISODES = [(0, 30, (5, 12)), (1, 17, None), (2, 41, (20, 33))]  # (seed, steps,
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
+    """The human windows of episodes 0 and 2 approved and authorized for training, QC passed."""
     path = tmp_path_factory.mktemp("rlinf") / "store"
     s = EpisodeStore.create(path)
     with s.recorder(on_full="block") as rec:
         for seed, n, w in EPISODES:
             record(rec, seed, n, image=True, window=w)
+    s = EpisodeStore.open(path)
+    for info in s.episodes():
+        approve(s, info.episode_id)
     return EpisodeStore.open(path)
 
 
@@ -105,7 +112,7 @@ def test_the_documented_command_works_on_a_fresh_folder_and_a_failure_leaves_not
     r = subprocess.run([sys.executable, "-m", "hg_dagger", "export", str(store.url), "--format", "rlinf", "--out",
                         str(tmp_path / "NEW" / "rank_0" / "id_0"), "--episodes", eid, "--quiet"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "has a trainable step" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2 and "has a label training may use" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["DATA"]
 
 
@@ -142,6 +149,7 @@ def test_expert_window_labels_are_the_expert_actions(tmp_path):
         rec.end_episode(eid, end(12), windows=[CorrectionWindow(
             parent_episode_id=eid, parent_step_id=2, handover_start=3, handover_end=8, source=ActionSource.EXPERT)])
     s = EpisodeStore.open(tmp_path / "s")
+    certify(s, eid)  # an automatic planner's window: certified, no reviewer needed
     assert (s.labels(eid).target[3:8] == LabelTarget.EXPERT_ACTION.code).all()
     export_rlinf(select(s), tmp_path / "shard")
     _, _, eps = _read_shard(tmp_path / "shard")
@@ -154,3 +162,54 @@ def test_expert_window_labels_are_the_expert_actions(tmp_path):
     data = pq.read_table(tmp_path / "lerobot" / "data" / "chunk-000" / "file-000.parquet").to_pydict()
     assert data["label_target"][3:8] == [LabelTarget.EXPERT_ACTION.code] * 5
     assert data["trainable"] == [3 <= t < 8 for t in range(12)]
+
+
+def test_a_reviewed_store_exports_exactly_its_trainable_frames(tmp_path):
+    """Windows in every review state: approved (trainable), approved but not authorized, approved without QC,
+    never reviewed, and self-approved by their operator. The shard holds exactly the steps the training boundary
+    allows - the frames `train` and `export --format lerobot --labels trainable` take - and nothing else."""
+    from support.store import end, fields, human_window, start
+
+    from hg_dagger.datasets import export_lerobot
+
+    s = EpisodeStore.create(tmp_path / "s")
+    plans = {"approved": (0, 24, [(3, 9), (9, 14)]), "not_authorized": (1, 20, [(4, 10)]),
+             "no_qc": (2, 18, [(2, 8)]), "unreviewed": (3, 16, [(5, 11)]), "self": (4, 22, [(6, 12)]),
+             "approved_too": (5, 30, [(10, 19), (22, 27)])}
+    ids = {}
+    with s.recorder(on_full="block") as rec:
+        for name, (seed, n, windows) in plans.items():
+            eid = rec.begin_episode(start(operator="op-a"), fields(True))
+            for t in range(n):
+                human = any(a <= t < b for a, b in windows)
+                rec.put(eid, step(seed, t, image=True, source=ActionSource.HUMAN if human else ActionSource.POLICY))
+            rec.end_episode(eid, end(n), windows=[human_window(eid, a, b) for a, b in windows])
+            ids[name] = eid
+    s = EpisodeStore.open(tmp_path / "s")
+    approve(s, ids["approved"])
+    approve(s, ids["approved_too"])
+    approve(s, ids["not_authorized"], authorize=False)
+    approve(s, ids["no_qc"], qc=False)
+    approve(s, ids["self"], reviewer="op-a")  # the window's own operator: authorizes nothing
+    s = EpisodeStore.open(tmp_path / "s")
+    want = {(i.episode_id, int(t)) for i in s.episodes() for t in np.flatnonzero(selection(s, i).allowed)}
+    assert {eid for eid, _ in want} == {ids["approved"], ids["approved_too"]} and len(want) == 11 + 14
+    summary = export_rlinf(select(s), tmp_path / "shard")
+    _, _, eps = _read_shard(tmp_path / "shard")
+    got = [(e["hg_dagger_episode_id"], e["hg_dagger_first_step"] + row["frame_index"]) for e, rows in eps for row in rows]
+    assert len(got) == len(set(got)) and set(got) == want
+    assert summary.frames == summary.trainable_frames == len(want)
+    # one run per window, as lerobot --labels trainable cuts them: the adjacent windows [3, 9) and [9, 14) stay two
+    spans = [(e["hg_dagger_episode_id"], e["hg_dagger_first_step"], e["length"]) for e, _ in eps]
+    assert spans == [(ids["approved"], 3, 6), (ids["approved"], 9, 5), (ids["approved_too"], 10, 9),
+                     (ids["approved_too"], 22, 5)]
+    for e, rows in eps:  # each frame's values are the store's
+        a = s.read_steps(e["hg_dagger_episode_id"], ["obs/state", "applied_action"])
+        for row in rows:
+            t = e["hg_dagger_first_step"] + row["frame_index"]
+            np.testing.assert_array_equal(np.asarray(row["actions"], np.float32), a["applied_action"][t])
+            np.testing.assert_array_equal(np.asarray(row["state"], np.float32), a["obs/state"][t])
+            assert row["intervene_flag"] is True
+    export_lerobot(select(s), tmp_path / "lerobot", labels="trainable")
+    lr = pq.read_table(tmp_path / "lerobot" / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pydict()
+    assert list(zip(lr["hg_dagger/episode_id"], lr["hg_dagger/first_step"], lr["length"], strict=True)) == spans
