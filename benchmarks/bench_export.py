@@ -91,7 +91,27 @@ def build(path: str, n_eps: int, ep_len: int, cameras: bool) -> dict:
             rec.end_episode(eid, EpisodeEnd(end_reason=EndReason.SUCCESS, task_success=True, num_steps=ep_len),
                             windows=windows)
     assert rec.stats.dropped_steps == 0
-    return {"record_s": time.perf_counter() - t0, **_disk(path)}
+    record_s = time.perf_counter() - t0
+    _review(path)
+    return {"record_s": record_s, **_disk(path)}
+
+
+def _review(path: str) -> None:
+    """A reviewer (not the operator) approves and authorizes every window and QC passes it, as `hg-dagger review
+    approve` and `hg-dagger qc` leave a store: the labels every export offers as training data."""
+    from hg_dagger.contract import QCResult, ReviewDecision, ReviewStatus
+    from hg_dagger.store import EpisodeStore
+
+    store = EpisodeStore.open(path, mode="a")
+    for info in store.episodes():
+        layer = store.labels(info.episode_id)
+        if not layer.windows:
+            continue
+        reviews = [ReviewDecision(window_id=w.window_id, reviewer="reviewer", status=ReviewStatus.APPROVED,
+                                  replay_training_authorized=True) for w in layer.windows]
+        qc = [QCResult(episode_id=info.episode_id, passed=True)] + [
+            QCResult(episode_id=info.episode_id, window_id=w.window_id, passed=True) for w in layer.windows]
+        store.write_labels(info.episode_id, author="reviewer", reviews=reviews, qc=qc)
 
 
 def _disk(path: str) -> dict:
