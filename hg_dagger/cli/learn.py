@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from hg_dagger.cli import policy as policy_cli
 from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.learn import executor
 
@@ -32,8 +33,11 @@ def register(sub) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
 
-    e = sub.add_parser("eval", help="evaluate a student alone (no expert, no person): closed loop + held-out windows")
-    e.add_argument("--checkpoint", required=True)
+    e = sub.add_parser("eval", help="evaluate a policy alone (no expert, no person): closed loop + held-out windows")
+    which = e.add_mutually_exclusive_group(required=True)
+    which.add_argument("--policy", metavar="SPEC", help=policy_cli.SPEC_HELP)
+    which.add_argument("--checkpoint", help="a student checkpoint (the same as --policy PATH.pt)")
+    policy_cli.add_arguments(e, spec=False)
     e.add_argument("--task", required=True)
     e.add_argument("--out", required=True, help="output folder: eval.json, eval.png")
     e.add_argument("--episodes", type=int, default=20)
@@ -96,6 +100,8 @@ def _train(args) -> int:
     print(f"labels: {describe_selection(result['selection'])}")
     print(f"trained {result['version']} on {result['labels']} labels; loss {result['loss_first']:.4f} -> "
           f"{result['loss_last']:.4f}; checkpoint {result['checkpoint']}")
+    if result.get("gate_calibration"):
+        print(result["gate_calibration"]["message"])
     return 0
 
 
@@ -104,7 +110,8 @@ def _eval(args) -> int:
 
     cfg = EvalConfig(episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, max_steps=args.max_steps)
     with executor.from_args(args) as ex:
-        result = evaluate(args.checkpoint, args.task, args.out, config=cfg, store_url=args.store,
+        result = evaluate(policy_cli.policy_spec(args, "checkpoint"), args.task, args.out, config=cfg,
+                          store_url=args.store, policy_options=policy_cli.policy_options(args),
                           holdout_fraction=args.holdout_fraction, progress=not args.quiet, executor=ex)
     cl = result["closed_loop"]
     print(f"{result['policy_version']}: success {cl['success_rate']:.1%} over {cl['episodes']} episodes, "

@@ -222,6 +222,16 @@ class SessionEpisodes:
                 self._end(r, EndReason.SAFETY_STOP, False)
         self._target = self._started
 
+    def policy_lost(self, message: str) -> None:
+        """The policy stopped answering (its server died or stalled): each open episode records why (a NOTE from
+        "policy") and ends as a safety stop, committed with its windows; no episode begins after."""
+        t = now_ns()
+        for r in range(self.n):
+            if self.eids[r] is not None:
+                self._event(r, EventKind.NOTE, t, message, "policy",
+                            {"policy_version": str(getattr(self.student, "version", "")), "policy_lost": True})
+        self._stop_all("policy")
+
     def _robot_held(self, message: str, t_ns: int) -> None:
         """The robot holds (the link to it was lost): each open episode records it and stays open, and nothing
         is stepped until a person calls ``resume``; a headless ``run`` ends instead."""
