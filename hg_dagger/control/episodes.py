@@ -28,13 +28,10 @@ from hg_dagger.contract.schema import (
     Versions,
     step_fields,
 )
+from hg_dagger.envs.backends import BACKENDS
 from hg_dagger.store.layout import fill_rows
 
 DEFAULT_SCENE = "default"  # the scene of a task when neither the run config nor the gate config names one
-
-# per backend: (simulator packages, env packages) whose versions each episode records, so replay knows what made it
-_BACKEND_PACKAGES = {"toy": (("numpy",), ()), "fetch": (("mujoco",), ("gymnasium", "gymnasium-robotics")),
-                     "metaworld": (("mujoco",), ("gymnasium", "metaworld")), "embodichain": (("embodichain",), ())}
 
 
 def _pkg(name: str) -> str:
@@ -47,10 +44,12 @@ def _pkg(name: str) -> str:
 @functools.cache
 def backend_versions(backend: str, robot: str = "") -> Versions:
     """Versions of what steps a task's backend here: simulator and env packages, and hg_dagger as the controller
-    (the toy backend is hg_dagger's own numpy arm); ``robot`` is the env's own ``VecEnv.robot``."""
+    (the toy backend is hg_dagger's own numpy arm); ``robot`` is the env's own ``VecEnv.robot``. The packages are
+    the backend record's (hg_dagger.envs.backends), so replay knows what made the episode."""
     from hg_dagger import __version__
 
-    sim, env = _BACKEND_PACKAGES.get(backend, ((), ()))
+    spec = BACKENDS.get(backend) if backend in BACKENDS else None
+    sim, env = (spec.simulator, spec.env) if spec is not None else ((), ())
     ours = f"hg_dagger {__version__}"
     return Versions(robot=robot, simulator=", ".join(_pkg(p) for p in sim),
                     env=", ".join(_pkg(p) for p in env) or ours, controller=ours)

@@ -1,16 +1,29 @@
 """Environments: the VecEnv contract, per-task mappings and the backends behind them.
 
-``make_env(task, num_envs, seed)`` builds the task's backend from configs/tasks/<task>.yaml; simulator
-packages are imported only when their backend is used.
+``make_env(task, num_envs, seed)`` builds the task's backend (configs/tasks/<task>.yaml or a task file of the
+user's) through its record in the backend registry (hg_dagger.envs.backends); simulator packages are imported
+only when their backend is used.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from hg_dagger.envs.backends import BACKENDS, BackendSpec
 from hg_dagger.envs.base import StepResult, VecEnv, as_tensordict, check_action
 from hg_dagger.envs.mapping import TaskMapping, known_tasks, load_mapping
 from hg_dagger.errors import EnvError
+from hg_dagger.registry import RegistryError
+
+
+def backend_spec(task: str | Path | TaskMapping) -> BackendSpec:
+    """The registry record of a task's backend (plugins of the entry point group ``hg_dagger.backends`` included);
+    an unknown one is one line naming the task file and the known backends."""
+    mapping = task if isinstance(task, TaskMapping) else load_mapping(task)
+    try:
+        return BACKENDS.get(mapping.backend)
+    except RegistryError as exc:
+        raise EnvError(f"{mapping.source}: {exc}") from None
 
 
 def make_env(task: str | Path | TaskMapping, num_envs: int = 1, seed: int | None = None, **options) -> VecEnv:
@@ -22,24 +35,14 @@ def make_env(task: str | Path | TaskMapping, num_envs: int = 1, seed: int | None
     mapping = task if isinstance(task, TaskMapping) else load_mapping(task)
     if int(num_envs) < 1:
         raise EnvError(f"{mapping.task_id}: num_envs must be >= 1, got {num_envs}")
-    if mapping.backend == "toy":
-        from hg_dagger.envs.toy import ToyReachEnv
-
-        env = ToyReachEnv(mapping, num_envs=num_envs, seed=seed, **options)
-    elif mapping.backend == "fetch":
-        from hg_dagger.envs.fetch import FetchVecEnv
-
-        env = FetchVecEnv(mapping, num_envs=num_envs, seed=seed, **options)
-    elif mapping.backend == "metaworld":
-        from hg_dagger.envs.metaworld import MetaWorldVecEnv
-
-        env = MetaWorldVecEnv(mapping, num_envs=num_envs, seed=seed, **options)
-    elif mapping.backend == "embodichain":
-        from hg_dagger.envs.embodichain import EmbodiChainEnv
-
-        env = EmbodiChainEnv(mapping, num_envs=num_envs, seed=seed, **options)
-    else:  # pragma: no cover - the mapping's Literal forbids it
-        raise EnvError(f"{mapping.task_id}: unknown backend {mapping.backend!r}")
+    spec = backend_spec(mapping)
+    try:
+        factory = spec.load_factory()
+    except ImportError as exc:
+        hint = f"; {spec.install}" if spec.install else ""
+        raise EnvError(f"{mapping.source}: the {mapping.backend} backend needs {', '.join(spec.packages) or 'a package'} "
+                       f"({type(exc).__name__}: {exc}){hint}") from None
+    env = factory(mapping, num_envs=num_envs, seed=seed, **options)
     try:
         obs, _ = env.reset(seed=seed)
         mapping.check_obs(obs, num_envs=env.num_envs, where=f"{mapping.source} vs the {mapping.backend} backend")
@@ -50,5 +53,6 @@ def make_env(task: str | Path | TaskMapping, num_envs: int = 1, seed: int | None
 
 
 __all__ = [
-    "StepResult", "TaskMapping", "VecEnv", "as_tensordict", "check_action", "known_tasks", "load_mapping", "make_env",
+    "BACKENDS", "BackendSpec", "StepResult", "TaskMapping", "VecEnv", "as_tensordict", "backend_spec", "check_action",
+    "known_tasks", "load_mapping", "make_env",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hg_dagger.contract.command import COMMAND_DIM
-from hg_dagger.envs import make_env
+from hg_dagger.envs import BACKENDS, backend_spec, make_env
 from hg_dagger.envs.base import StepResult, VecEnv
 from hg_dagger.errors import EnvError
 
@@ -48,6 +48,9 @@ def smoke_test(task: str, *, num_envs: int = 2, steps: int = 5, seed: int = 0, l
     """Reset/step smoke test of one task in this process; raises EnvError on the first mismatch."""
     with make_env(task, num_envs=num_envs, seed=seed) as env:
         m, t = env.mapping, env.task_id
+        spec = backend_spec(m)
+        log(f"backend {m.backend} (registered by {BACKENDS.origin(m.backend)}): hold {spec.hold}, "
+            + ("replayable" if spec.replayable else f"not replayable: {spec.not_replayable}"))
         log(f"built {type(env).__name__} x{env.num_envs}: observations and timing match the mapping")
         obs_a, info = env.reset(seed=seed)
         m.check_obs(obs_a, num_envs=num_envs, where=f"check-env {t} reset")
@@ -65,8 +68,10 @@ def smoke_test(task: str, *, num_envs: int = 2, steps: int = 5, seed: int = 0, l
         }
         for label, make in sources.items():
             for _ in range(steps):
-                _check_step(env, env.step(make()), label)
+                res = env.step(make())
+                _check_step(env, res, label)
         log(f"stepped {steps} x {len(sources)} action sources (policy, expert, human) through the mapping")
+        _check_hold(env, spec.hold, res.obs, log)
         view = env.render_view(num_envs - 1, VIEW_SIZE)
         if view is None:
             log("no operator view (render_view gives None for this backend)")
@@ -91,6 +96,25 @@ def smoke_test(task: str, *, num_envs: int = 2, steps: int = 5, seed: int = 0, l
         else:
             raise EnvError(f"check-env {t}: an action of shape ({n}, {a + 1}) was accepted")
     _check_auto_reset(task, seed=seed, log=log)
+
+
+def _check_hold(env: VecEnv, hold: str, last_obs: dict[str, np.ndarray], log: Callable[[str], None]) -> None:
+    """The backend record's hold behaviour, where it can be checked without knowing the robot: after ``hold()``, a
+    step of the hold action (every dim 0) leaves a ``still`` or ``pause`` backend's observation as it was."""
+    t = env.task_id
+    if hold not in ("still", "pause"):
+        log(f"hold {hold}: not checked here" + (" (tests/envs/test_env_hold.py measures the pinned arms)"
+                                                  if hold == "pin" else ""))
+        return
+    env.hold()
+    seen = env.observe()
+    before = seen[0] if seen is not None else last_obs
+    res = env.step(np.zeros((env.num_envs, env.action_dim), np.float32))
+    _check_step(env, res, "hold")
+    rows = ~res.episode_start
+    moved = [k for k in before if not np.array_equal(res.obs[k][rows], before[k][rows])]
+    _expect(not moved, f"hold {hold}: a hold-action step after hold() changed {moved}", t)
+    log(f"hold {hold}: after hold(), a hold-action step leaves every observation as it was")
 
 
 def _check_auto_reset(task: str, *, seed: int, log: Callable[[str], None]) -> None:

@@ -13,19 +13,20 @@ import hashlib
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hg_dagger import config
 from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
 from hg_dagger.contract.enums import ActionAlignment
 from hg_dagger.contract.model import FrozenModel
+from hg_dagger.envs.backends import BACKENDS
 from hg_dagger.errors import ConfigError, EnvError
 
 TASKS_DIR = config.CONFIG_DIR / "tasks"
-BACKENDS = ("toy", "fetch", "metaworld", "embodichain")
+RECORDED = "recorded"  # validation context key: a mapping read back from an episode (its backend may be absent here)
 
 
 class Normalize(FrozenModel):
@@ -190,7 +191,7 @@ class TaskMapping(FrozenModel):
 
     task_id: str = Field(pattern=r"^[a-z0-9_]+$")
     task_version: str = "1"
-    backend: Literal["toy", "fetch", "metaworld", "embodichain"]
+    backend: str = Field(min_length=1)  # a name in the backend registry (hg_dagger.envs.backends)
     backend_options: dict[str, Any] = Field(default_factory=dict)
     description: str = ""
     language_instruction: str = ""
@@ -214,6 +215,16 @@ class TaskMapping(FrozenModel):
     _source: str | None = PrivateAttr(default=None)
 
     # ---------------------------------------------------------------- validation
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str, info: ValidationInfo) -> str:
+        """A task file names a registered backend (plugins included); a mapping read back from an episode keeps
+        its name even where that backend is not installed (it is still read, exported and trained on)."""
+        if (info.context or {}).get(RECORDED) or v in BACKENDS:
+            return v
+        raise ValueError(f"not a registered backend (known: {', '.join(BACKENDS.names())}; plugins register "
+                         f"through the entry point group {BACKENDS.group!r})")
+
     @model_validator(mode="after")
     def _consistent(self) -> TaskMapping:
         n = len(self.action.names)
@@ -271,7 +282,11 @@ class TaskMapping(FrozenModel):
         """A validated copy with fresh derived values (hash, arrays); ``update`` takes plain values."""
         data = self.model_dump()
         data.update(update or {})
-        m = config.validate(type(self), data, source=f"{self.source} (copy)")
+        source = f"{self.source} (copy)"
+        try:  # the backend was checked when this mapping was made; a copy keeps it even where it is not installed
+            m = type(self).model_validate(data, context={RECORDED: data.get("backend") == self.backend})
+        except ValidationError as err:
+            raise ConfigError(config.format_validation_error(source, err)) from None
         m._source = self._source
         return m
 
@@ -421,7 +436,10 @@ class TaskMapping(FrozenModel):
     def from_metadata(cls, meta: dict[str, Any]) -> TaskMapping:
         """Rebuild from as_metadata(); refuses a record whose content does not match its hash."""
         data = {k: v for k, v in meta.items() if k != "hash"}
-        m = config.validate(cls, data, source="episode metadata 'mapping'")
+        try:
+            m = cls.model_validate(data, context={RECORDED: True})
+        except ValidationError as err:
+            raise ConfigError(config.format_validation_error("episode metadata 'mapping'", err)) from None
         if "hash" in meta and meta["hash"] != m.hash:
             raise ConfigError(f"episode metadata 'mapping': hash {meta['hash']} does not match its content ({m.hash})")
         return m
@@ -456,17 +474,17 @@ class TaskMapping(FrozenModel):
 # -------------------------------------------------------------------- the task registry
 def known_tasks() -> list[str]:
     """Task ids shipped in configs/tasks/."""
-    return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+    return config.known_names("tasks")
 
 
 def load_mapping(task: str | Path) -> TaskMapping:
     """A task id (configs/tasks/<id>.yaml) or a path to a task YAML file."""
     path = Path(task)
     if path.suffix not in (".yaml", ".yml"):
-        path = TASKS_DIR / f"{task}.yaml"
+        path = config.config_path("tasks", str(task))
         if not path.is_file():
             raise EnvError(f"unknown task {str(task)!r}; known tasks: {', '.join(known_tasks())}")
     m = TaskMapping.load(path)
-    if path.parent == TASKS_DIR and m.task_id != path.stem:
+    if Path(task).suffix not in (".yaml", ".yml") and m.task_id != path.stem:
         raise ConfigError(f"{path}: task_id {m.task_id!r} must equal the file name {path.stem!r}")
     return m

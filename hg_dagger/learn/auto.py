@@ -196,9 +196,11 @@ class AutoRun:
             return None
         from hg_dagger.datasets.build import build
         from hg_dagger.datasets.manifest import DatasetConfig, SelectionConfig
+        from hg_dagger.envs import load_mapping
 
-        cfg = DatasetConfig(selection=SelectionConfig(task=self.cfg.task, rule=self.cfg.replay.authorization))
-        manifest, _ = build(self.cfg.task, [self.store_url], root=self.out / "datasets", config=cfg,
+        task = load_mapping(self.cfg.task).task_id  # the task id, also where the task is a task file of the user's
+        cfg = DatasetConfig(selection=SelectionConfig(task=task, rule=self.cfg.replay.authorization))
+        manifest, _ = build(task, [self.store_url], root=self.out / "datasets", config=cfg,
                             author=f"auto iteration {it}")
         return manifest
 

@@ -25,17 +25,16 @@ from tqdm import tqdm
 from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.enums import EndReason, ReplayStatus, StepFlag
 from hg_dagger.contract.schema import ReplayCheck
-from hg_dagger.envs.mapping import ReplayTolerance
+from hg_dagger.envs.backends import BACKENDS
+from hg_dagger.envs.mapping import ReplayTolerance, TaskMapping, known_tasks, load_mapping
 from hg_dagger.errors import ContractError, HgDaggerError, StoreError
 
 REPLAY_AUTHOR = "replay"
 OUTCOMES = ("reward", "success", "terminated", "truncated")  # compared after stepping each step's action
-_PACKAGES = {"toy": (), "fetch": ("mujoco", "gymnasium-robotics"), "metaworld": ("mujoco", "metaworld"),
-             "embodichain": ("embodichain",)}
-# Meta-World's hand and object start poses after reset come from its own seeded stream; a fresh env
-# draws them the same way, so Meta-World replays like the other MuJoCo tasks. Backends listed here
-# cannot be replayed here at all, with the reason.
-NOT_REPLAYABLE = {"embodichain": "EmbodiChain episodes cannot be replayed here (its simulator, dexsim, is not installed)"}
+# Whether a backend's episodes re-run here, and which packages a verdict names, is the backend's record
+# (hg_dagger.envs.backends: replayable / not_replayable, simulator + env packages). Meta-World's hand and object
+# start poses after reset come from its own seeded stream; a fresh env draws them the same way, so Meta-World
+# replays like the other MuJoCo tasks.
 
 
 @dataclass(frozen=True)
@@ -219,9 +218,10 @@ def replay_plan(info) -> ReplayPlan:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise NotReplayable(f"recorded initial_state seed {seed!r} is not an integer")
     try:
-        from hg_dagger.envs import load_mapping
-
-        mapping = load_mapping(start.task.task_id)
+        if start.task.task_id in known_tasks() or not start.mapping:
+            mapping = load_mapping(start.task.task_id)
+        else:  # a task file of the user's, not shipped: the mapping the episode recorded (its hash is checked)
+            mapping = TaskMapping.from_metadata(start.mapping)
     except HgDaggerError as exc:
         raise NotReplayable(f"task not available here: {exc}") from None
     if mapping.task_version != start.task.task_version or mapping.hash != start.mapping_hash:
@@ -231,8 +231,11 @@ def replay_plan(info) -> ReplayPlan:
     images = [k.name for k in mapping.observation if np.dtype(k.dtype) == np.uint8 and len(k.shape) == 3]
     if len(images) == len(mapping.observation):
         raise NotReplayable("camera-only observations", ReplayStatus.VIDEO_ONLY)
-    if mapping.backend in NOT_REPLAYABLE:
-        raise NotReplayable(NOT_REPLAYABLE[mapping.backend])
+    if mapping.backend not in BACKENDS:
+        raise NotReplayable(f"the {mapping.backend} backend is not installed here")
+    spec = BACKENDS.get(mapping.backend)
+    if not spec.replayable:
+        raise NotReplayable(spec.not_replayable)
     if info.end.dropped_steps:
         raise NotReplayable(f"{info.end.dropped_steps} step(s) dropped by the recorder")
     if info.num_steps == 0:
@@ -355,7 +358,8 @@ def _why(step: int, key: str, err: float, limit: float) -> str:
 
 def _packages(backend: str) -> dict[str, str]:
     out = {}
-    for name in ("hg-dagger", "numpy", *_PACKAGES.get(backend, ())):
+    spec = BACKENDS.get(backend) if backend in BACKENDS else None
+    for name in dict.fromkeys(("hg-dagger", "numpy", *(spec.packages if spec is not None else ()))):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
