@@ -105,12 +105,13 @@ def scenario(kind: str, seconds: float, seed: int, student_kind: str = "cnn") ->
     loop = ControlProcess(functools.partial(build, store, seed, student_kind), view_size=256, store=store)
     app = window = None
     if kind != "headless":
-        from PyQt6 import QtCore, QtWidgets
+        from PyQt6 import QtWidgets
 
         from hg_dagger.ui.main_window import MainWindow
+        from hg_dagger.ui.settings import SettingsFile
 
         app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["bench"])
-        settings = QtCore.QSettings(os.path.join(os.path.dirname(store), "ui.ini"), QtCore.QSettings.Format.IniFormat)
+        settings = SettingsFile(os.path.join(os.path.dirname(store), "app.yaml"))
         window = MainWindow(loop.slot, loop.commands, settings=settings)
         window.resize(1500, 940)
         window.show()
@@ -133,9 +134,10 @@ HUMAN_TASK = "fetch_pick_place"
 def operator_run(kind: str, episodes: int, student: str, workdir: str, seed: int) -> dict:
     """``episodes`` episodes in the real app window, answered by the synthetic operator or by the human
     operator model at the window's keyboard; figures from the store's REQUEST_END events and windows."""
-    from PyQt6 import QtCore, QtWidgets
+    from PyQt6 import QtWidgets
 
     from hg_dagger.ui.application import AppOptions, OperatorApp
+    from hg_dagger.ui.settings import SettingsFile
 
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["bench"])
     app.setQuitOnLastWindowClosed(False)  # as run_app: the run ends when the app says so, not with its window
@@ -143,7 +145,7 @@ def operator_run(kind: str, episodes: int, student: str, workdir: str, seed: int
     opts = AppOptions(task=HUMAN_TASK, store=os.path.join(home, "store.zarr"), student=student,
                       operator="synthetic" if kind == "synthetic" else "device", device="keyboard", name=kind,
                       episodes=episodes, quit_when_done=True, home=home, seed=seed)
-    settings = QtCore.QSettings(os.path.join(home, "ui.ini"), QtCore.QSettings.Format.IniFormat)
+    settings = SettingsFile(os.path.join(home, "app.yaml"))
     op = OperatorApp(opts, settings)
     op.finished.connect(lambda code: app.exit(code))
     model = driver = None

@@ -1,12 +1,15 @@
 """Per-device calibration files: center offsets and ranges of each physical axis, one JSON file per device.
 
 A device is identified by a stable key (a gamepad's SDL GUID, a SpaceMouse's vendor:product:serial),
-so the same controller finds its calibration again on any USB port.
+so the same controller finds its calibration again on any USB port. They live in the config home
+(``~/.config/hg-dagger/calibration``, hg_dagger.config.config_home); a device's calibration that only an
+earlier version saved (``~/.config/hg_dagger/calibration``) is copied there the first time it is used.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from abc import ABC, abstractmethod
@@ -16,17 +19,25 @@ from typing import NamedTuple
 import numpy as np
 from pydantic import ValidationError
 
+from hg_dagger.config import config_home
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.devices.errors import DeviceError
+
+log = logging.getLogger(__name__)
 
 CALIBRATION_ENV = "HG_DAGGER_CALIBRATION_DIR"
 MIN_SPAN = 0.05  # an axis that moved less than this during calibration keeps its nominal range
 
 
 def default_calibration_dir() -> Path:
-    """$HG_DAGGER_CALIBRATION_DIR, else ~/.config/hg_dagger/calibration."""
+    """$HG_DAGGER_CALIBRATION_DIR, else the config home's calibration/ (~/.config/hg-dagger/calibration)."""
     env = os.environ.get(CALIBRATION_ENV)
-    return Path(env) if env else Path.home() / ".config" / "hg_dagger" / "calibration"
+    return Path(env) if env else config_home() / "calibration"
+
+
+def old_calibration_dir() -> Path:
+    """Where versions before the config home saved calibrations (read, never written)."""
+    return Path.home() / ".config" / "hg_dagger" / "calibration"
 
 
 class AxisCalibration(StrictModel):
@@ -72,8 +83,30 @@ class Calibration(StrictModel):
 
     @classmethod
     def find(cls, directory: str | Path, device_type: str, device_key: str) -> Calibration | None:
+        """The device's calibration in ``directory``; in the default folder, one only the old folder holds is
+        copied over first (the old file stays where it was)."""
         path = cls.path_for(directory, device_type, device_key)
-        return cls.load(path) if path.is_file() else None
+        if path.is_file():
+            return cls.load(path)
+        return cls._adopt_old(Path(directory), device_type, device_key)
+
+    @classmethod
+    def _adopt_old(cls, directory: Path, device_type: str, device_key: str) -> Calibration | None:
+        if os.environ.get(CALIBRATION_ENV) or directory != default_calibration_dir():
+            return None  # a folder of one's own (a config's, a test's): nothing to adopt
+        old = cls.path_for(old_calibration_dir(), device_type, device_key)
+        if not old.is_file() or old.resolve() == cls.path_for(directory, device_type, device_key).resolve():
+            return None
+        cal = cls.load(old)
+        try:
+            new = cal.save(directory)
+        except OSError as exc:
+            log.warning("calibration %s: used from the old folder; could not copy it to %s (%s)", old, directory,
+                        exc.strerror or exc)
+            return cal
+        log.info("calibration %s: copied to %s (calibrations now live in the config home; the old file is kept)",
+                 old, new)
+        return cal
 
 
 def fit_axes(center_samples: np.ndarray, seen_min: np.ndarray, seen_max: np.ndarray) -> dict[int, AxisCalibration]:

@@ -27,7 +27,7 @@ class DeviceConfig(StrictModel):
     type: str
     name: str = ""  # a label for people
     processing: ProcessingConfig = Field(default_factory=ProcessingConfig)
-    calibration_dir: Path | None = None  # default: $HG_DAGGER_CALIBRATION_DIR or ~/.config/hg_dagger/calibration
+    calibration_dir: Path | None = None  # default: $HG_DAGGER_CALIBRATION_DIR or ~/.config/hg-dagger/calibration
 
     @field_validator("calibration_dir")
     @classmethod
@@ -184,10 +184,10 @@ def parse_device_config(data: dict, *, source: str) -> DeviceConfig:
 
 
 def load_device_config(path: str | Path) -> DeviceConfig:
-    """Load a device YAML; a bare name (e.g. 'gamepad') means configs/devices/<name>.yaml."""
+    """Load a device YAML; a bare name (e.g. 'gamepad') means devices/<name>.yaml on the config search path."""
     path = Path(path)
     if not path.suffix and not path.exists():
-        path = config_io.CONFIG_DIR / "devices" / f"{path}.yaml"
+        path = config_io.config_path("devices", str(path))
     return parse_device_config(config_io.read_yaml(path), source=str(path))
 
 

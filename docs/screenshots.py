@@ -24,6 +24,7 @@ from hg_dagger.contract.enums import ReviewStatus
 from hg_dagger.control import live
 from hg_dagger.ui.application import AppOptions, OperatorApp
 from hg_dagger.ui.review import ReviewWorkspace
+from hg_dagger.ui.settings import SettingsFile
 
 OUT = Path(__file__).resolve().parent / "images"
 
@@ -43,7 +44,7 @@ def main() -> int:
     home = tempfile.mkdtemp(prefix="hg-dagger-shots-")
     app = QtWidgets.QApplication(["hg-dagger"])
     app.setQuitOnLastWindowClosed(False)
-    settings = QtCore.QSettings(str(Path(home) / "settings.ini"), QtCore.QSettings.Format.IniFormat)
+    settings = SettingsFile(Path(home) / "app.yaml")
     opts = AppOptions(task=args.task, student=args.student, name="op-07", operator="device", device="keyboard",
                       home=home, bootstrap_demos=6, bootstrap_steps=600)
     op = OperatorApp(opts, settings)

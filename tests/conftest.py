@@ -1,9 +1,14 @@
 """Suite-wide settings: headless rendering, offscreen Qt, dummy SDL video/audio; shared fixtures."""
 
 import os
+import tempfile
 
 import pytest
 
+pytest_plugins = ["support.markers"]  # markers are facts: checked for every test
+
+# never the user's config home (their configs would shadow the shipped ones; the app's settings, calibrations)
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hg-dagger-tests-config-")
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -41,7 +46,7 @@ def toy_student(tmp_path_factory):
 
 @pytest.fixture
 def settings(tmp_path):
-    """The app's QSettings in a file of the test's own, never the user's."""
-    from PyQt6 import QtCore
+    """The app's settings in a file of the test's own, never the user's."""
+    from hg_dagger.ui.settings import SettingsFile
 
-    return QtCore.QSettings(str(tmp_path / "ui.ini"), QtCore.QSettings.Format.IniFormat)
+    return SettingsFile(tmp_path / "app.yaml")

@@ -72,7 +72,7 @@ def _fresh_venv(root: Path) -> Path:
 
 def _install_and_run(venv: Path, artifact: Path, tmp: Path) -> None:
     python = venv / "bin" / "python"
-    env = {**_base_env(), "PYTHONNOUSERSITE": "1"}
+    env = {**_base_env(), "PYTHONNOUSERSITE": "1", "XDG_CONFIG_HOME": str(tmp / "xdg")}
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation",
                            str(artifact)], capture_output=True, text=True, env=env, cwd=tmp)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -95,6 +95,21 @@ def _install_and_run(venv: Path, artifact: Path, tmp: Path) -> None:
                   "--quiet")
     assert "2 episodes" in printed, printed
     assert "2 episodes (0 incomplete), 0 violation(s)" in run("validate", str(store))
+    # the user's configs are found by the search path from the install: ./configs, then the config home (env's
+    # XDG_CONFIG_HOME), then the configs in the venv (docs/configuration.md)
+    shipped = (REPO / "configs" / "gates" / "toy_reach.yaml").read_text()
+    for root in (tmp / "configs", Path(env["XDG_CONFIG_HOME"]) / "hg-dagger"):
+        (root / "gates").mkdir(parents=True, exist_ok=True)
+        (root / "gates" / "toy_reach.yaml").write_text(shipped.replace("name: toy_reach_default", "name: mine"))
+    lines = run("config", "where", "gates/toy_reach").splitlines()
+    assert [ln.split("(")[-1] for ln in lines] == ["./configs)", "config home)", "shipped)"], lines
+    assert Path(lines[-1].split()[1]).is_relative_to(venv), lines
+    run("run", "--task", "toy_reach", "--operator", "synthetic", "--episodes", "1", "--store", str(tmp / "mine.zarr"),
+        "--quiet")
+    from hg_dagger.store import EpisodeStore
+
+    (info,) = EpisodeStore.open(str(tmp / "mine.zarr")).episodes()
+    assert info.start.gate_config.get("name") == "mine"  # the task's gates: the file in ./configs
 
 
 def test_wheel_and_sdist_install_into_a_clean_venv_and_run(tmp_path):

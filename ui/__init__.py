@@ -16,5 +16,5 @@ They share the CPU with the control loop, so each redraws only what changed (see
     rounds        RoundsPanel, StatusLine
     keys          KeyboardBridge: window keys -> KeyEvent / EStop / ReleaseKeys
     style         what each colour means
-    settings      the settings file read so that a damaged value is one warning and its default
+    settings      AppSettings (pydantic) in app.yaml of the config home: a bad value is one warning, its default
 """

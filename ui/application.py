@@ -21,6 +21,7 @@ from PyQt6 import QtCore, QtWidgets, sip
 from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
 from hg_dagger.control.loop import ControlLoop, ControlProcess
+from hg_dagger.control.run_config import task_name
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.lifetime import close_on_signals, delete_now
 from hg_dagger.ui.rounds import read_training_summary, training_summary
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 class AppOptions:
     """Everything needed to open a session (from the command line or the start dialog)."""
 
-    task: str = "fetch_pick_place"
-    store: str = ""  # default: runs/app/<task>/store.zarr
+    task: str = "fetch_pick_place"  # a task id, or a task YAML file of the user's
+    store: str = ""  # default: runs/app/<task id>/store.zarr
     student: str = ""  # checkpoint; default: this task's newest app student, else a bootstrapped one
     operator: str = "device"  # device | synthetic | expert | none
     device: str = "keyboard"  # for operator 'device': a name in configs/devices or a path
@@ -51,10 +52,12 @@ class AppOptions:
     bootstrap_steps: int = 600
     home: str = "runs/app"  # where stores and students go by default
     control_process: bool = True  # the control loop in a process of its own (False: a thread of the app)
+    config: str = ""  # run config (a file or a name in run/); default: run/<task id>.yaml if there is one
+    gates: str = ""  # gate config (a file or a name in gates/); default: the run config's
 
     @property
     def task_dir(self) -> Path:
-        return Path(self.home) / self.task
+        return Path(self.home) / task_name(self.task)
 
     @property
     def store_url(self) -> str:
@@ -84,7 +87,9 @@ def build_session(opts: AppOptions, student_path: str):
         overrides["robot.host"], overrides["robot.port"] = parse_endpoint(opts.robot)
         overrides["robot.token_file"] = opts.token_file or None
         overrides["calibrate_steps"] = 0  # never drive a robot unattended to calibrate a gate
-    session = open_session(load_run_config(None, opts.task, **overrides), opts.store_url, student_path=student_path)
+    overrides["gates"] = opts.gates or None
+    session = open_session(load_run_config(opts.config or None, opts.task, **overrides), opts.store_url,
+                           student_path=student_path)
     try:
         session.set_mode(opts.mode)
     except BaseException:
@@ -99,10 +104,10 @@ class OperatorApp(QtCore.QObject):
 
     finished = QtCore.pyqtSignal(int)
 
-    def __init__(self, opts: AppOptions, settings: QtCore.QSettings | None = None):
+    def __init__(self, opts: AppOptions, settings: saved.SettingsFile | None = None):
         super().__init__()
         self.opts = opts
-        self.settings = settings if settings is not None else saved.app_settings()
+        self.settings = settings if settings is not None else saved.SettingsFile()
         self.loop: ControlProcess | ControlLoop | None = None
         self.window = None
         self.student_path = ""  # chosen in start(), once the task is known
@@ -110,6 +115,8 @@ class OperatorApp(QtCore.QObject):
         self._job_kind = ""  # "bootstrap" | "train"
         self._paused_for_training = False
         self._reported = False  # an error snapshot was shown once
+        self._watch: QtCore.QTimer | None = None  # the window's: watches the loop while the window is there
+        self._ended = False  # the run ended with its window
         self.exit_code = 0
         self._poll = QtCore.QTimer(self)
         self._poll.setInterval(100)
@@ -153,7 +160,7 @@ class OperatorApp(QtCore.QObject):
         o = replace(o, operator=o.operator or "device", device=o.device or "keyboard",
                     mode=o.mode or (SessionMode.STUDENT_ONLY if o.operator == "none" else SessionMode.HUMAN_GATED).value)
         if o.quit_when_done or (o.name and o.task):
-            return replace(o, task=o.task or saved.text(s, "start/task", "") or "fetch_pick_place",
+            return replace(o, task=o.task or s.data.start.task or "fetch_pick_place",
                            name=o.name or o.operator)
         from hg_dagger.ui.start_dialog import StartDialog
 
@@ -188,36 +195,54 @@ class OperatorApp(QtCore.QObject):
         self.loop.start()
         if o.episodes:
             self.loop.commands.put(live.StartEpisodes(o.episodes))
-        self._watch = QtCore.QTimer(self)
+        self._watch = QtCore.QTimer(self.window)  # a child of the window: it never outlives it
         self._watch.setInterval(100)
         self._watch.timeout.connect(self._on_watch)
+        self.window.closed.connect(self._end_run)
+        self.window.destroyed.connect(self._window_destroyed)
         self._watch.start()
 
     def _on_watch(self) -> None:
-        """Scripted runs close when their episodes are done; every run ends when the control thread does, or
-        when its window is gone without closing (deleted by its owner): the loop then stops like on a close."""
-        loop = self.loop
-        if self.window is None or sip.isdeleted(self.window):
-            self._watch.stop()
-            self.window = None
-            loop.stop()  # its open episodes end as on a quit, before the report reads the store
-            self._finish(*self._report())
+        """Scripted runs close their window when their episodes are done; a control loop that ended (an error, a
+        stop) ends the run. The run ends with its window, whichever way it goes (``_end_run``)."""
+        loop, win = self.loop, self.window
+        if win is None or sip.isdeleted(win):
+            self._end_run()
             return
         snap = loop.slot.read()
         if snap.phase == "error" and not self._reported:
             self._reported = True
             if self.opts.quit_when_done:
-                self.window.close()
-            else:
-                QtWidgets.QMessageBox.critical(self.window, "hg-dagger", snap.message)
+                win.close()
+                return
+            QtWidgets.QMessageBox.critical(win, "hg-dagger", snap.message)
         if (self.opts.quit_when_done and self.opts.episodes and snap.phase in ("idle", "estopped")
-                and snap.counters.episodes >= self.opts.episodes and self.window.isVisible()):
-            self.window.close()
+                and snap.counters.episodes >= self.opts.episodes and win.isVisible()):
+            win.close()
+            return
         if not loop.alive:
-            self._watch.stop()
-            if self.window.isVisible():
-                self.window.close()
-            self._finish(*self._report())
+            self._end_run()
+
+    def _window_destroyed(self) -> None:
+        """The window went without a close (deleted by its owner): the run ends as on a close."""
+        self.window = None
+        self._end_run()
+
+    def _end_run(self) -> None:
+        """The run ends with its window (closed, deleted, or closed here because the loop ended): the watch stops,
+        the control loop stops (its open episodes end as on a quit, before the report reads the store), and the
+        summary is reported, once."""
+        if self._ended:
+            return
+        self._ended = True
+        watch = self._watch
+        if watch is not None and not sip.isdeleted(watch):
+            watch.stop()
+        win = self.window
+        if win is not None and not sip.isdeleted(win) and win.isVisible():
+            win.close()  # its closed signal comes back here and finds the run ended
+        self.loop.stop()
+        self._finish(*self._report())
 
     def _report(self) -> tuple[int, str]:
         """The run's summary and, for a scripted run, the store's validation."""

@@ -247,6 +247,7 @@ class EpisodeDialog(QDialog):
         super().accept()
 
 
+WAITS_FOR_OPERATOR = "the robot waits for the operator"  # the phase line while a request waits (the strip asks)
 RESUME_TIP = "The robot holds because its link was lost: resume it once it is safe (recorded with your name)"
 
 
@@ -379,6 +380,8 @@ class EpisodeControls(QGroupBox):
             self.mode.setCurrentIndex(i)
         self.mode.setEnabled(phase not in ("training", "stopped", "error") and not loading)
         text = "Phase: loading (Start waits until the session is ready)" if loading else f"Phase: {phase}"
+        if running and snap.control_state == "handover_requested" and snap.estop is None and not loading:
+            text += f" · {WAITS_FOR_OPERATOR}"
         if snap.starts_held and not loading:
             text += " · new episodes wait while a dialog is open"
         elif snap.next_start_in_s is not None and not loading:

@@ -1,20 +1,20 @@
 """The operator console: one window over a running control loop.
 
-    window = MainWindow(slot, commands, settings=QSettings(...))   # slot: LatestSlot, commands: CommandQueue
+    window = MainWindow(slot, commands, settings=SettingsFile(...))   # slot: LatestSlot, commands: CommandQueue
     window.show()
 
 The window reads the newest Snapshot on a QTimer and hands it to each view; every button, key and
 menu entry only puts a Command into the queue. With ``review_store`` a Review page beside the console
 holds the review workspace on that store (the one the session records to); it reads the store on its
-own thread and adds the windows of each episode the session ends. Geometry and splitter positions persist in QSettings
-(organization "hg-dagger", application "hg-dagger" unless a settings object is given).
+own thread and adds the windows of each episode the session ends. Geometry and splitter positions persist in the
+app's settings file (ui.settings: app.yaml in the config home, unless a settings object is given).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PyQt6.QtCore import QEvent, QObject, QSettings, Qt, pyqtSignal
+from PyQt6.QtCore import QByteArray, QEvent, QObject, Qt, pyqtSignal
 from PyQt6.QtGui import QAction, QKeySequence
 from PyQt6.QtWidgets import (
     QApplication,
@@ -120,17 +120,18 @@ class MainWindow(QMainWindow):
     review workspace on a second page (``review_store``), the gate light, banner and e-stop staying in view."""
 
     train_requested = pyqtSignal()
+    closed = pyqtSignal()  # the window was closed (the control loop has been told to quit)
 
-    def __init__(self, slot: LatestSlot, commands: CommandQueue, *, settings: QSettings | None = None,
+    def __init__(self, slot: LatestSlot, commands: CommandQueue, *, settings: saved.SettingsFile | None = None,
                  scan: Callable[[], list] | None = None, refresh_hz: float = 30.0, review_store: str = "",
                  operator: str = ""):
         super().__init__()
         self.setWindowTitle("hg-dagger")
         self.slot, self.commands = slot, commands
-        self.settings = settings if settings is not None else saved.app_settings()
+        self.settings = settings if settings is not None else saved.SettingsFile()
         self._quit_sent = False
 
-        sound = saved.flag(self.settings, "ui/sound", True)
+        sound = self.settings.data.ui.sound
         self.banner = HandoverBanner(sound_enabled=sound)
         self.banner.declined.connect(lambda: self.commands.put(DeclineRequest()))
         self.gate = GateLight()
@@ -237,7 +238,8 @@ class MainWindow(QMainWindow):
 
     def set_sound(self, on: bool) -> None:
         self.banner.sound_enabled = bool(on)
-        self.settings.setValue("ui/sound", bool(on))
+        self.settings.data.ui.sound = bool(on)
+        self.settings.save()
 
     def show_help(self) -> None:
         if self.help_dialog is None:
@@ -307,15 +309,15 @@ class MainWindow(QMainWindow):
     # ---- lifetime ----------------------------------------------------------------------------
     def _restore(self) -> None:
         s = self.settings
-        geometry = saved.blob(s, "window/geometry")
-        if geometry is None or not saved.restored(s, "window/geometry", self.restoreGeometry(geometry)):
+        geometry = saved.layout_bytes(s, "geometry")
+        if geometry is None or not saved.restored(s, "geometry", self.restoreGeometry(QByteArray(geometry))):
             self.resize(1400, 900)
         self._split_restored = False
         self._view_narrowed = False
         for split in (self.split_main, self.split_view, self.plots):
-            key = f"window/{split.objectName()}"
-            state = saved.blob(s, key)
-            if state is not None and saved.restored(s, key, split.restoreState(state)):
+            key = split.objectName()
+            state = saved.layout_bytes(s, key)
+            if state is not None and saved.restored(s, key, split.restoreState(QByteArray(state))):
                 self._split_restored = True
                 if split is self.plots:
                     self.plots.user_sized = True
@@ -340,10 +342,10 @@ class MainWindow(QMainWindow):
 
     def save_layout(self) -> None:
         s = self.settings
-        s.setValue("window/geometry", self.saveGeometry())
+        saved.store_layout(s, "geometry", self.saveGeometry().data())
         for split in (self.split_main, self.split_view, self.plots):
-            s.setValue(f"window/{split.objectName()}", split.saveState())
-        s.sync()
+            saved.store_layout(s, split.objectName(), split.saveState().data())
+        s.save()
 
     def quit(self) -> None:
         """Ask the control thread to end (open episodes end as operator aborts), then close."""
@@ -363,3 +365,4 @@ class MainWindow(QMainWindow):
         QApplication.instance().removeEventFilter(self.review_esc)
         self._send_quit()
         super().closeEvent(event)
+        self.closed.emit()

@@ -1,272 +1,400 @@
-"""Reading the app's settings file (QSettings: ~/.config/hg-dagger/hg-dagger.conf, or the file a test gives) so
-that a damaged, cut-short or hand-edited file never stops the app: a value of the wrong kind is one warning naming
-the file and the key, and the default is used. QSettings itself raises TypeError for, say, ``port=abc`` read as
-an int, and hands back strings where bytes were written.
+"""The app's settings: one pydantic model (``AppSettings``) in one YAML file in the config home,
+``~/.config/hg-dagger/app.yaml`` ($XDG_CONFIG_HOME honoured; ``SettingsFile(path)`` for a file of a test's own).
 
-Qt decodes ``@Variant(...)`` and ``@DateTime(...)`` values with QDataStream while it parses the file, before any
-key is read, and garbage there can crash the process. So ``app_settings`` takes every such line out of the file
-before Qt opens it. The one the app itself wrote (a one-entry list, which Qt keeps as ``@Variant``) is decoded here
-and written back as plain text; any other is one warning, the original file kept beside it. Lists are saved with
-``store_texts``, which never makes Qt write ``@Variant``."""
+What is remembered: the start dialog's pseudonym, task, backend, bridge host, port and token file, and the recent
+stores; the sound switch; the window's geometry and splitter positions (Qt's own bytes, as base64 text).
+
+A damaged or hand-edited file never stops the app. Each value it cannot use is one warning naming the file, the key
+and what is allowed there, and that key's default is used; the rest of the file still counts. The bad file is not
+overwritten silently: before the app first saves over it, the file as it was is kept beside it as
+``app.yaml.damaged-<time>`` and a warning says so. Saves are atomic (a temporary file, then a rename): a crash never
+leaves half a file.
+
+Before this file existed the app kept its settings with QSettings in ``hg-dagger.conf`` in the same folder. When
+``app.yaml`` does not exist yet, that file is read once (its plain values, parsed here without Qt, so none of Qt's
+serialized values is ever decoded) and ``app.yaml`` is written from it; the old file is left as it was. Window
+layouts are not carried over (the window opens once with the default layout).
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
-import re
+import os
 import tempfile
 import time
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from PyQt6.QtCore import QByteArray, QSettings, QStandardPaths
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hg_dagger.config import config_home, known_keys_at
+from hg_dagger.contract.model import StrictModel
 
 log = logging.getLogger("hg_dagger.ui.settings")
 
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+FILE_NAME = "app.yaml"
+OLD_FILE_NAME = "hg-dagger.conf"  # QSettings' INI file of earlier versions, in the same folder
+RECENT_STORES = 8
 _warned: set[tuple[str, str]] = set()
 
 
-_SERIALIZED = ("@Variant(", "@DateTime(")  # Qt matches them case-sensitively
-_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]+|[0-7]+|.)", re.DOTALL)
-_NAMED = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
-_VARIANT_LIST, _STRING, _STRING_LIST = 9, 10, 11  # QMetaType ids, as QDataStream writes them
+class _Section(StrictModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StartSettings(_Section):
+    """What the start dialog remembers."""
+
+    operator: str = Field(default="", description="the operator pseudonym last used")
+    task: str = Field(default="", description="the task last started (an id, or a task file)")
+    backend: Literal["embedded", "bridge"] = "embedded"
+    host: str = "127.0.0.1"
+    port: int = Field(default=7557, ge=1, le=65535)
+    token_file: str = ""
+    recent_stores: list[str] = Field(default_factory=list, max_length=RECENT_STORES,
+                                     description="stores recorded into, newest first")
+
+
+class UiSettings(_Section):
+    sound: bool = Field(default=True, description="beep once when a gate asks")
+
+
+class WindowSettings(_Section):
+    """The console's layout: Qt's saveGeometry / saveState bytes as base64 text ("" = the default layout)."""
+
+    geometry: str = ""
+    split_main: str = ""
+    split_view: str = ""
+    plots_splitter: str = ""
+
+
+class AppSettings(_Section):
+    """The app's settings file (app.yaml in the config home)."""
+
+    start: StartSettings = Field(default_factory=StartSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
+    window: WindowSettings = Field(default_factory=WindowSettings)
 
 
 def default_path() -> Path:
-    """Where ``QSettings("hg-dagger", "hg-dagger")`` keeps the file on Linux (honours XDG_CONFIG_HOME)."""
-    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericConfigLocation)
-    return Path(base) / "hg-dagger" / "hg-dagger.conf"
+    """~/.config/hg-dagger/app.yaml (the config home honours XDG_CONFIG_HOME)."""
+    return config_home() / FILE_NAME
 
 
-def app_settings(path: str | Path | None = None) -> QSettings:
-    """The app's settings (``path``: a file of a test's own), opened only once no line in it holds a value Qt would
-    decode with QDataStream."""
-    file, rewritten = _take_out_serialized(Path(path) if path is not None else default_path())
-    settings = QSettings(str(file), QSettings.Format.IniFormat)
-    if rewritten:
-        for key, values in rewritten.items():
-            store_texts(settings, key, values)
-        settings.sync()
-    return settings
+def _warn(file: Path | str, key: str, line: str) -> None:
+    """One warning per file and key, however often the app reads it: ``settings FILE: key KEY: ...``."""
+    if (str(file), key) not in _warned:
+        _warned.add((str(file), key))
+        log.warning("settings %s: %s", file, line)
 
 
-def store_texts(settings: QSettings, key: str, values: list[str]) -> None:
-    """Saves a list of texts; a one-entry list as its text (Qt would write it as ``@Variant``), read back by
-    ``texts``."""
-    settings.setValue(key, values[0] if len(values) == 1 else list(values))
+class SettingsFile:
+    """The settings model bound to its file. ``data`` is the model (read it, assign to it); ``save()`` writes it."""
 
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        self.old_path = self.path.with_name(OLD_FILE_NAME)
+        self._raw: bytes | None = None  # the file as read
+        self._damaged = False  # it held something the app could not use: kept beside before the first save
+        self.data = self._read()
 
-def _unescaped(value: str) -> str:
-    """Qt's INI escapes (\\xHH..., \\ooo..., \\n and the like) resolved, as near as matters for finding tags."""
-    def one(m: re.Match[str]) -> str:
-        code = m[1]
-        if code[0] == "x" and len(code) > 1:
-            n = int(code[1:], 16)
-        elif code[0] in "01234567":
-            n = int(code, 8)
-        else:
-            return _NAMED.get(code, code)
-        return chr(n) if n < 0x110000 else "\ufffd"
-    return _ESCAPE.sub(one, value)
+    def problem(self, key: str, line: str) -> None:
+        """A value of the file the app cannot use: one warning (file, key, what happens), and the file as it was
+        is kept beside it before the app next saves."""
+        _warn(self.path, key, line)
+        self._damaged = self._raw is not None
 
-
-def _suspect(text: str) -> bool:
-    """Whether Qt could find a serialized value in ``text``: looked for with escapes resolved, with and without
-    line continuations joined."""
-    joined = re.sub(r"\\[ \t]*(\r\n|\r|\n)", "", text)
-    return any(tag in _unescaped(f) for f in (text, joined) for tag in _SERIALIZED)
-
-
-def _own_list(value: str) -> list[str] | None:
-    """The texts of a ``@Variant`` the app wrote (a QVariantList of QStrings or a QStringList), or None for
-    anything else; every byte must be accounted for."""
-    text = _unescaped(value.strip())
-    if not (text.startswith("@Variant(") and text.endswith(")")):
-        return None
-    try:
-        data = text[len("@Variant("):-1].encode("latin-1")
-    except UnicodeEncodeError:
-        return None
-    pos = 0
-
-    def take(n: int) -> bytes:
-        nonlocal pos
-        if pos + n > len(data):
-            raise ValueError
-        pos += n
-        return data[pos - n:pos]
-
-    def u32() -> int:
-        return int.from_bytes(take(4), "big")
-
-    def string() -> str:
-        size = u32()
-        if size == 0xFFFFFFFF or size % 2:
-            raise ValueError
-        return take(size).decode("utf-16-be")
-
-    try:
-        kind = u32()  # QSettings streams at Qt 4.0: no null flag after a type id
-        if kind not in (_VARIANT_LIST, _STRING_LIST):
-            return None
-        out = []
-        for _ in range(u32()):
-            if kind == _VARIANT_LIST and u32() != _STRING:
-                return None
-            out.append(string())
-            if len(out) > 1000:
-                return None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return out if pos == len(data) else None
-
-
-def _take_out_serialized(file: Path) -> tuple[Path, dict[str, list[str]]]:
-    """Removes every logical line (a trailing backslash continues one) whose value Qt would decode with QDataStream.
-    Returns the file to open and the lists the app wrote that way, to be written back as plain values. Anything
-    else taken out is one warning per key, the file as it was kept as ``<name>.damaged-<time>``. A file that cannot
-    be read is left to QSettings; one that cannot be repaired in place is read from a repaired copy in the temp
-    folder."""
-    try:
-        raw = file.read_bytes()
-    except OSError:
-        return file, {}
-    text = raw.decode("utf-8", "surrogateescape")
-    if not _suspect(text):
-        return file, {}
-    entries: list[tuple[str, list[str]]] = []  # (group/key or "", the logical line)
-    dropped: list[str] = []
-    rewritten: dict[str, list[str]] = {}
-    group = "General"
-    lines = re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", text)  # Qt ends lines at \r or \n only
-    i = 0
-    while i < len(lines):
-        logical = [lines[i]]
-        while logical[-1].rstrip("\r\n").endswith("\\") and i + 1 < len(lines):
-            i += 1
-            logical.append(lines[i])
-        i += 1
-        head = logical[0].strip()
-        if head.startswith("[") and "]" in head:
-            group = head[1:head.index("]")] or "General"
-        key, eq, value = "".join(logical).partition("=")
-        name = (key.strip() if group.lower() == "general" else f"{group}/{key.strip()}") if eq else ""
-        entries.append((name, logical))
-        if eq and _suspect(value):
-            own = _own_list(value)
-            if own is None:
-                dropped.append(name)
-            else:
-                rewritten[name] = own
-    gone = set(dropped) | set(rewritten)  # every line of such a key, so its default (or its texts) really wins
-    kept = [ln for name, logical in entries if not (name and name in gone) for ln in logical]
-    if _suspect("".join(kept)):  # a tag outside any value Qt would read here: keep nothing rather than guess
-        kept, rewritten = [], {}
-        dropped.append("(every key)")
-    repaired = "".join(kept).encode("utf-8", "surrogateescape")
-    original = file
-    backup = file.with_name(f"{file.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}") if dropped else None
-    try:
-        if backup is not None:
-            backup.write_bytes(raw)
-        file.write_bytes(repaired)
-        kept_in = f"the file as it was is kept in {backup.name}" if backup is not None else ""
-    except OSError as exc:
-        file = Path(tempfile.mkdtemp(prefix="hg-dagger-settings-")) / file.name
-        file.write_bytes(repaired)
-        kept_in = f"the file could not be repaired in place ({exc}), so changes are kept in {file}"
-    for key in dict.fromkeys(k for k in dropped if k not in rewritten):
-        _warn(str(original), key, f"holds a Qt-serialized value the app never writes; using the default ({kept_in})")
-    return file, rewritten
-
-
-def _warn(file: str, key: str, line: str) -> None:
-    if (file, key) not in _warned:  # once per file and key, however often the app reads it
-        _warned.add((file, key))
-        log.warning("settings %s: %s %s", file, key, line)
-
-
-class _Unreadable:
-    def __repr__(self) -> str:
-        return "a value Qt could not hand over"
-
-
-def _value(settings: QSettings, key: str) -> Any:
-    """``settings.value(key)``; a value PyQt cannot convert (it raises TypeError) is returned as ``_Unreadable``."""
-    try:
-        return settings.value(key)
-    except TypeError:
-        return _Unreadable()
-
-
-def _bad(settings: QSettings, key: str, raw: Any, what: str, default: Any) -> Any:
-    shown = repr(raw)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    _warn(settings.fileName(), key, f"is {shown}, not {what}; using {default!r}")
-    return default
-
-
-def text(settings: QSettings, key: str, default: str = "") -> str:
-    raw = _value(settings, key)
-    if raw is None:
-        return default
-    return raw if isinstance(raw, str) else _bad(settings, key, raw, "text", default)
-
-
-def number(settings: QSettings, key: str, default: int, lo: int, hi: int) -> int:
-    """A whole number in [lo, hi]."""
-    raw = _value(settings, key)
-    if raw is None:
-        return default
-    value = None
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        value = raw
-    elif isinstance(raw, str):
+    # ---- reading -----------------------------------------------------------------------------------
+    def _read(self) -> AppSettings:
         try:
-            value = int(raw.strip())
-        except ValueError:
-            value = None
-    if value is None or not lo <= value <= hi:
-        return _bad(settings, key, raw, f"a whole number from {lo} to {hi}", default)
-    return value
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return self._read_old()
+        except OSError as exc:
+            _warn(self.path, "<file>", f"cannot be read ({exc.strerror or exc}); using the defaults")
+            return AppSettings()
+        self._raw = raw
+        data = self._parse(raw)
+        if data is None:
+            return AppSettings()
+        settings, _ = salvage(data, self.path, self.problem)
+        return settings
+
+    def _parse(self, raw: bytes) -> dict[str, Any] | None:
+        """The file's mapping, or None (one warning naming the file) when it is not one."""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.problem("<file>", f"is not a text file (byte {exc.start} is not UTF-8); using the defaults")
+            return None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            self.problem("<file>", f"is not valid YAML{where}: {problem}; using the defaults")
+            return None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            self.problem("<file>", f"expected a mapping of keys (start, ui, window) at the top level, got "
+                         f"{type(data).__name__}; using the defaults")
+            return None
+        return data
+
+    def _read_old(self) -> AppSettings:
+        """No app.yaml yet: the old QSettings file's values, read once and saved as app.yaml."""
+        try:
+            text = self.old_path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return AppSettings()
+        self.data, _ = salvage(old_values(text), self.old_path, lambda key, line: _warn(self.old_path, key, line))
+        if self.save():
+            log.info("settings: read %s once (the settings of an earlier version); from now on %s", self.old_path,
+                     self.path)
+        return self.data
+
+    # ---- writing -----------------------------------------------------------------------------------
+    def save(self) -> bool:
+        """Write the settings (atomically). The first save over a damaged file keeps that file beside it first;
+        a save that cannot be written is one warning (the app goes on with what it has in memory)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._damaged and self._raw is not None:
+                kept = _unused(self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
+                _atomic_write(kept, self._raw)
+                log.warning("settings %s: the file held values the app could not use; it is kept as %s, and the "
+                            "settings are saved with their defaults in their place", self.path, kept.name)
+                self._damaged = False
+            body = yaml.safe_dump(self.data.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+            new = (HEADER + body).encode("utf-8")
+            _atomic_write(self.path, new)
+            self._raw = new
+        except OSError as exc:
+            _warn(self.path, "<save>", f"cannot be written ({exc.strerror or exc}); settings are kept until the "
+                  "app closes")
+            return False
+        return True
 
 
-def flag(settings: QSettings, key: str, default: bool) -> bool:
-    raw = _value(settings, key)
-    if raw is None:
-        return default
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
-        return raw.strip().lower() in _TRUE
-    return _bad(settings, key, raw, "true or false", default)
+HEADER = ("# hg-dagger app settings, written by the app (docs/configuration.md). Hand edits are fine: a value the "
+          "app cannot use\n# is one warning and its default, and this file is kept as app.yaml.damaged-<time> "
+          "before the app saves over it.\n")
 
 
-def texts(settings: QSettings, key: str) -> list[str]:
-    """A list of texts (QSettings hands back a one-element list as a plain string); empty entries dropped."""
-    raw = _value(settings, key)
-    if raw is None:
-        return []
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-        return _bad(settings, key, raw, "a list of texts", [])
-    return [x for x in raw if x]
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... when that is taken (two keeps in one second)."""
+    n = 1
+    found = path
+    while found.exists():
+        n += 1
+        found = path.with_name(f"{path.name}-{n}")
+    return found
 
 
-def blob(settings: QSettings, key: str) -> QByteArray | None:
-    """Bytes the app saved (a window geometry, a splitter state); None when missing or of another kind."""
-    raw = _value(settings, key)
-    if raw is None:
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def salvage(data: dict[Any, Any], source: Path,
+            warn: Callable[[str, str], None]) -> tuple[AppSettings, list[str]]:
+    """The settings in ``data``; every value the model refuses is one ``warn(key, line)`` (the line names the key
+    and what is allowed) and its key is left to its default. Returns the model and the lines."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    lines: list[str] = []
+    for _ in range(64):  # each round drops at least one key
+        try:
+            return AppSettings.model_validate(data), lines
+        except ValidationError as err:
+            for e in err.errors():
+                key = _drop(data, e["loc"])
+                line = f"key {'.'.join(map(_shown, e['loc']))}: {_problem(e)}"
+                default = _default_of(key)
+                line += f"; using {default!r}" if default is not None else "; ignored"
+                lines.append(line)
+                warn(key, line)
+    return AppSettings(), lines
+
+
+def _problem(e: Any) -> str:
+    """What pydantic says is wrong (it names the allowed values), with the keys allowed beside an unknown one."""
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        keys = known_keys_at(AppSettings, tuple(e["loc"][:-1]))
+        msg = f"unknown key (known keys here: {', '.join(keys)})" if keys else "unknown key"
+    got = e.get("input")
+    if e["type"] != "extra_forbidden" and not isinstance(got, dict | list):
+        text = repr(got)
+        msg += f" (got {text if len(text) <= 60 else text[:57] + '...'})"
+    allowed = _allowed(tuple(e["loc"]))
+    return f"{msg}; allowed: {allowed}" if allowed else msg
+
+
+def _allowed(loc: tuple[Any, ...]) -> str:
+    """What a settings key takes, in words ("" for a key the model does not have, or a Literal pydantic names)."""
+    if len(loc) < 2 or loc[0] not in AppSettings.model_fields:
+        return ""
+    section = AppSettings.model_fields[loc[0]].annotation
+    field = getattr(section, "model_fields", {}).get(loc[1])
+    if field is None:
+        return ""
+    kind = field.annotation
+    if kind is bool:
+        return "true or false"
+    if kind is int:
+        lo = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
+        hi = next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None)
+        return f"a whole number from {lo} to {hi}" if lo is not None and hi is not None else "a whole number"
+    if kind is str:
+        return "text"
+    if typing.get_origin(kind) is list:
+        return f"a list of texts (at most {RECENT_STORES})"
+    return ""
+
+
+def _shown(part: Any) -> str:
+    """A key as a warning shows it: as written when it is a plain word, else quoted (one line, visible)."""
+    text = str(part)
+    return text if text.isprintable() and text.strip() == text and text and "." not in text else repr(text)
+
+
+def _drop(data: dict[Any, Any], loc: tuple[Any, ...]) -> str:
+    """Remove the key an error is about (a section's key; a whole list for one bad item); returns it dotted."""
+    keys = list(loc[:2])
+    section = data.get(keys[0]) if len(keys) == 2 else None
+    if isinstance(section, dict):
+        section.pop(keys[1], None)
+    else:
+        keys = keys[:1]
+        data.pop(keys[0], None)
+    return ".".join(map(_shown, keys))
+
+
+def _default_of(key: str) -> Any:
+    """The default of a dotted key (None for a key the model does not have)."""
+    value: Any = AppSettings()
+    for part in key.split("."):
+        if not isinstance(value, BaseModel) or part not in type(value).model_fields:
+            return None
+        value = getattr(value, part)
+    return value.model_dump() if hasattr(value, "model_dump") else value
+
+
+# ---- the old QSettings file, read without Qt ----------------------------------------------------------------
+_OLD_KEYS = {"start/operator": "text", "start/task": "text", "start/backend": "text", "start/host": "text",
+             "start/port": "text", "start/token_file": "text", "start/recent_stores": "list", "ui/sound": "text"}
+_NAMED = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def old_values(text: str) -> dict[str, Any]:
+    """The values an earlier version kept in QSettings' INI file, as AppSettings data: the start dialog's and the
+    sound switch. A value Qt serialized (``@Variant(...)``, ``@ByteArray(...)``: layouts, an old one-entry list)
+    is skipped, never decoded."""
+    group = ""
+    out: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            group = line[1:-1].strip()
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or line.startswith((";", "#")):
+            continue
+        name = f"{group}/{key.strip()}" if group.lower() != "general" else key.strip()
+        if name not in _OLD_KEYS or value.strip().startswith("@"):
+            continue
+        items = _qt_items(value)
+        section, field = name.split("/")
+        if _OLD_KEYS[name] == "list":
+            got: Any = [x for x in items if x][:RECENT_STORES]
+        else:
+            got = ", ".join(items)  # a text with a comma Qt did not quote reads back as a list
+        out.setdefault(section, {})[field] = got
+    return out
+
+
+def _qt_items(value: str) -> list[str]:
+    """Qt's INI value syntax: quoted parts, backslash escapes, and unquoted commas between list items."""
+    items: list[str] = []
+    buf: list[str] = []
+    quoted = False
+    i, n = 0, len(value)
+    while i < n:
+        c = value[i]
+        if c == "\\" and i + 1 < n:
+            nxt = value[i + 1]
+            j = i + 2
+            if nxt == "x":
+                while j < n and value[j] in "0123456789abcdefABCDEF":
+                    j += 1
+                code = int(value[i + 2:j] or "0", 16)
+            elif nxt in "01234567":
+                while j < n and value[j] in "01234567":
+                    j += 1
+                code = int(value[i + 1:j], 8)
+            else:
+                buf.append(_NAMED.get(nxt, nxt))
+                i = j
+                continue
+            buf.append(chr(code) if code < 0x110000 else "\ufffd")
+            i = j
+        elif c == '"':
+            quoted = not quoted
+            i += 1
+        elif c == "," and not quoted:
+            items.append("".join(buf).strip())
+            buf = []
+            i += 1
+        else:
+            buf.append(c)
+            i += 1
+    items.append("".join(buf).strip())
+    return items
+
+
+# ---- layouts ----------------------------------------------------------------------------------------------
+def layout_bytes(settings: SettingsFile, key: str) -> bytes | None:
+    """The saved bytes of a window layout key (geometry, split_main, ...); None when there are none or they are
+    not base64 (one warning)."""
+    text = getattr(settings.data.window, key)
+    if not text:
         return None
-    if isinstance(raw, QByteArray | bytes):
-        return QByteArray(raw)
-    return _bad(settings, key, raw, "saved window bytes", None)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        settings.problem(f"window.{key}", f"key window.{key}: not base64 text of a saved layout; using the default "
+                         "layout")
+        return None
 
 
-def restored(settings: QSettings, key: str, ok: bool) -> bool:
+def store_layout(settings: SettingsFile, key: str, raw: bytes) -> None:
+    setattr(settings.data.window, key, base64.b64encode(bytes(raw)).decode("ascii"))
+
+
+def restored(settings: SettingsFile, key: str, ok: bool) -> bool:
     """``ok``: whether Qt took the bytes read at ``key``; a refusal is one warning (the default layout is used)."""
     if not ok:
-        _warn(settings.fileName(), key, "holds bytes that are not a saved layout; using the default layout")
+        settings.problem(f"window.{key}", f"key window.{key}: holds bytes that are not a saved layout; using the "
+                         "default layout")
     return ok
+
+
+def remember_store(settings: SettingsFile, store: str) -> None:
+    """Put ``store`` first in the recent stores (at most RECENT_STORES)."""
+    recent = [store] + [x for x in settings.data.start.recent_stores if x != store]
+    settings.data.start.recent_stores = recent[:RECENT_STORES]

@@ -1,7 +1,8 @@
 """The first question of a session: who operates, which task, which backend, which student, which store.
 
 ``StartDialog.choices()`` returns a plain ``StartChoices`` (no Qt types), so whatever opens the session
-does not depend on Qt. The pseudonym, task, backend and recent stores are remembered in QSettings.
+does not depend on Qt. The pseudonym, task, backend and recent stores are remembered in the app's settings file
+(ui.settings: app.yaml in the config home).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from PyQt6.QtCore import QSettings
 from PyQt6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -25,11 +25,11 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.config import CONFIG_DIR
+from hg_dagger.config import known_names
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui import style
 
-RECENT_STORES = 8
+RECENT_STORES = saved.RECENT_STORES
 BACKENDS = (("embedded", "Embedded MuJoCo simulator"), ("bridge", "Robot bridge"))
 
 
@@ -50,9 +50,9 @@ class StartChoices:
         return f"{self.host}:{self.port}" if self.backend == "bridge" else ""
 
 
-def task_names(config_dir: Path = CONFIG_DIR) -> list[str]:
-    """Task names: the YAML files in configs/tasks."""
-    return sorted(p.stem for p in (Path(config_dir) / "tasks").glob("*.yaml"))
+def task_names() -> list[str]:
+    """Task names: the YAML files in tasks/ on the config search path (./configs, the config home, shipped)."""
+    return known_names("tasks")
 
 
 def _picker(edit: QLineEdit, title: str, filters: str, parent: QWidget, directory: bool = False) -> QPushButton:
@@ -80,30 +80,34 @@ def _row(*widgets: QWidget) -> QWidget:
 
 
 class StartDialog(QDialog):
-    def __init__(self, parent: QWidget | None = None, *, settings: QSettings | None = None,
+    def __init__(self, parent: QWidget | None = None, *, settings: saved.SettingsFile | None = None,
                  tasks: list[str] | None = None, task: str = ""):
         super().__init__(parent)
         self.setWindowTitle("hg-dagger: start a session")
         self.setMinimumWidth(520)
-        self.settings = settings if settings is not None else saved.app_settings()
-        s = self.settings
-        self.operator = QLineEdit(saved.text(s, "start/operator"))
+        self.settings = settings if settings is not None else saved.SettingsFile()
+        s = self.settings.data.start
+        self.operator = QLineEdit(s.operator)
         self.operator.setPlaceholderText("a pseudonym, e.g. op-07 (stored with every episode)")
         self.task = QComboBox()
         self.task.addItems(tasks if tasks is not None else task_names())
-        i = self.task.findText(task or saved.text(s, "start/task"))  # the command line's task wins
+        chosen = task or s.task  # the command line's task wins
+        if chosen and self.task.findText(chosen) < 0 and Path(chosen).suffix in (".yaml", ".yml") and (
+                task or Path(chosen).is_file()):
+            self.task.addItem(chosen)  # a task file of the user's: offered beside the named tasks
+        i = self.task.findText(chosen)
         if i >= 0:
             self.task.setCurrentIndex(i)
         self.backend = QComboBox()
         for value, label in BACKENDS:
             self.backend.addItem(label, value)
-        i = self.backend.findData(saved.text(s, "start/backend", "embedded"))
+        i = self.backend.findData(s.backend)
         self.backend.setCurrentIndex(max(0, i))
-        self.host = QLineEdit(saved.text(s, "start/host", "127.0.0.1"))
+        self.host = QLineEdit(s.host)
         self.port = QSpinBox()
         self.port.setRange(1, 65535)
-        self.port.setValue(saved.number(s, "start/port", 7557, 1, 65535))
-        self.token = QLineEdit(saved.text(s, "start/token_file"))
+        self.port.setValue(s.port)
+        self.token = QLineEdit(s.token_file)
         self.student = QLineEdit()
         self.student.setPlaceholderText("optional: the newest student for this task, or a first one")
         self.store = QComboBox()
@@ -141,7 +145,7 @@ class StartDialog(QDialog):
         self._backend_changed()
 
     def recent_stores(self) -> list[str]:
-        return saved.texts(self.settings, "start/recent_stores")
+        return [x for x in self.settings.data.start.recent_stores if x]
 
     def _backend_changed(self) -> None:
         bridge = self.backend.currentData() == "bridge"
@@ -154,7 +158,7 @@ class StartDialog(QDialog):
         if not self.operator.text().strip():
             return "Enter an operator pseudonym (required)."
         if self.task.count() == 0:
-            return f"No tasks found in {CONFIG_DIR / 'tasks'}."
+            return "No tasks found (tasks/ in ./configs, the config home and the shipped configs)."
         if self.backend.currentData() == "bridge" and not self.host.text().strip():
             return "Enter the robot bridge's host."
         return ""
@@ -177,22 +181,17 @@ class StartDialog(QDialog):
             self._validate()
             return
         c = self.choices()
-        s = self.settings
-        s.setValue("start/operator", c.operator)
-        s.setValue("start/task", c.task)
-        s.setValue("start/backend", c.backend)
+        s = self.settings.data.start
+        s.operator, s.task, s.backend = c.operator, c.task, c.backend
         if c.backend == "bridge":
-            s.setValue("start/host", c.host)
-            s.setValue("start/port", c.port)
-            s.setValue("start/token_file", c.token_file)
+            s.host, s.port, s.token_file = c.host, c.port, c.token_file
         if c.store:
-            recent = [c.store] + [x for x in self.recent_stores() if x != c.store]
-            saved.store_texts(s, "start/recent_stores", recent[:RECENT_STORES])
-        s.sync()
+            saved.remember_store(self.settings, c.store)
+        self.settings.save()
         super().accept()
 
     @classmethod
-    def ask(cls, parent: QWidget | None = None, *, settings: QSettings | None = None,
+    def ask(cls, parent: QWidget | None = None, *, settings: saved.SettingsFile | None = None,
             task: str = "") -> StartChoices | None:
         """Show the dialog and wait for the operator (before the session exists); None when cancelled.
         ``task`` (from the command line) is chosen over the remembered one."""

@@ -1,8 +1,8 @@
 """One place for what colours and state names mean, so every widget says the same thing the same way.
 
 Policy is blue, the human orange, the expert purple, safety red, a warning amber, autonomy green.
-A request for the person ("take over!") has a look of its own, magenta, flashing: it must never be
-mistaken for "you are in control" (steady orange).
+A request for the person has a look of its own, magenta (the strip flashes "TAKE OVER!"; the light names the
+state, so the console says it once): it must never be mistaken for "you are in control" (steady orange).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ TEXT_ON_COLOUR = "#ffffff"
 STATES: dict[str, tuple[str, str]] = {
     "autonomous": ("AUTONOMOUS", AUTONOMOUS),
     "warning": ("WARNING", WARNING),
-    "handover_requested": ("TAKE OVER!", REQUEST),
+    "handover_requested": ("HANDOVER REQUESTED", REQUEST),  # the strip alone says "TAKE OVER!"
     "human": ("YOU ARE IN CONTROL", HUMAN),
     "returning": ("RETURNING TO POLICY", POLICY),
     "safe_stop": ("SAFE STOP", SAFETY),

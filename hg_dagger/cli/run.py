@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import json
 
+from hg_dagger.cli import policy as policy_cli
 from hg_dagger.errors import ConfigError, StoreError
 from hg_dagger.learn import executor
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="human-gated run: the student acts, gates ask the operator, corrections are recorded")
-    p.add_argument("--task", required=True, help="task id (configs/tasks)")
+    p.add_argument("--task", help="task id (tasks/ on the config search path) or a task YAML file of your own; "
+                   "default: the run config's task")
     p.add_argument("--store", help="episode store to record into (created if missing); with --rounds default OUT/store")
     p.add_argument("--operator", choices=("synthetic", "expert", "device"),
                    help="who answers a handover: synthetic operator (planner-driven), the planner expert, a device")
     p.add_argument("--episodes", type=int, help="episodes to record")
-    p.add_argument("--student", help="student checkpoint; default: a fresh, untrained student (seeded)")
-    p.add_argument("--config", help="run config (kind: run); default: configs/run/<task>.yaml if present")
-    p.add_argument("--gates", help="gate config name in configs/gates or a path; default: the task's")
+    p.add_argument("--student", help="student checkpoint (the same as --policy PATH.pt); default: a fresh, untrained "
+                   "student (seeded)")
+    policy_cli.add_arguments(p)
+    p.add_argument("--config", help="run config (kind: run): a YAML file or a name in run/ on the config search path; "
+                   "default: run/<task id>.yaml if there is one")
+    p.add_argument("--gates", help="gate config (kind: gates): a YAML file or a name in gates/ on the config search "
+                   "path; default: the run config's, else the task's")
     p.add_argument("--num-envs", type=int)
     p.add_argument("--max-episode-steps", type=int, help="cut every episode after this many steps (default: the "
                    "task's horizon)")
@@ -51,8 +57,12 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     from hg_dagger.control.build import run_gated
-    from hg_dagger.control.run_config import load_run_config, parse_endpoint
+    from hg_dagger.control.run_config import gates_for, load_run_config, parse_endpoint
     from hg_dagger.store.layout import local_path
+
+    if args.task is None and args.config is None:
+        raise ConfigError("run needs --task TASK (a task id or a task YAML file) or --config RUN (a run config "
+                          "that names its task)")
 
     rounds = args.rounds is not None
     for flag in ("out", "resume", "certify", "auto_config", "eval_episodes"):
@@ -89,6 +99,7 @@ def _run(args) -> int:
     if args.certify:
         overrides.update({"operator.certification": "planner_auto", "operator.noise_std": 0.0})
     cfg = load_run_config(args.config, args.task, **overrides)
+    gates_for(cfg.gates, cfg.task)  # a bad gate file is one line before any store is touched
     if rounds:
         return _rounds(args, cfg)
     if args.executor == "ray" and (cfg.robot is not None or cfg.operator.type == "device"):
@@ -98,7 +109,8 @@ def _run(args) -> int:
 
     one_inference_thread()  # this process is the control loop
     with executor.from_args(args) as ex:
-        summary = run_gated(cfg, args.store, student_path=args.student, progress=not args.quiet, executor=ex)
+        summary = run_gated(cfg, args.store, policy=policy_cli.policy_spec(args), progress=not args.quiet,
+                            policy_options=policy_cli.policy_options(args), executor=ex)
     d = summary.as_dict()
     d.pop("episode_ids")
     if args.json:
@@ -115,6 +127,7 @@ def _rounds(args, cfg) -> int:
     from pathlib import Path
 
     from hg_dagger import config as config_io
+    from hg_dagger.control.run_config import task_name
     from hg_dagger.learn.auto import AutoConfig, AutoRun, load_config
     from hg_dagger.learn.progress import RoundReporter
 
@@ -124,8 +137,7 @@ def _rounds(args, cfg) -> int:
         raise ConfigError("--rounds trains on the operator's corrections with no reviewer in between, so they must "
                           "be certified: pass --certify (the planner operator, noise 0, windows certified "
                           "planner_auto), or review each round's windows and train with `hg-dagger train`")
-    own = Path(config_io.CONFIG_DIR, "auto", f"{cfg.task}.yaml")
-    path = args.auto_config or (own if own.is_file() else None)
+    path = args.auto_config or config_io.find("auto", task_name(cfg.task))
     base = load_config(path, task=cfg.task) if path else AutoConfig(task=cfg.task)
     data = base.model_dump(by_alias=True, include={"expert", "student", "train", "replay", "eval", "recorder_queue_steps",
                                                    "recorder_flush_s", "dataset_versions"})
@@ -134,7 +146,8 @@ def _rounds(args, cfg) -> int:
     auto = config_io.validate(AutoConfig, {
         **data, "task": cfg.task, "mode": "human_gated", "gated": cfg, "iterations": args.rounds,
         "episodes_per_iteration": cfg.episodes, "num_envs": cfg.num_envs, "seed": cfg.seed,
-        "certification": cfg.operator.certification, "initial_student": args.student}, source="run --rounds")
+        "certification": cfg.operator.certification, "initial_student": policy_cli.trainable_spec(args, "--rounds")},
+        source="run --rounds")
     ex = executor.from_args(args)
     run = AutoRun(auto, args.out, args.store, executor=ex)
     run.on_round = RoundReporter(args.out, auto.iterations, write=lambda line: print(line, flush=True))

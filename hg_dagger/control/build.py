@@ -1,5 +1,6 @@
 """Building a session from a run config: the env (simulator or robot bridge), gates, handover machine,
-safety monitor and operator around a student; ``run_gated`` is all of ``hg-dagger run``."""
+safety monitor and operator around a policy (the built-in student, or any ``--policy SPEC``: policy.sources);
+``run_gated`` is all of ``hg-dagger run``."""
 
 from __future__ import annotations
 
@@ -65,15 +66,16 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     cfg = _follow_robot(cfg, env)
     m = env.mapping
     gate_cfg = load_gate_config(cfg.gates, cfg.task)
-    if gate_cfg.task and gate_cfg.task != cfg.task:
-        raise ConfigError(f"gate config {gate_cfg.name!r} is for task {gate_cfg.task!r}, the run is for {cfg.task!r}")
+    if gate_cfg.task and gate_cfg.task != m.task_id:
+        raise ConfigError(f"gate config {gate_cfg.name!r} is for task {gate_cfg.task!r}, the run is for {m.task_id!r}")
     gates = GateEngine(gate_cfg, num_envs=env.num_envs, step_dt=m.dt, action_dim=m.action_dim)
     op = cfg.operator
     safety = SafetyMonitor(cfg.safety, num_envs=env.num_envs, action_dim=m.action_dim)
     if expert is None and op.type in ("synthetic", "expert"):
         from hg_dagger.experts import make_expert
 
-        expert = make_expert(cfg.task, kind="planner", mapping=m)
+        expert = make_expert(m.task_id, kind="policy" if cfg.expert_checkpoint else "planner", mapping=m,
+                             checkpoint=cfg.expert_checkpoint)
     operator = make_operator(op, mapping=m, num_envs=env.num_envs, expert=expert, devices=operators, seed=cfg.seed)
     machine = HandoverMachine(cfg.handover, num_envs=env.num_envs, action_dim=m.action_dim,
                               step_dt=m.dt, operator=operator.role,
@@ -86,18 +88,22 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
                    episode_extra={**_robot_metadata(env), **(extra or {})})
 
 
-def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = None,
-                 extra: dict[str, Any] | None = None) -> Session:
+def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = None, policy: str | None = None,
+                 policy_options=None, extra: dict[str, Any] | None = None) -> Session:
     """The session a run config describes, recording into ``store_url`` (created if missing): the env, the
-    student (a fresh, untrained one when no checkpoint is given), a recorder, and the confidence gate
-    calibrated at start-up if the config asks and the student brings no thresholds of its own. The caller closes ``session.rec`` and then ``session.env``."""
+    policy (``policy``: a spec, policy.sources; ``student_path`` is the older name for a checkpoint; a fresh,
+    untrained student when neither is given), a recorder, and the confidence gate calibrated at start-up if the
+    config asks and the policy brings no thresholds of its own. The caller closes ``session.rec``, then
+    ``session.env``, then the policy (``close_policy(session.student)``)."""
+    spec = _one_spec(policy, student_path)
     env = make_run_env(cfg)  # bad task, robot or checkpoint: fail before the store (and before loading torch)
+    student = None
     try:
         cfg = _follow_robot(cfg, env)
-        from hg_dagger.policy import Student
+        from hg_dagger.policy import Student, open_policy
         from hg_dagger.store import EpisodeStore
 
-        student = Student.load(student_path, env.mapping) if student_path else Student.create(env.mapping, seed=cfg.seed)
+        student = open_policy(spec, env.mapping, policy_options) if spec else Student.create(env.mapping, seed=cfg.seed)
         try:
             store = EpisodeStore.open(store_url, mode="a")
         except HgDaggerError:  # a missing store is created; a damaged one fails again below
@@ -106,6 +112,7 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
                 raise
             store = EpisodeStore.create(store_url)
     except BaseException:
+        _close_policy(student)
         env.close()
         raise
     rec = store.recorder()
@@ -114,6 +121,9 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
         session = build_session(cfg, rec, student, env=env, extra=extra)
         if session.student_has_thresholds:  # the student's own thresholds: no start-up calibration
             log.info("%s", session.notice)
+        elif cfg.calibrate_steps and not getattr(student, "reports_uncertainty", True):
+            log.info("confidence gate not calibrated: policy %s reports no uncertainty (the gate cannot fire; the "
+                     "other gates ask for help)", student.version)
         elif cfg.calibrate_steps:
             cal = session.calibrate(cfg.calibrate_steps)
             if cal is None:
@@ -123,8 +133,22 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
     except BaseException:
         rec.close()
         env.close()
+        _close_policy(student)
         raise
     return session
+
+
+def _one_spec(policy: str | None, student_path: str | None) -> str | None:
+    if policy is not None and student_path is not None and str(policy) != str(student_path):
+        raise ConfigError("give a policy or a student checkpoint, not both (a checkpoint is a policy spec: PATH.pt)")
+    return str(policy) if policy is not None else (str(student_path) if student_path is not None else None)
+
+
+def _close_policy(policy) -> None:
+    if policy is not None:
+        from hg_dagger.policy import close_policy
+
+        close_policy(policy)
 
 
 def unused_seed(store_url: str) -> int:
@@ -140,18 +164,36 @@ def unused_seed(store_url: str) -> int:
     return max(seeds, default=-1) + 1
 
 
-def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, progress: bool = True,
-              extra: dict[str, Any] | None = None, executor=None) -> RunSummary:
+def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, policy: str | None = None,
+              policy_options=None, progress: bool = True, extra: dict[str, Any] | None = None,
+              executor=None) -> RunSummary:
     """A whole human-gated collection run: ``open_session``, then record ``cfg.episodes`` episodes.
 
     With a Ray ``executor`` (learn.executor) the episodes are split into contiguous seed blocks, one
-    session per worker, each recording into its own store segments."""
+    session per worker, each recording into its own store segments (the built-in student only). A policy that
+    stops answering mid-run ends the open episodes as safety stops (``Session.policy_lost``) and raises its
+    PolicyError."""
+    spec = _one_spec(policy, student_path)
     if executor is not None and executor.kind != "local":
-        return executor.run_gated(cfg, store_url, student_path=student_path, progress=progress)
-    session = open_session(cfg, store_url, student_path=student_path, extra=extra)
+        from hg_dagger.policy import is_remote
+
+        if is_remote(spec):
+            raise ConfigError(f"--executor {executor.kind} ships the built-in student to its workers; --policy {spec} "
+                              "runs with --executor local")
+        return executor.run_gated(cfg, store_url, student_path=spec, progress=progress)
+    from hg_dagger.policy import PolicyError
+
+    session = open_session(cfg, store_url, policy=spec, policy_options=policy_options, extra=extra)
     try:
         return session.run(cfg.episodes, progress=progress)
+    except PolicyError as exc:
+        try:
+            session.policy_lost(str(exc))
+        except Exception as inner:  # the original error is the one to report
+            log.warning("could not end the open episodes after the policy was lost: %s", inner)
+        raise
     finally:
         safety_log.detach_session()
         session.rec.close()
         session.env.close()
+        _close_policy(session.student)

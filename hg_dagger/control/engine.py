@@ -107,7 +107,7 @@ def task_safety(task: str):
     from hg_dagger import config as config_io
     from hg_dagger.control.safety import SafetyConfig
 
-    path = config_io.CONFIG_DIR / "run" / f"{task}.yaml"
+    path = config_io.config_path("run", task)
     data = config_io.read_yaml(path).get("safety") if path.is_file() else None
     return config_io.validate(SafetyConfig, data or {}, source=f"{path}: safety")
 

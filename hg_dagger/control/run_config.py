@@ -1,4 +1,6 @@
-"""Run configuration: configs/run/<name>.yaml (kind: run), the operator and robot sections, and gate-config lookup."""
+"""Run configuration: run/<name>.yaml on the config search path (kind: run), the operator and robot sections, and
+gate-config lookup. A task is a task id or a task YAML file of the user's; the run and gate configs a task brings
+by default are found by its task id (``task_name``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.gate_specs import GateConfig
 from hg_dagger.control.handover import HandoverConfig
 from hg_dagger.control.safety import SafetyConfig
+from hg_dagger.envs.mapping import load_mapping
 from hg_dagger.errors import ConfigError
 
 
@@ -69,7 +72,7 @@ class RobotConfig(StrictModel):
 
 
 class RunConfig(StrictModel):
-    """configs/run/<name>.yaml (kind: run): one human-gated collection run."""
+    """run/<name>.yaml on the config search path (kind: run): one human-gated collection run."""
 
     task: str
     scene: str = ""
@@ -85,6 +88,9 @@ class RunConfig(StrictModel):
     handover: HandoverConfig = Field(default_factory=HandoverConfig)
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     operator: OperatorConfig = Field(default_factory=OperatorConfig)
+    expert_checkpoint: str | None = Field(
+        default=None, description="a student checkpoint that labels for the synthetic or expert operator (a policy "
+        "expert) instead of the task's planner: for tasks no planner labels, e.g. a Gymnasium env of your own")
     calibrate_steps: int = Field(default=0, ge=0, description="autonomous steps to calibrate the confidence gate first")
     latency_budget_ms: float | None = Field(default=None, gt=0, description="obs-to-apply latency above which a step "
                                             "is flagged latency_exceeded (excluded from labels)")
@@ -116,23 +122,47 @@ class RunConfig(StrictModel):
         return self
 
 
+def is_task_file(task: str | Path) -> bool:
+    """Whether a task reference is a task YAML file (else it is a task id looked up in tasks/)."""
+    return Path(task).suffix in (".yaml", ".yml")
+
+
+def task_name(task: str | Path) -> str:
+    """The task id a task reference stands for: the id itself, or the ``task_id`` inside a task file."""
+    return load_mapping(task).task_id if is_task_file(task) else str(task)
+
+
 def load_gate_config(ref: str | GateConfig, task: str) -> GateConfig:
-    """A GateConfig from an inline model, a path, or a name in configs/gates/. Without one: the task's
-    (configs/gates/<task>.yaml), else default.yaml. A name that is not there is an error, never the default."""
+    """A GateConfig from an inline model, a path, or a name on the config search path (gates/). Without one: the
+    task's (gates/<task id>.yaml), else gates/default.yaml. A name that is not there is an error, never the
+    default."""
     if isinstance(ref, GateConfig):
         return ref
     if not ref:
-        own = Path(config_io.CONFIG_DIR, "gates", f"{task}.yaml")
-        return config_io.load(own if own.is_file() else Path(config_io.CONFIG_DIR, "gates", "default.yaml"), GateConfig)
+        return config_io.load(config_io.find("gates", task_name(task)) or config_io.config_path("gates", "default"),
+                              GateConfig)
     return config_io.load(config_io.named_config("gates", ref, what="gate"), GateConfig)
 
 
+def gates_for(ref: str | GateConfig, task: str) -> GateConfig:
+    """``load_gate_config``, and a gate config written for another task is refused (one line naming it), so a front
+    end can check its gates before it opens a store."""
+    cfg = load_gate_config(ref, task)
+    if cfg.task and task and cfg.task != task_name(task):
+        where = ref if isinstance(ref, str) and ref else f"gates/{cfg.name}"
+        raise ConfigError(f"{where}: key task: the gate config is for task {cfg.task!r}, the run is for "
+                          f"{task_name(task)!r}")
+    return cfg
+
+
 def load_run_config(path: str | Path | None, task: str | None = None, **overrides) -> RunConfig:
-    """The run config at ``path``, or configs/run/<task>.yaml, or defaults; ``overrides`` win (None = keep)."""
+    """The run config at ``path`` (a file, or a name in run/ on the config search path), else run/<task id>.yaml,
+    else defaults; ``overrides`` win (None = keep)."""
     data: dict[str, Any] = {}
-    if path is None and task is not None:
-        cand = Path(config_io.CONFIG_DIR, "run", f"{task}.yaml")
-        path = cand if cand.is_file() else None
+    if path is not None:
+        path = config_io.named_config("run", path, what="run")
+    elif task is not None:
+        path = config_io.find("run", task_name(task))
     source = str(path) if path else "run options"
     if path is not None:
         data = config_io.read_yaml(path)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pygame
 import pytest
+from PyQt6 import sip
 from PyQt6.QtCore import Qt
 from support.app import WAIT_MS, close_app, wait_snap
 
@@ -192,11 +193,14 @@ def test_scripted_app_run_leaves_a_valid_store(tmp_path, toy_student):
     st = EpisodeStore.open(store)
     assert len(st.episodes()) == 3 and list(validate_store(st)) == []
     # a second sitting on the same store continues its seeds: no start state is met twice
+    # ... also without a display: a scripted run needs no person, so its window runs offscreen (what was asked)
     r = run_cli(["app", "--task", "toy_reach", "--operator", "synthetic", "--episodes", "2", "--store", store,
-                 "--student", toy_student, "--quit-when-done"], {"QT_QPA_PLATFORM": "offscreen"}, tmp_path)
+                 "--student", toy_student, "--quit-when-done"], {}, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "no display: running the scripted session offscreen" in r.stdout and "validate: ok" in r.stdout
     seeds = sorted(i.start.initial_state["seed"] for i in EpisodeStore.open(store).episodes())
     assert seeds == [0, 1, 2, 3, 4]
+    assert not (tmp_path / "runs").exists()  # never the demo instead
 
 
 def test_an_unknown_task_on_the_command_line_is_one_line(tmp_path):
@@ -208,6 +212,89 @@ def test_an_unknown_task_on_the_command_line_is_one_line(tmp_path):
 def test_without_a_display_the_app_says_so(tmp_path):
     r = run_cli(["app", "--headless-fallback", "error"], {}, tmp_path, timeout=120)
     assert r.returncode == 2 and "no display" in r.stderr and "Traceback" not in r.stderr
+
+
+def _app_args(*argv):
+    from hg_dagger.cli import build_parser
+
+    return build_parser().parse_args(["app", *argv])
+
+
+def test_without_a_display_the_app_runs_what_was_asked_or_refuses_with_one_line(monkeypatch, capsys, tmp_path):
+    """Never something else reported as success: alone it is the headless demo (`make run`), a scripted run runs
+    offscreen, anything else asked (a store, a student, episodes for a person) is refused before anything is
+    written."""
+    from support.fuzz import run_cli as run_here
+
+    from hg_dagger.cli.app import headless_plan
+
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert headless_plan(_app_args()) == headless_plan(_app_args("--task", "toy_reach", "--seed", "3")) == "demo"
+    assert headless_plan(_app_args("--operator", "expert", "--episodes", "2", "--quit-when-done")) == "offscreen"
+    for asked in (["--store", "s.zarr", "--student", "x.pt", "--episodes", "3"], ["--episodes", "3"],
+                  ["--operator", "synthetic", "--episodes", "2"],  # no --quit-when-done: it would never end
+                  ["--quit-when-done", "--episodes", "2"],  # a person's device (the default operator)
+                  ["--operator", "none", "--quit-when-done"], ["--config", "toy_reach"]):
+        line = run_here(capsys, "app", *asked).refused()
+        assert "no display" in line and " ".join(a for a in asked if a.startswith("--")) in line, (asked, line)
+    assert list(tmp_path.iterdir()) == []  # no store, no demo folder
+
+
+def test_the_apps_config_files_are_checked_before_any_window(capsys, tmp_path):
+    from support.fuzz import run_cli as run_here
+
+    from hg_dagger import config
+
+    bad = tmp_path / "run.yaml"
+    bad.write_text("kind: run\ntask: toy_reach\nepisodes: many\n")
+    assert f"{bad}: key episodes:" in run_here(capsys, "app", "--config", bad).refused()
+    task = tmp_path / "task.yaml"
+    task.write_text((config.CONFIG_DIR / "tasks" / "toy_reach.yaml").read_text().replace("horizon: 100",
+                                                                                        "horizon: -1"))
+    assert f"{task}: key horizon:" in run_here(capsys, "app", "--task", task).refused()
+    assert "gate config is for task 'fetch_pick_place', the run is for 'toy_reach'" in run_here(
+        capsys, "app", "--task", "toy_reach", "--gates", "fetch_pick_place").refused()
+    assert "unknown gate config 'nope'" in run_here(capsys, "app", "--gates", "nope").refused()
+    assert "no such config file" in run_here(capsys, "app", "--task", tmp_path / "missing.yaml").refused()
+
+
+def test_a_scripted_app_run_uses_the_run_config_and_gate_file_it_is_given(tmp_path, toy_student):
+    from hg_dagger import config
+
+    def gates(name: str):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text((config.CONFIG_DIR / "gates" / "toy_reach.yaml").read_text().replace(
+            "name: toy_reach_default", f"name: {name}"))
+        return path
+
+    run = tmp_path / "myrun.yaml"
+    run.write_text(f"kind: run\ntask: toy_reach\ngates: {gates('from_config')}\n")
+    store = str(tmp_path / "s.zarr")
+    r = run_cli(["app", "--config", str(run), "--operator", "synthetic", "--episodes", "1", "--store", store,
+                 "--student", toy_student, "--quit-when-done"], {"QT_QPA_PLATFORM": "offscreen"}, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli(["app", "--config", str(run), "--gates", str(gates("from_flag")), "--operator", "synthetic",
+                 "--episodes", "1", "--store", store, "--student", toy_student, "--quit-when-done"],
+                {"QT_QPA_PLATFORM": "offscreen"}, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    names = [i.start.gate_config.get("name") for i in EpisodeStore.open(store).episodes()]
+    assert sorted(names) == ["from_config", "from_flag"]
+
+
+def test_a_task_file_of_the_users_names_its_folder_by_its_task_id(qtbot, tmp_path, settings):
+    from hg_dagger import config
+    from hg_dagger.ui.start_dialog import StartDialog
+
+    task = tmp_path / "short.yaml"
+    task.write_text((config.CONFIG_DIR / "tasks" / "toy_reach.yaml").read_text().replace("horizon: 100",
+                                                                                        "horizon: 30"))
+    opts = AppOptions(task=str(task), home=str(tmp_path / "home"))
+    assert opts.task_dir == tmp_path / "home" / "toy_reach"
+    dlg = StartDialog(settings=settings, task=str(task))  # offered beside the named tasks, and chosen
+    qtbot.addWidget(dlg)
+    assert dlg.task.currentText() == str(task) and dlg.task.findText("toy_reach") >= 0
 
 
 def _spawn(args: list[str], tmp_path):
@@ -266,10 +353,32 @@ def test_a_window_deleted_under_a_running_app_stops_the_loop_and_ends_the_run(qt
     op.finished.connect(codes.append)
     op.start()
     wait_snap(qtbot, op, lambda s: s.phase == "running" and s.episode_step >= 5)
+    watch = op._watch
+    assert watch.parent() is op.window  # the watch is the window's: it goes with it
     op.window.deleteLater()
     qtbot.waitUntil(lambda: bool(codes), timeout=60_000)
-    assert codes == [0] and op.window is None and not op.loop.alive
+    assert codes == [0] and op.window is None and not op.loop.alive and sip.isdeleted(watch)
     s = EpisodeStore.open(store)
     infos = s.episodes()
     assert infos and all(i.complete for i in infos)  # the episode open at the deletion ended, none left dangling
     assert validate_store(s) == []
+
+
+def test_the_watch_stops_with_its_window_when_a_test_fails_midway(qtbot, tmp_path, settings, toy_student):
+    """A test that fails leaves its window to pytest-qt, which closes it: the app's watch stops and its control
+    loop ends right there, instead of ticking on into the tests after it."""
+    store = str(tmp_path / "store.zarr")
+    opts = AppOptions(task="toy_reach", store=store, student=toy_student, operator="device", device="keyboard",
+                      name="op-fail", home=str(tmp_path / "home"), episodes=50)
+    op = OperatorApp(opts, settings)
+    codes: list[int] = []
+    op.finished.connect(codes.append)
+    op.start()
+    qtbot.addWidget(op.window)
+    wait_snap(qtbot, op, lambda s: s.phase == "running" and s.episode_step >= 5)
+    with pytest.raises(AssertionError):
+        assert op.loop.slot.read().phase == "never", "a test failing here"
+    watch = op._watch
+    op.window.close()  # what pytest-qt's teardown does with the window of a failed test
+    assert not watch.isActive() and codes == [0] and not op.loop.alive  # at once, no further event needed
+    assert all(i.complete for i in EpisodeStore.open(store).episodes())

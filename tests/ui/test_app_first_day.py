@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
+from PyQt6 import sip
 from PyQt6.QtCore import Qt, QTimer
 from PyQt6.QtWidgets import QApplication, QMessageBox, QProgressDialog
 from support.app import WAIT_MS, close_app, wait_snap
@@ -25,7 +26,7 @@ from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui.application import AppOptions, OperatorApp
 from hg_dagger.ui.operator_model import ModelDriver
 
-pytestmark = [pytest.mark.simulation, pytest.mark.app]
+pytestmark = [pytest.mark.subprocess, pytest.mark.simulation, pytest.mark.app]
 
 # Seed 7 with this profile: request 0 is taken over, request 1 declined, request 2 comes while the person
 # looks away (3-3.5 s), then takes over (the draws of request k depend only on (seed, k)).
@@ -52,14 +53,13 @@ DAYS = {
 
 @pytest.fixture
 def apps():
-    """The apps a test opened: any still running when it ends (a failed assertion) are stopped, so their
-    timers and control processes never outlive the test."""
+    """The apps a test opened: any still running when it ends (a failed assertion) are closed, so their control
+    processes and training jobs never outlive the test (the app's watch stops with its window)."""
     opened: list[OperatorApp] = []
     yield opened
     for op in opened:
-        watch = getattr(op, "_watch", None)
-        if watch is not None:
-            watch.stop()
+        if op.window is not None and not sip.isdeleted(op.window):
+            op.window.close()
         if op.job is not None:
             op.job.cancel()
         if op.loop is not None:

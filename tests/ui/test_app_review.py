@@ -15,7 +15,7 @@ from hg_dagger.control import live
 from hg_dagger.review.decisions import audit_trail, list_windows
 from hg_dagger.ui.application import AppOptions, OperatorApp
 
-pytestmark = [pytest.mark.app]
+pytestmark = [pytest.mark.subprocess, pytest.mark.app]
 
 
 def answer_reviewer_dialog(seen: list[str], text: str | None = None) -> None:

@@ -13,7 +13,7 @@ import pytest
 from PyQt6.QtCore import QEvent, QRect, Qt
 from PyQt6.QtGui import QKeyEvent
 from PyQt6.QtTest import QTest
-from PyQt6.QtWidgets import QApplication, QDialogButtonBox
+from PyQt6.QtWidgets import QApplication, QDialogButtonBox, QLabel
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.live import (
@@ -119,10 +119,22 @@ def test_take_over_and_in_control_look_different(qtbot, console):
     asked = (win.gate.colour, win.gate.headline.text())
     show(qtbot, win, slot, running(control_state="human"))
     driving = (win.gate.colour, win.gate.headline.text())
-    assert asked == (style.REQUEST, "TAKE OVER!") and driving == (style.HUMAN, "YOU ARE IN CONTROL")
+    assert asked == (style.REQUEST, "HANDOVER REQUESTED") and driving == (style.HUMAN, "YOU ARE IN CONTROL")
     synthetic = DeviceState(device_id="synthetic", kind="synthetic", connected=True)
     show(qtbot, win, slot, running(control_state="human", device=synthetic))
     assert win.gate.headline.text() == "SYNTHETIC OPERATOR IN CONTROL"  # not "you" when a script drives
+
+
+def test_a_waiting_request_says_take_over_once_and_the_phase_line_says_the_robot_waits(qtbot, console):
+    win, slot, _ = console
+    show(qtbot, win, slot, requested())
+    saying = [w.text() for w in win.findChildren(QLabel) if "TAKE OVER" in w.text().upper() and w.isVisible()]
+    assert saying == ["TAKE OVER!   waiting 2.0 s"]  # the strip; the light names the state
+    assert win.controls.phase_label.text() == "Phase: running · the robot waits for the operator"
+    show(qtbot, win, slot, running(control_state="human"))
+    assert "waits for the operator" not in win.controls.phase_label.text()
+    show(qtbot, win, slot, requested(estop=("keyboard", "Esc key"), phase="estopped"))
+    assert "waits for the operator" not in win.controls.phase_label.text()  # the e-stop says why it holds
 
 
 def test_decline_key_and_button_let_the_student_go_on(qtbot, console):
@@ -412,7 +424,7 @@ def test_status_bar_counts_estops_apart_from_successes(qtbot, console):
 
 
 def test_a_task_from_the_command_line_wins_over_the_remembered_one(qtbot, settings):
-    settings.setValue("start/task", "fetch_pick_place")
+    settings.data.start.task = "fetch_pick_place"
     remembered = StartDialog(settings=settings)
     qtbot.addWidget(remembered)
     assert remembered.task.currentText() == "fetch_pick_place"

@@ -289,6 +289,7 @@ def test_frame_cache_keeps_the_latest_scenes_within_its_budget():
     assert ("s", "b") not in cache and ("s", "a") in cache and ("s", "c") in cache and cache.nbytes <= 5_000
 
 
+@pytest.mark.subprocess  # MuJoCo's GL setup probes glfw in a child process
 def test_a_fetch_episode_renders_through_mujoco(qtbot, tmp_path):
     from hg_dagger.review.replay import replay_episode
 
@@ -314,14 +315,13 @@ def test_a_fetch_episode_renders_through_mujoco(qtbot, tmp_path):
 
 
 def test_keys_on_the_apps_review_tab_scrub_the_review_and_never_reach_the_robot(qtbot, store, tmp_path):
-    from PyQt6.QtCore import QSettings
-
     from hg_dagger.control.live import CommandQueue, KeyEvent, LatestSlot
     from hg_dagger.devices.discovery import KEYBOARD
     from hg_dagger.ui.main_window import MainWindow
+    from hg_dagger.ui.settings import SettingsFile
 
     slot, q = LatestSlot(), CommandQueue()
-    settings = QSettings(str(tmp_path / "ui.ini"), QSettings.Format.IniFormat)
+    settings = SettingsFile(tmp_path / "app.yaml")
     win = MainWindow(slot, q, settings=settings, scan=lambda: [KEYBOARD], review_store=store, operator="op-1")
     qtbot.addWidget(win)
     win.show()

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from PyQt6.QtCore import QEvent, QSettings, Qt
+from PyQt6.QtCore import QEvent, Qt
 from PyQt6.QtTest import QTest
 from PyQt6.QtWidgets import QApplication, QDialogButtonBox
 
@@ -26,6 +26,7 @@ from hg_dagger.control.live import (
 )
 from hg_dagger.devices.discovery import KEYBOARD
 from hg_dagger.ui.main_window import HelpDialog, MainWindow, shortcut_rows
+from hg_dagger.ui.settings import SettingsFile
 from hg_dagger.ui.start_dialog import StartChoices, StartDialog, task_names
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.simulation, pytest.mark.app]
@@ -33,8 +34,8 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.simulation, pytest.mark.app]
 
 @pytest.fixture
 def settings(tmp_path):
-    """A QSettings on a temp ini file: tests never touch the user's settings."""
-    return QSettings(str(tmp_path / "hg-dagger.ini"), QSettings.Format.IniFormat)
+    """The app's settings in a temp file: tests never touch the user's settings."""
+    return SettingsFile(tmp_path / "app.yaml")
 
 
 @pytest.fixture
@@ -152,7 +153,8 @@ def test_quit_sends_quit_once_and_layout_persists(qtbot, settings):
     again.show()
     qtbot.waitExposed(again)
     # the offscreen screen (800 x 800) clamps a restored geometry, so compare within a few pixels
-    assert settings.value("window/geometry") is not None and settings.value("window/split_main") is not None
+    assert settings.data.window.geometry and settings.data.window.split_main
+    assert SettingsFile(settings.path).data.window == settings.data.window  # on disk
     assert abs(again.height() - 777) <= 8 and again.split_main.sizes() == pytest.approx(sizes, abs=8)
     again.close()
 
@@ -168,7 +170,8 @@ def test_help_lists_shortcuts_and_sound_setting_persists(qtbot, window, settings
     assert isinstance(win.help_dialog, HelpDialog) and win.help_dialog.isVisible()
     assert win.help_dialog.table.rowCount() == len(listed)
     win.sound_action.setChecked(False)
-    assert not win.banner.sound_enabled and settings.value("ui/sound", type=bool) is False
+    assert not win.banner.sound_enabled and settings.data.ui.sound is False
+    assert SettingsFile(settings.path).data.ui.sound is False
 
 
 def test_start_dialog_requires_a_pseudonym_and_remembers(qtbot, settings):
