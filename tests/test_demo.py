@@ -30,6 +30,7 @@ def test_demo_never_appends_to_an_existing_store(tmp_path):
 
 
 @pytest.mark.simulation
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_the_fetch_demo_keeps_every_command_a_person_gave_where_the_monitor_clamped_it(tmp_path):
     """`make run`'s headless demo on Fetch: the safety monitor clamps some of the synthetic operator's commands.

@@ -42,6 +42,7 @@ def test_bootstrap_then_next_round_in_background(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_training_error_comes_back_as_text(tmp_path):
     missing = str(tmp_path / "nope.zarr")
     job = BackgroundJob(train_round, store=missing, task="toy_reach", out_dir=str(tmp_path / "out"), steps=5)

@@ -249,6 +249,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 def test_the_documented_codecs_read_every_frame_format(tmp_path):
     """docs/data-format.md's reader classes, chosen over hg-dagger's own through zarr's config in a process of
     their own, decode a segment of each predictor and one written with the every-chunk filter."""
