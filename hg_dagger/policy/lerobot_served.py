@@ -5,9 +5,12 @@ pre/post-processors that hold its normalization). The policy class is the one re
 ``type`` (ACT, diffusion, ...); its own preprocessor normalizes each observation and its postprocessor turns the
 actions back into raw units. LeRobot is imported only here, when a server is started on such a folder.
 
-Each request is one observation (metadata ``batch`` false). The policy's own ``select_action`` computes its chunk
-(diffusion fills its observation history with this observation), and the chunk it queued (its ``n_action_steps``
-actions) is the reply; nothing is kept between requests, so rows and clients never mix.
+Each request is one observation (metadata ``batch`` false) and stands alone: the policy is reset first, so rows
+and clients never mix. A policy that predicts from the observation alone (ACT, pi0, ...) answers with its
+``predict_action_chunk``: the whole chunk (``chunk_size`` actions; the client executes ``n_action_steps`` of it). A
+policy that keeps an observation history (diffusion: ``_queues``) gets the observation through its own
+``select_action``, which fills its history with it and queues its next ``n_action_steps`` actions; those are the
+reply. Either way the chunk goes through the saved postprocessor, back to raw action units.
 """
 
 from __future__ import annotations
@@ -113,14 +116,23 @@ class LeRobotServed:
                               f"--policy-python (or HG_DAGGER_POLICY_PYTHON) naming that environment's python") from None
         self._torch = torch
         try:
-            cls = get_policy_class(self.cfg["type"])
-            self.policy = cls.from_pretrained(str(self.folder))
+            from lerobot.configs.policies import PreTrainedConfig
+
+            config = PreTrainedConfig.from_pretrained(str(self.folder))
+            config.device = device  # the device this server runs on, not the one it was trained on
+            self.policy = get_policy_class(self.cfg["type"]).from_pretrained(str(self.folder), config=config)
             self.policy.to(device)
             self.policy.eval()
-            self.pre, self.post = make_pre_post_processors(self.policy.config, pretrained_path=str(self.folder))
+            on_device = {"device_processor": {"device": device}}
+            self.pre, self.post = make_pre_post_processors(
+                self.policy.config, pretrained_path=str(self.folder),
+                preprocessor_overrides=on_device, postprocessor_overrides=on_device)
         except Exception as exc:  # an unknown type, missing weights or processors: one line naming the folder
             raise PolicyError(f"lerobot:{self.folder}: cannot load the {self.cfg['type']} policy "
                               f"({type(exc).__name__}: {exc})") from None
+        self.history = isinstance(getattr(self.policy, "_queues", None), dict)
+        if self.history and isinstance(self.cfg.get("n_action_steps"), int):
+            self.meta["chunk_size"] = self.cfg["n_action_steps"]  # what a reply holds
         self.inputs = dict(self.meta["input_features"])
         self.device = device
 
@@ -149,19 +161,13 @@ class LeRobotServed:
         batch = self.pre(self._frame(obs))
         with torch.no_grad():
             self.policy.reset()  # no history from another row or client
-            first = self.policy.select_action(batch)  # [1, A]; the policy queues the rest of its chunk
-            chunk = torch.cat([first, *_queued(self.policy)], dim=0) if first.dim() == 2 else first[None]
-            actions = self.post(chunk)  # [H, A]: the chunk's steps as a batch of actions
+            if self.history:
+                first = self.policy.select_action(batch)  # [1, A]; the policy queued its next actions
+                chunk = torch.stack([first, *self.policy._queues["action"]], dim=1)
+            else:
+                chunk = self.policy.predict_action_chunk(batch)  # [1, H, A]
+            actions = self.post(chunk)[0]  # [H, A], raw units
         return {"actions": np.asarray(actions.detach().cpu().numpy(), np.float32)}
-
-
-def _queued(policy) -> list:
-    """The actions a LeRobot policy queued after ``select_action`` (ACT: ``_action_queue``; diffusion and others:
-    ``_queues["action"]``), each [1, A]."""
-    q = getattr(policy, "_action_queue", None)
-    if q is None:
-        q = (getattr(policy, "_queues", None) or {}).get("action")
-    return [a if a.dim() == 2 else a[None] for a in (q or [])]
 
 
 __all__ = ["LeRobotServed", "lerobot_metadata", "read_config", "weights_version"]

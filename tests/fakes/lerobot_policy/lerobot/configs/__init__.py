@@ -1,0 +1,1 @@
+"""See lerobot/__init__.py."""
