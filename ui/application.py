@@ -35,7 +35,8 @@ class AppOptions:
 
     task: str = "fetch_pick_place"  # a task id, or a task YAML file of the user's
     store: str = ""  # default: runs/app/<task id>/store.zarr
-    student: str = ""  # checkpoint; default: this task's newest app student, else a bootstrapped one
+    student: str = ""  # a policy spec (policy.sources); default: this task's newest app student, else a bootstrapped one
+    policy_options: Any = None  # how a policy from elsewhere is opened (policy.PolicyOptions; None: the defaults)
     operator: str = "device"  # device | synthetic | expert | none
     device: str = "keyboard"  # for operator 'device': a name in configs/devices or a path
     mode: str = "human_gated"
@@ -64,6 +65,20 @@ class AppOptions:
         return self.store or str(self.task_dir / "store.zarr")
 
 
+def first_student_impossible(task: str) -> str:
+    """Why no first student can be made for ``task`` ("" when its planner can): the first student learns from
+    planner demonstrations, and a task of the user's may have no planner."""
+    from hg_dagger.envs import load_mapping
+    from hg_dagger.experts import planner_spec
+
+    mapping = load_mapping(task)
+    if planner_spec(mapping) is not None:
+        return ""
+    return (f"no policy for {mapping.task_id} and no planner to make a first student from: give your policy "
+            "(--policy PATH.pt | ws://HOST:PORT | lerobot:DIR, or the start dialog's Policy field; docs/policies.md) "
+            "or register a planner for the task (docs/extending.md)")
+
+
 def newest_student(opts: AppOptions) -> str:
     """The newest checkpoint the app trained for this task ("" if none yet)."""
     found = sorted(opts.task_dir.glob("students/*/student.pt"), key=lambda p: p.stat().st_mtime)
@@ -89,7 +104,7 @@ def build_session(opts: AppOptions, student_path: str):
         overrides["calibrate_steps"] = 0  # never drive a robot unattended to calibrate a gate
     overrides["gates"] = opts.gates or None
     session = open_session(load_run_config(opts.config or None, opts.task, **overrides), opts.store_url,
-                           student_path=student_path)
+                           student_path=student_path, policy_options=opts.policy_options)
     try:
         session.set_mode(opts.mode)
     except BaseException:
@@ -136,6 +151,10 @@ class OperatorApp(QtCore.QObject):
         self.student_path = opts.student or newest_student(opts)
         if self.student_path:
             self._launch()
+            return
+        no_planner = first_student_impossible(opts.task)
+        if no_planner:
+            self._finish(2, no_planner)
             return
         from hg_dagger.learn.rounds import BackgroundJob, bootstrap_student
 
@@ -298,6 +317,8 @@ class OperatorApp(QtCore.QObject):
     # ---- rounds ----------------------------------------------------------------------------
 
     def _ask_train(self) -> None:
+        if self._trained_elsewhere():
+            return
         box = QtWidgets.QMessageBox(self.window)
         box.setWindowTitle("Train the next student")
         box.setText("Train the next student on the labels reviewers approved for training (QC runs first; "
@@ -311,11 +332,23 @@ class OperatorApp(QtCore.QObject):
             return
         self.train_next(keep_running=box.clickedButton() is keep)
 
+    def _trained_elsewhere(self) -> bool:
+        """A policy from elsewhere (a server) is trained by its own trainer, not by a round here: say how."""
+        from hg_dagger.policy import is_remote
+
+        if not is_remote(self.student_path):
+            return False
+        self.window.set_training_done(
+            f"the Rounds tab trains the built-in student; {self.student_path} is trained by its own trainer: export "
+            "the approved labels (hg-dagger export STORE --format lerobot --labels trainable) and serve the new "
+            "checkpoint (docs/policies.md)")
+        return True
+
     def train_next(self, keep_running: bool = True) -> None:
         """Train the next student on the store's trainable labels in a background process."""
         from hg_dagger.learn.rounds import BackgroundJob, train_round
 
-        if self.job is not None:
+        if self.job is not None or self._trained_elsewhere():
             return
         o = self.opts
         k = len(list(o.task_dir.glob("students/round-*"))) if o.task_dir.exists() else 0

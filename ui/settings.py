@@ -56,6 +56,8 @@ class StartSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=7557, ge=1, le=65535)
     token_file: str = ""
+    policy: str = Field(default="", description="the policy last started: a checkpoint, ws://HOST:PORT or "
+                        "lerobot:DIR (empty: the app's own newest student)")
     recent_stores: list[str] = Field(default_factory=list, max_length=RECENT_STORES,
                                      description="stores recorded into, newest first")
 

@@ -108,8 +108,9 @@ class StartDialog(QDialog):
         self.port.setRange(1, 65535)
         self.port.setValue(s.port)
         self.token = QLineEdit(s.token_file)
-        self.student = QLineEdit()
-        self.student.setPlaceholderText("optional: the newest student for this task, or a first one")
+        self.student = QLineEdit(s.policy)
+        self.student.setPlaceholderText("optional: a checkpoint (.pt), ws://HOST:PORT or lerobot:DIR; default: the "
+                                        "newest student for this task, or a first one")
         self.store = QComboBox()
         self.store.setEditable(True)
         self.store.addItems(self.recent_stores())
@@ -127,7 +128,7 @@ class StartDialog(QDialog):
                             _row(self.token, _picker(self.token, "Token file", "All files (*)", self)))
         form.addRow("Bridge host", self.bridge_rows[0])
         form.addRow("Token file", self.bridge_rows[1])
-        form.addRow("Student checkpoint", _row(self.student, _picker(self.student, "Student checkpoint",
+        form.addRow("Policy", _row(self.student, _picker(self.student, "Student checkpoint",
                                                                      "Checkpoints (*.pt);;All files (*)", self)))
         form.addRow("Store", _row(self.store, _picker(self.store.lineEdit(), "Store folder", "", self,
                                                       directory=True)))
@@ -182,7 +183,7 @@ class StartDialog(QDialog):
             return
         c = self.choices()
         s = self.settings.data.start
-        s.operator, s.task, s.backend = c.operator, c.task, c.backend
+        s.operator, s.task, s.backend, s.policy = c.operator, c.task, c.backend, c.student
         if c.backend == "bridge":
             s.host, s.port, s.token_file = c.host, c.port, c.token_file
         if c.store:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 
+from hg_dagger.cli import policy as policy_cli
 from hg_dagger.errors import ConfigError, HgDaggerError
 
 # what `hg-dagger app` may be given beyond --task and --seed (the two the headless demo honours)
-ASKED = ("store", "student", "operator", "device", "mode", "name", "robot", "token_file", "episodes",
+ASKED = ("store", "student", "policy", "policy_python", "operator", "device", "mode", "name", "robot", "token_file", "episodes",
          "quit_when_done", "rate", "control_thread", "config", "gates")
 NO_PERSON = ("synthetic", "expert", "none")
 
@@ -27,8 +28,10 @@ def register(sub) -> None:
     p.add_argument("--gates", help="gate config (kind: gates): a YAML file or a name in gates/ on the config search "
                    "path; default: the run config's, else the task's")
     p.add_argument("--store", help="episode store to record into (default: runs/app/<task>/store.zarr)")
-    p.add_argument("--student", help="student checkpoint (default: the newest the app trained for the task; a first "
-                   "one is made from planner demonstrations when there is none)")
+    p.add_argument("--policy", metavar="SPEC", help=policy_cli.SPEC_HELP + " (default: the newest student the app "
+                   "trained for the task; a first one is made from planner demonstrations when there is none)")
+    p.add_argument("--student", help="a student checkpoint: the same as --policy PATH.pt")
+    policy_cli.add_arguments(p, spec=False)
     p.add_argument("--operator", choices=("device", "synthetic", "expert", "none"), default=None,
                    help="who answers gates: a person on a device (default), the planner-driven synthetic operator, "
                    "the planner expert, nobody (student only)")
@@ -106,7 +109,8 @@ def _app(args) -> int:
             return _demo(task, args.seed)
         print("no display: running the scripted session offscreen (QT_QPA_PLATFORM=offscreen)", flush=True)
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
-    opts = AppOptions(task=task or "", store=args.store or "", student=args.student or "",
+    opts = AppOptions(task=task or "", store=args.store or "", student=policy_cli.policy_spec(args) or "",
+                      policy_options=policy_cli.policy_options(args),
                       operator=args.operator or "", device=args.device or "", mode=args.mode or "",
                       name=args.name or "", robot=args.robot or "", token_file=args.token_file or "",
                       episodes=args.episodes, quit_when_done=args.quit_when_done, rate_hz=args.rate, seed=args.seed,

@@ -240,6 +240,24 @@ def test_run_drives_a_served_policy_with_gates_and_windows_then_validates(tmp_pa
 
 
 @pytest.mark.subprocess
+@pytest.mark.app
+def test_the_app_corrects_a_served_policy(tmp_path, student_pt, serve_process):
+    """`hg-dagger app --policy ws://...` (a scripted sitting, its window offscreen): the served policy acts, the
+    synthetic operator corrects it, and the store records the server's policy version."""
+    served = serve_process(student_pt, "--task", "toy_reach")
+    store = tmp_path / "app.zarr"
+    r = subprocess.run([sys.executable, "-m", "hg_dagger", "app", "--task", "toy_reach", "--policy", served.url,
+                        "--name", "op-07", "--operator", "synthetic", "--episodes", "2", "--quit-when-done",
+                        "--store", str(store)], capture_output=True, text=True, timeout=300,
+                       env={**ENV, "QT_QPA_PLATFORM": "offscreen"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert "validate: ok" in r.stdout
+    infos = EpisodeStore.open(store).episodes()
+    assert len(infos) == 2
+    assert {i.start.policy_version for i in infos} == {Student.load(student_pt, load_mapping("toy_reach")).version}
+
+
+@pytest.mark.subprocess
 def test_eval_takes_a_served_policy(tmp_path, student_pt, serve_process):
     served = serve_process(student_pt, "--task", "toy_reach")
     r = _cli("eval", "--policy", served.url, "--task", "toy_reach", "--out", tmp_path / "e", "--episodes", "4",

@@ -246,3 +246,22 @@ def test_first_day_with_a_human_paced_operator(qtbot, tmp_path, settings, apps, 
     # the round trained the next student; episodes ran with it
     versions = {i.start.policy_version for i in infos.values()}
     assert {old, new.policy_version} <= versions
+
+
+def test_a_task_of_yours_without_a_planner_or_a_policy_is_one_line_not_a_failed_job(qtbot, tmp_path, settings, apps,
+                                                                                    capsys):
+    """A first student is learnt from planner demonstrations; a task file of the user's may have no planner. The
+    app then says what to give (a policy) instead of starting a job that can only fail."""
+    from pathlib import Path
+
+    task = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "gym_pusher.yaml"
+    op = OperatorApp(AppOptions(task=str(task), name="op-07", operator="none", episodes=1, quit_when_done=True,
+                                home=str(tmp_path / "runs")), settings)
+    apps.append(op)
+    ended: list[int] = []
+    op.finished.connect(ended.append)
+    op.start()
+    assert ended == [2] and op.job is None and op.loop is None
+    err = capsys.readouterr().err
+    assert "no policy for gym_pusher and no planner" in err and "--policy" in err
+    assert not (tmp_path / "runs").exists()  # nothing written
