@@ -8,7 +8,7 @@ SYSTEM_PACKAGES := libosmesa6 libegl1 libgl1 libegl-mesa0 libgles2 xvfb xauth li
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: run test test-fast test-interop install install-dev system-deps clean
+.PHONY: run test test-fast test-fuzz test-interop install install-dev system-deps clean
 
 run: install
 	$(VENV)/bin/hg-dagger app
@@ -25,6 +25,13 @@ test: install-dev
 test-fast: install-dev
 	QT_QPA_PLATFORM=offscreen SDL_VIDEODRIVER=dummy SDL_AUDIODRIVER=dummy $(PY) -m pytest -q \
 		-m "not (simulation or subprocess or ray or app or slow)"
+
+# The hypothesis properties with a long random search (thousands of examples each, no per-test time limit); `make
+# test` runs each with a small fixed example sequence (tests/support/fuzz.py, docs/decisions.md).
+FUZZ_EXAMPLES ?= 2000
+test-fuzz: install-dev
+	HG_DAGGER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) QT_QPA_PLATFORM=offscreen SDL_VIDEODRIVER=dummy SDL_AUDIODRIVER=dummy \
+		$(PY) -m pytest -n $(TEST_WORKERS) -q --timeout=0 -p no:cacheprovider $$(grep -rl "@given" tests)
 
 # LeRobot's own loader and `lerobot-train` (ACT, diffusion) read `hg-dagger export --format lerobot` (PNG frames and
 # H.264 video), LeRobot's v2.1 reader opens the RLinf shard, EmbodiChain's LeRobotDataSource reads the export, and a
