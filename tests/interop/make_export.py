@@ -6,8 +6,8 @@ what the store holds (read with the store API, not the exporter) for the LeRobot
 For `lerobot-train` (test_lerobot_train.py) it also writes WORKDIR/lerobot_state, the full export of a toy_reach
 store recorded by `hg-dagger run` (state, goal as environment state), and WORKDIR/lerobot_camera, a
 `--labels trainable` export of the camera store (its windows certified, as an automatic planner's are, so their
-labels may train: every export holds the training boundary), with WORKDIR/train.json listing what the store says
-each holds.
+labels may train: every export holds the training boundary), WORKDIR/lerobot_video, the same with the camera as
+H.264 video (`--video h264`), with WORKDIR/train.json listing what the store says each holds.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ def _train_exports(work: Path, camera_eids: list[str]) -> None:
     store = EpisodeStore.open(work / "store")  # its windows certified in main()
     allowed = {eid: [int(x) for x in np.flatnonzero(selection(store, store.info(eid)).allowed)] for eid in camera_eids}
     _export(work / "store", "--format", "lerobot", "--labels", "trainable", "--out", work / "lerobot_camera")
+    _export(work / "store", "--format", "lerobot", "--labels", "trainable", "--video", "h264",
+            "--out", work / "lerobot_video")
     _export(work / "store", "--format", "rlinf", "--out", work / "rlinf" / "rank_0" / "id_0")
     toy = EpisodeStore.open(work / "toy_store")
     (work / "train.json").write_text(json.dumps({

@@ -1,8 +1,8 @@
 """`lerobot-train` (LeRobot 0.4.4's own training entry point, run as a user runs it) trains ACT and diffusion for a
 few steps on `hg-dagger export --format lerobot` output as is: a state export (observation.state and the goal as
-observation.environment_state) and a camera export made with `--labels trainable`; the trained policy, loaded
-back with its saved processors, runs `select_action` on a frame of the export. Runs in .venv-interop only
-(`make test-interop`)."""
+observation.environment_state), a camera export made with `--labels trainable`, and the same with the camera as
+H.264 video (`--video h264`, decoded by torchcodec); the trained policy, loaded back with its saved processors, runs
+`select_action` on a frame of the export. Runs in .venv-interop only (`make test-interop`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_PYTHON = os.environ.get("HG_DAGGER_PYTHON", str(ROOT / ".venv" / "bin" / "python"))
 LEROBOT_TRAIN = str(Path(sys.executable).with_name("lerobot-train"))
+
+pytestmark = pytest.mark.subprocess  # lerobot-train and hg-dagger run as processes
 
 # Small networks so that three CPU steps take seconds, not minutes; the dataset side is what is tested.
 SMALL = {
@@ -64,8 +66,23 @@ def test_the_exports_are_what_lerobot_policies_need(work):
     assert all(bool(cam[i]["trainable"]) for i in range(len(cam)))
 
 
-@pytest.mark.parametrize("policy", ["act", "diffusion"])
-@pytest.mark.parametrize("export", ["lerobot_state", "lerobot_camera"])
+def test_lerobot_decodes_the_video_export_with_torchcodec(work):
+    """The video export holds the camera export's frames (H.264 is lossy: at least 30 dB PSNR), decoded by LeRobot's
+    own video path, which needs torchcodec with torch 2.14.1 (torchvision 0.29 has no VideoReader)."""
+    video, png = _frames(work / "lerobot_video"), _frames(work / "lerobot_camera")
+    assert video.video_backend == "torchcodec" and video.meta.video_keys == ["observation.images.rgb"]
+    assert len(video) == len(png) > 0
+    for i in range(len(video)):
+        a, b = video[i]["observation.images.rgb"], png[i]["observation.images.rgb"]
+        assert a.shape == b.shape and a.dtype == torch.float32
+        mse = float(((a - b) ** 2).mean())
+        assert 10 * np.log10(1.0 / max(mse, 1e-12)) >= 30.0, (i, mse)
+        np.testing.assert_array_equal(video[i]["action"].numpy(), png[i]["action"].numpy())
+
+
+@pytest.mark.parametrize(("policy", "export"), [
+    ("act", "lerobot_state"), ("diffusion", "lerobot_state"), ("act", "lerobot_camera"),
+    ("diffusion", "lerobot_camera"), ("act", "lerobot_video")])
 def test_lerobot_train_trains_and_the_policy_acts(work, policy, export):
     out = work / f"run_{policy}_{export}"
     cmd = [LEROBOT_TRAIN, "--dataset.repo_id=local/hg_dagger_export", f"--dataset.root={work / export}",
