@@ -72,6 +72,7 @@ def test_the_eta_goal_is_learned_from_success_onsets_alone():
 
 
 @pytest.mark.simulation
+@pytest.mark.subprocess  # the first import of gymnasium_robotics runs glfw's version check in a child process
 def test_gated_collection_and_evaluation_cut_fetch_at_the_same_step(tmp_path):
     from hg_dagger.control.build import build_session
     from hg_dagger.envs import make_env
