@@ -65,6 +65,9 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     env = env if env is not None else make_run_env(cfg)
     cfg = _follow_robot(cfg, env)
     m = env.mapping
+    if cfg.handover.wait == "pause" and env.num_envs != 1 and not env.pauses_rows:
+        raise ConfigError(f"{m.task_id}: handover.wait 'pause' pauses the waiting env alone, which the "
+                          f"{m.backend} backend cannot do in a batch: use num_envs 1, or wait 'hold' / 'policy'")
     gate_cfg = load_gate_config(cfg.gates, cfg.task)
     if gate_cfg.task and gate_cfg.task != m.task_id:
         raise ConfigError(f"gate config {gate_cfg.name!r} is for task {gate_cfg.task!r}, the run is for {m.task_id!r}")

@@ -114,9 +114,6 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_env(self) -> RunConfig:
-        if self.handover.wait == "pause" and self.num_envs != 1:
-            raise ValueError("handover.wait 'pause' stops the simulator, which a batch of envs cannot do per env: "
-                             "use num_envs 1, or wait 'hold' / 'policy'")
         if self.operator.type == "device" and self.num_envs != 1:
             raise ValueError("operator.type 'device': a live device drives one env, set num_envs 1")
         return self

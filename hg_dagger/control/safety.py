@@ -103,7 +103,12 @@ class SafetyMonitor:
             reasons = [("non_finite", bad), *reasons]
         return SafetyResult(applied, changed, reasons)
 
-    def commit(self, applied: np.ndarray) -> None:
-        """Remember what was applied (the reference for the per-tick change limit and for hold)."""
-        self.prev[:] = applied
-        self.prev_ok[:] = True
+    def commit(self, applied: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Remember what was applied (the reference for the per-tick change limit and for hold); ``rows`` (bool
+        [N]): only those were stepped (the others wait, paused, and keep their reference)."""
+        if rows is None:
+            self.prev[:] = applied
+            self.prev_ok[:] = True
+        else:
+            self.prev[rows] = applied[rows]
+            self.prev_ok[rows] = True

@@ -307,15 +307,18 @@ class Session(SessionControls, SessionEpisodes):
         d = self._handover(out, op, g, estop, t_policy)
         command, flags = self._choose_command(out, op, d)
         step = self.ep_step.copy()
-        if d.paused.any():  # the simulator waits for the person: nothing is applied or recorded
+        paused = d.paused if d.paused.any() else None
+        if paused is not None:  # the simulator waits for the person: nothing is applied or recorded in those rows
             self.summary.paused_ticks += 1
-            self._view(step, out, t_policy, op, d, g, None, None, d.source)
-            return
+            if not (self.env.pauses_rows and (active & ~paused).any()):  # the others go on where the env can
+                self._view(step, out, t_policy, op, d, g, None, None, d.source)
+                return
+            active = active & ~paused
         tick = Tick(obs=self.obs, t_obs=self.t_obs, active=active, policy=out, t_policy=t_policy, command=command,
                     source=d.source.copy(), control_state=d.state, flags=flags, operator=op,
                     expert_action=op.expert_action, expert_valid=op.expert_valid)
         self._safety(tick, d)
-        result = self._step_env(tick.applied, t_policy)
+        result = self._step_env(tick.applied, t_policy, paused)
         if result is None:  # the robot refused: the action never moved it, nothing to record
             return
         acted = active.copy()
@@ -421,9 +424,9 @@ class Session(SessionControls, SessionEpisodes):
             silent = person & ~np.isfinite(tick.operator.raw).all(axis=1) & ~d.device_lost
             tick.flags = tick.flags | np.where(silent, StepFlag.INCOMPLETE_INPUT, 0).astype(np.uint16)
 
-    def _step_env(self, applied, t_ns: int):
+    def _step_env(self, applied, t_ns: int, paused: np.ndarray | None = None):
         try:
-            result = self.env.step(applied)
+            result = self.env.step(applied) if paused is None else self.env.step(applied, paused=paused)
         except EnvError as exc:
             code = getattr(exc, "code", None)  # ErrorCode.STATE: the robot holds or is e-stopped
             if code == "unreachable" or (code == "state" and getattr(exc, "robot_state", None) == "hold"):
@@ -433,7 +436,7 @@ class Session(SessionControls, SessionEpisodes):
             else:
                 self._robot_refused(str(exc), t_ns)
             return None
-        self.safety.commit(applied)
+        self.safety.commit(applied, None if paused is None else ~paused)
         return result
 
     def _after_step(self, tick: Tick) -> None:

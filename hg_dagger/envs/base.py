@@ -85,9 +85,15 @@ class VecEnv(ABC):
     def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | None = None) -> tuple[Obs, dict]:
         """Reset some (env_ids) or all rows. Returns the full batch obs and info (with "t_obs")."""
 
+    pauses_rows: bool = False  # step(action, paused=mask) leaves the masked rows untouched (a simulator)
+
     @abstractmethod
     def step(self, action: np.ndarray) -> StepResult:
-        """Apply one raw action per row. Call ``check_action`` first."""
+        """Apply one raw action per row. Call ``check_action`` first.
+
+        A backend with ``pauses_rows`` also takes ``paused`` (bool [N]): those rows are not stepped (no physics,
+        no time towards the horizon, their last observation, reward 0, never done, ``t_action_apply`` -1), so one
+        row can wait for a person while the others run."""
 
     def observe(self) -> tuple[Obs, dict] | None:
         """Every row's current observation without stepping, with info["t_obs"] (and fault flags where

@@ -312,9 +312,12 @@ class GymnasiumVecEnv(VecEnv):
             return None
         return {k: v.copy() for k, v in self._last_obs.items()}, {"t_obs": np.full(self.num_envs, now_ns(), np.int64)}
 
-    def step(self, action: np.ndarray) -> StepResult:
+    pauses_rows = True
+
+    def step(self, action: np.ndarray, paused: np.ndarray | None = None) -> StepResult:
         a = self._mapping.clip_raw(self.check_action(action))
         n = self.num_envs
+        waiting = np.zeros(n, bool) if paused is None else np.asarray(paused, bool)
         obs = self._alloc()
         reward = np.zeros(n, np.float32)
         success = np.zeros(n, bool)
@@ -324,9 +327,9 @@ class GymnasiumVecEnv(VecEnv):
         t_apply = np.empty(n, np.int64)
         t_obs = np.empty(n, np.int64)
         for i in range(n):
-            if self._paused[i] and not np.any(a[i, self._motion] != 0):
-                paused[i] = True  # held: the simulation stays where it is
-                t_apply[i] = now_ns()
+            if waiting[i] or (self._paused[i] and not np.any(a[i, self._motion] != 0)):
+                paused[i] = True  # held, or waiting for a person: the simulation stays where it is
+                t_apply[i] = -1 if waiting[i] else now_ns()
                 for k, v in self._last_obs.items():
                     obs[k][i] = v[i]
                 t_obs[i] = now_ns()

@@ -444,9 +444,12 @@ class MujocoRowsEnv(VecEnv):
                 self._thread_cameras[tid] = cam
         return cam
 
-    def step(self, action: np.ndarray) -> StepResult:
+    pauses_rows = True
+
+    def step(self, action: np.ndarray, paused: np.ndarray | None = None) -> StepResult:
         a = self._mapping.clip_raw(self.check_action(action))
         n = self.num_envs
+        still = np.zeros(n, bool) if paused is None else np.asarray(paused, bool)
         obs = self._alloc()
         reward = np.empty(n, np.float32)
         success = np.zeros(n, bool)
@@ -454,6 +457,11 @@ class MujocoRowsEnv(VecEnv):
         t_apply = np.empty(n, np.int64)
         t_obs = np.empty(n, np.int64)
         for i in range(n):
+            if still[i]:  # waits for a person: its simulation stays where it is
+                for k, v in self._last_obs.items():
+                    obs[k][i] = v[i]
+                t_apply[i], t_obs[i], reward[i] = -1, now_ns(), 0.0
+                continue
             if self._pins[i] is not None and np.any(a[i, : self.motion_dims] != 0):
                 self._release(i)  # commanded motion ends the hold
             t_apply[i] = now_ns()
@@ -463,10 +471,10 @@ class MujocoRowsEnv(VecEnv):
             reward[i] = r
             success[i] = ok
             self._signals(i, raw, info, signals)
-        self._t += 1
-        self._held_since_step[:] = False
-        terminated = success & self.terminate_on_success
-        truncated = (self._t >= self._horizon) & ~terminated
+        self._t += ~still
+        self._held_since_step[~still] = False
+        terminated = success & self.terminate_on_success & ~still
+        truncated = (self._t >= self._horizon) & ~terminated & ~still
         done = terminated | truncated
         final_obs = obs
         if done.any():

@@ -166,16 +166,19 @@ class ToyReachEnv(VecEnv):
         obs = self._obs()
         return obs, {"t_obs": np.full(self.num_envs, now_ns(), dtype=np.int64)}
 
-    def step(self, action: np.ndarray) -> StepResult:
+    pauses_rows = True
+
+    def step(self, action: np.ndarray, paused: np.ndarray | None = None) -> StepResult:
         a = self._mapping.clip_raw(self.check_action(action))
         t_apply = now_ns()
-        self._q = self._q + a * self._max_step
-        self._t += 1
+        moving = np.ones(self.num_envs, bool) if paused is None else ~np.asarray(paused, bool)
+        self._q = self._q + a * self._max_step * moving[:, None]
+        self._t += moving
         obs = self._obs()
         dist = np.linalg.norm(obs["ee_pos"] - obs["target"], axis=1)
         success = dist < self.success_radius
-        terminated = success & self.terminate_on_success
-        truncated = (self._t >= self._horizon) & ~terminated
+        terminated = success & self.terminate_on_success & moving
+        truncated = (self._t >= self._horizon) & ~terminated & moving
         done = terminated | truncated
         final_obs = obs
         if done.any():
@@ -185,4 +188,5 @@ class ToyReachEnv(VecEnv):
         n = self.num_envs
         return StepResult(obs, (-dist).astype(np.float32), terminated, truncated, success=success,
                           final_obs=final_obs, episode_start=done, t_obs=np.full(n, now_ns(), dtype=np.int64),
-                          t_action_apply=np.full(n, t_apply, dtype=np.int64), info={"signals": {"progress": -dist}})
+                          t_action_apply=np.where(moving, t_apply, -1).astype(np.int64),
+                          info={"signals": {"progress": -dist}})

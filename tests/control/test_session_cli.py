@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from hg_dagger.learn.budget import task_budget
 from hg_dagger.store import EpisodeStore
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
@@ -59,11 +60,11 @@ def test_run_fetch_pick_place_synthetic_operator_then_validate(tmp_path):
     st, _ = _windows(store)
     (info,) = st.episodes()
     assert info.start.gate_config["task"] == "fetch_pick_place"
-    assert info.end.num_steps == 150
+    assert info.end.num_steps == task_budget("fetch_pick_place")  # the task's time budget cuts the episode
 
 
 def test_bad_run_options_print_one_error_without_traceback(tmp_path):
-    r = _cli("run", "--task", "toy_reach", "--store", str(tmp_path / "s"), "--wait", "pause", "--num-envs", "2")
+    r = _cli("run", "--task", "toy_reach", "--store", str(tmp_path / "s"), "--operator", "device", "--num-envs", "2")
     assert r.returncode == 2
     assert "num_envs 1" in r.stderr and "Traceback" not in r.stderr
     r = _cli("run", "--task", "toy_reach", "--store", str(tmp_path / "s"), "--gates", str(tmp_path / "nope.yaml"))

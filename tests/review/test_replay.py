@@ -19,6 +19,7 @@ from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.mapping import ReplayTolerance
 from hg_dagger.errors import ConfigError, StoreError
 from hg_dagger.learn.auto import AutoConfig, AutoRun
+from hg_dagger.learn.budget import task_budget
 from hg_dagger.policy import Student
 from hg_dagger.review.replay import replay_episode, replay_store
 from hg_dagger.store import EpisodeStore, validate_store
@@ -94,7 +95,8 @@ def test_fetch_pick_place_run_replays_and_a_perturbed_copy_does_not(tmp_path, ca
     assert main(["replay", str(path), "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["counts"] == {"replayable": 2, "video_only": 0, "replay_mismatch": 0, "unverified": 0}
-    assert all(r["steps_checked"] == 150 and r["label_version"] == 2 for r in out["results"])
+    budget = task_budget("fetch_pick_place")  # where the session cuts the episode
+    assert all(r["steps_checked"] == budget and r["label_version"] == 2 for r in out["results"])
     assert "mujoco" in out["results"][0]["checked_with"]["packages"]
 
     # a copy of one episode with one action changed, recorded through a fresh store's recorder

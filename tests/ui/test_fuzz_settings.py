@@ -125,7 +125,7 @@ def test_wrong_values_are_named_once_with_what_is_allowed_and_replaced_by_defaul
            "'embedded'" in lines, lines
     assert any(ln.endswith("key start.port: Input should be a valid integer, unable to parse string as an integer "
                            "(got 'abc'); allowed: a whole number from 1 to 65535; using 7557") for ln in lines), lines
-    assert any(ln.endswith("key start.bogus: unknown key (known keys here: backend, host, operator, port, "
+    assert any(ln.endswith("key start.bogus: unknown key (known keys here: backend, host, operator, policy, port, "
                            "recent_stores, task, token_file); ignored") for ln in lines), lines
     assert dlg.operator.text() == "op-07"  # the rest of the file still counts
     assert dlg.port.value() == 7557 and win.banner.sound_enabled and dlg.recent_stores() == []

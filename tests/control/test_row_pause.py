@@ -1,0 +1,54 @@
+"""One row waits for a person while the others run: with `wait: pause` on a simulator that pauses rows, a request
+pauses its own row (no physics, no time, nothing recorded) and the session steps the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hg_dagger.contract.enums import ControlState
+from hg_dagger.control.build import open_session
+from hg_dagger.control.run_config import load_run_config
+from hg_dagger.store import EpisodeStore, validate_store
+
+REQUESTED = ControlState.HANDOVER_REQUESTED.code
+
+
+def test_a_row_waiting_for_a_person_pauses_alone_while_three_others_run(tmp_path):
+    store = tmp_path / "s.zarr"
+    cfg = load_run_config(None, "toy_reach", num_envs=4, calibrate_steps=0,
+                          **{"handover.wait": "pause", "operator.reaction_delay_steps": 25})
+    s = open_session(cfg, str(store))
+    try:
+        assert s.env.pauses_rows
+        s.start(12)
+        waited = False
+        for _ in range(2000):
+            s.tick()
+            waiting = np.flatnonzero(s.machine.state == REQUESTED)
+            if waiting.size and waiting.size < 4:
+                r = int(waiting[0])
+                others = [i for i in range(4) if i != r and s.eids[i] is not None and s.machine.state[i] != REQUESTED]
+                if not others:
+                    continue
+                pose, t_env, step = s.obs["ee_pos"][r].copy(), int(s.env._t[r]), int(s.ep_step[r])
+                before = {i: (s.eids[i], int(s.ep_step[i])) for i in others}
+                s.tick()
+                if s.machine.state[r] != REQUESTED:
+                    continue  # answered on this very tick
+                np.testing.assert_array_equal(s.obs["ee_pos"][r], pose)  # no physics for the waiting row
+                assert int(s.env._t[r]) == t_env and int(s.ep_step[r]) == step  # no time, nothing recorded
+                moved = [i for i in others if s.eids[i] != before[i][0] or int(s.ep_step[i]) > before[i][1]]
+                assert moved, "the other rows stood still while one waited"
+                waited = True
+                break
+            if not s.running:
+                break
+        assert waited, "no request waited while another row ran"
+        while s.running:
+            s.tick()
+    finally:
+        s.rec.close()
+        s.env.close()
+    st = EpisodeStore.open(str(store))
+    assert validate_store(st) == []
+    assert s.summary.paused_ticks > 0 and s.summary.windows >= 1
