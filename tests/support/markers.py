@@ -74,7 +74,7 @@ def _qt_application() -> object | None:
 def _markers_are_facts(request, monkeypatch):
     node = request.node
     missing = {m for m in WHAT if node.get_closest_marker(m) is None}
-    if "subprocess" in missing:
+    if "subprocess" in missing and "ray" in missing:  # a Ray runtime is processes: `ray` says so already
         monkeypatch.setattr(subprocess.Popen, "__init__", _refuse(node.nodeid, "subprocess", subprocess.Popen.__init__))
         monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse(node.nodeid, "subprocess"))
     mujoco = sys.modules.get("mujoco")
