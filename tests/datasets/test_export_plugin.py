@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from reviewed import approve
+from support.docs import section_blocks
 from support.store import record
 
 from hg_dagger.datasets.build import build
@@ -25,16 +25,10 @@ from hg_dagger.store.trainable import selection
 
 pytestmark = [pytest.mark.subprocess]
 
-DOC = Path(__file__).parents[2] / "docs" / "extending.md"
 
 
 def _section_blocks() -> dict[str, str]:
-    """The fenced blocks of the page's "An export format" section, by language."""
-    text = DOC.read_text()
-    section = text[text.index("## An export format"):]
-    nxt = re.search(r"^## ", section[3:], re.M)
-    section = section[:nxt.start() + 3] if nxt else section
-    return {lang: body for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, re.S) if lang}
+    return section_blocks("extending.md", "An export format")
 
 
 @pytest.fixture(scope="module")

@@ -9,27 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.docs import section_blocks
 
 from hg_dagger.store import EpisodeStore
 
 pytestmark = [pytest.mark.subprocess]
 
-DOC = Path(__file__).parents[2] / "docs" / "extending.md"
 
 
 def _section_blocks() -> dict[str, str]:
-    """The fenced blocks of the page's "A new simulator backend" section, by language."""
-    text = DOC.read_text()
-    section = text[text.index("## A new simulator backend"):]
-    nxt = re.search(r"^## ", section[3:], re.M)
-    section = section[:nxt.start() + 3] if nxt else section
-    return {lang: body for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, re.S) if lang}
+    return section_blocks("extending.md", "A new simulator backend")
 
 
 @pytest.fixture(scope="module")
