@@ -24,7 +24,7 @@ from hg_dagger.control.gate_specs import ConfidenceGate, GateConfig, OperatorGat
 from hg_dagger.control.run_config import load_run_config
 from hg_dagger.devices import Keyboard
 from hg_dagger.envs import make_env
-from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.errors import HgDaggerError
 from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
 
@@ -302,11 +302,6 @@ def test_pause_waits_without_stepping_the_env(tmp_path, student):
     d, lab, _ = _data(store, store.episodes()[0].episode_id)
     assert not (d["control_state"] == ControlState.HANDOVER_REQUESTED.code).any()
     assert lab.windows and lab.windows[0].parent_step_id == lab.windows[0].handover_start == 0
-
-
-def test_pause_with_a_batch_is_refused():
-    with pytest.raises(ConfigError, match="num_envs 1"):
-        load_run_config(None, "toy_reach", num_envs=2, **{"handover.wait": "pause"})
 
 
 def test_keep_policy_running_while_waiting(tmp_path, student):

@@ -17,8 +17,10 @@ import torch
 import yaml
 from tensordict import TensorDict
 
+from hg_dagger.control.build import build_session
+from hg_dagger.control.run_config import load_run_config
 from hg_dagger.envs import load_mapping, make_env
-from hg_dagger.errors import EnvError
+from hg_dagger.errors import ConfigError, EnvError
 
 DOF = 3
 MAPPING = {
@@ -244,3 +246,14 @@ def test_view_is_the_camera_sensor_when_the_task_reads_one_else_none(tmp_path):
     moved = env.render_view(1, 96)
     assert not np.array_equal(moved, view)
     np.testing.assert_array_equal(moved, fit_image(res.obs["sensor/cam/color"][1], 96))
+
+
+def test_pause_in_a_batch_is_refused_where_the_backend_cannot_pause_one_env(tmp_path):
+    """`wait: pause` with several envs pauses the waiting env alone; EmbodiChain steps its batch as one, so the
+    session refuses it in one line before anything is recorded."""
+    mapping = _mapping(tmp_path)
+    with make_env(mapping, num_envs=3, seed=1, make_fn=_fake()) as env:
+        assert not env.pauses_rows
+        cfg = load_run_config(None, str(tmp_path / "ec_reach.yaml"), num_envs=3, **{"handover.wait": "pause"})
+        with pytest.raises(ConfigError, match="embodichain backend cannot do in a batch: use num_envs 1"):
+            build_session(cfg, None, None, env=env)
