@@ -165,7 +165,8 @@ class RoundsPanel(QWidget):
                 self.progress.setRange(0, 0)  # busy until a fraction is known
         elif not self._training:
             self.progress.setVisible(False)
-        if snap.message != self.message.text() and (snap.phase == "training" or snap.message):
+        loading = snap.loading or snap.phase == "loading"  # the session's start-up line is not about rounds
+        if snap.message != self.message.text() and (snap.phase == "training" or snap.message) and not loading:
             self.message.setText(snap.message)
 
     def set_rounds(self, rounds) -> None:

@@ -113,6 +113,9 @@ def test_window_keys_escape_and_focus_loss(qtbot, window):
 
 def test_start_click_estop_latch_and_train_signal(qtbot, window):
     win, slot, q = window
+    publish_and_wait(qtbot, win, slot, Snapshot(seq=0, phase="loading", loading=True,
+                                                message="loading the task and the student"))
+    assert win.rounds.message.text() == ""  # the start-up line belongs to the status bar, not to the rounds
     publish_and_wait(qtbot, win, slot, Snapshot(seq=1, phase="idle"))
     QTest.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
     assert q.drain() == [StartEpisodes(1)]
