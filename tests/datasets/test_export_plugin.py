@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from reviewed import approve
-from support.docs import section_blocks
+from support.docs import install_documented_plugin
 from support.store import record
 
 from hg_dagger.datasets.build import build
@@ -26,25 +26,12 @@ from hg_dagger.store.trainable import selection
 pytestmark = [pytest.mark.subprocess]
 
 
-
-def _section_blocks() -> dict[str, str]:
-    return section_blocks("extending.md", "An export format")
-
-
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     """The documented package installed into a folder of its own (a site directory on PYTHONPATH), and a store of
     three episodes: two approved windows, one never reviewed; with a dataset version of it."""
     base = tmp_path_factory.mktemp("plugin")
-    blocks = _section_blocks()
-    pkg = base / "hgd-csv"
-    pkg.mkdir()
-    (pkg / "hgd_csv.py").write_text(blocks["python"])
-    (pkg / "pyproject.toml").write_text(blocks["toml"])
-    site = base / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--no-index", "--target", str(site), str(pkg)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    site = install_documented_plugin(base, "An export format", "hgd_csv")
     assert (next(site.glob("hgd_csv-0.1.dist-info")) / "entry_points.txt").read_text().split() == [
         "[hg_dagger.exporters]", "csv", "=", "hgd_csv:CSV"]
     st = EpisodeStore.create(base / "store")

@@ -14,36 +14,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.docs import section_blocks
+from support.docs import install_documented_plugin, section_blocks
 
 from hg_dagger.store import EpisodeStore
 
 pytestmark = [pytest.mark.subprocess]
 
 
-
-def _section_blocks() -> dict[str, str]:
-    return section_blocks("extending.md", "A new simulator backend")
-
-
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     """The documented package installed into a site folder of its own, and its task file."""
     base = tmp_path_factory.mktemp("backend_plugin")
-    blocks = _section_blocks()
-    pkg = base / "hgd-point"
-    pkg.mkdir()
-    (pkg / "hgd_point.py").write_text(blocks["python"])
-    (pkg / "pyproject.toml").write_text(blocks["toml"])
-    site = base / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--no-index", "--target", str(site), str(pkg)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    site = install_documented_plugin(base, "A new simulator backend", "hgd_point")
     entry_points = (next(site.glob("hgd_point-0.1.dist-info")) / "entry_points.txt").read_text().split()
     assert entry_points == ["[hg_dagger.backends]", "point", "=", "hgd_point:BACKEND",
                             "[hg_dagger.experts]", "point_planner", "=", "hgd_point:PLANNER"]
     task = base / "point.yaml"
-    task.write_text(blocks["yaml"])
+    task.write_text(section_blocks("extending.md", "A new simulator backend")["yaml"])
     return base, site, task
 
 

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from support.labels import toy_replay
 
 from hg_dagger.envs import load_mapping, make_env
-from hg_dagger.learn.aggregate import LabelBuffer, LabelBufferConfig
 from hg_dagger.learn.evaluate import EvalConfig, closed_loop
 from hg_dagger.learn.promotion import Promoter, decide, worse_by
 from hg_dagger.learn.train import TrainConfig, Trainer
@@ -39,26 +39,11 @@ def test_a_candidate_worse_beyond_the_noise_is_refused_and_within_it_promoted():
     assert d["candidate_success"] == 0.86 and d["incumbent_success"] == 0.96 and "beyond" in d["reason"]
 
 
-def _replay(n: int, seed: int) -> LabelBuffer:
-    from hg_dagger.contract import ActionSource, LabelMask, LabelTarget
-    from hg_dagger.store.trainable import extract_labels
-
-    rng = np.random.default_rng(seed)
-    data = {f"obs/{k}": rng.normal(0, 0.1, (n, 2)) for k in ("qpos", "ee_pos", "target")}
-    target = np.tanh(data["obs/target"] - data["obs/ee_pos"]).astype(np.float32)
-    data.update(expert_action=target, applied_action=target,
-                action_source=np.full(n, ActionSource.EXPERT.code, np.uint8),
-                label_mask=np.full(n, LabelMask.TRAINABLE.code, np.uint8),
-                label_target=np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8))
-    replay = LabelBuffer(LabelBufferConfig())
-    replay.add([extract_labels(data, episode_id=f"e{seed}", obs_keys=["qpos", "ee_pos", "target"])])
-    return replay
-
-
 def test_a_refused_candidate_gives_way_to_the_acting_student_and_lineage_records_both():
     mapping = load_mapping("toy_reach")
     student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
-    trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=False), _replay(200, 0))
+    trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=False),
+                      toy_replay(200, 0, episode_id="e0"))
     figures: dict[str, float] = {}  # held-out success per version: what the held-out evaluation would report
 
     def evaluate(s):
@@ -88,7 +73,7 @@ def test_a_refused_candidate_gives_way_to_the_acting_student_and_lineage_records
     assert student.lineage[1]["info"]["promotion"]["promoted"] is False
     assert len(trainer.replay) == 200  # the round's labels stay
 
-    trainer.replay = _replay(300, 1)  # the next round: more labels, a candidate within the noise
+    trainer.replay = toy_replay(300, 1, episode_id="e1")  # the next round: more labels, a candidate within the noise
     promoter.before_fit(student)
     trainer.fit(progress=False)
     figures[student.version] = 0.94
@@ -100,7 +85,7 @@ def test_a_refused_candidate_gives_way_to_the_acting_student_and_lineage_records
 def test_the_promoter_evaluates_on_real_rollouts_and_each_version_once():
     mapping = load_mapping("toy_reach")
     student = Student.create(mapping, ensemble=2, hidden=(16,), seed=5)
-    trainer = Trainer(student, TrainConfig(steps=10, batch_size=16), _replay(100, 2))
+    trainer = Trainer(student, TrainConfig(steps=10, batch_size=16), toy_replay(100, 2, episode_id="e2"))
     calls: list[str] = []
     with make_env(mapping, num_envs=4, seed=0) as env:
         held = EvalConfig(episodes=8, num_envs=4, seed=200_000)

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from support.labels import toy_replay
 
 from hg_dagger.contract import (
     ActionSource,
@@ -162,28 +163,11 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
     assert means[3.0] == pytest.approx(0.25, abs=0.1)
 
 
-def _toy_replay(n: int = 200):
-    from hg_dagger.contract import LabelTarget
-    from hg_dagger.learn.aggregate import LabelBuffer
-    from hg_dagger.store.trainable import extract_labels
-
-    rng = np.random.default_rng(0)
-    data = {f"obs/{k}": rng.normal(0, 0.1, (n, 2)) for k in ("qpos", "ee_pos", "target")}
-    target = np.tanh(data["obs/target"] - data["obs/ee_pos"]).astype(np.float32)
-    data.update(expert_action=target, applied_action=target,
-                action_source=np.full(n, ActionSource.EXPERT.code, np.uint8),
-                label_mask=np.full(n, LabelMask.TRAINABLE.code, np.uint8),
-                label_target=np.full(n, LabelTarget.EXPERT_ACTION.code, np.uint8))
-    replay = LabelBuffer(LabelBufferConfig())
-    replay.add([extract_labels(data, episode_id="e", obs_keys=["qpos", "ee_pos", "target"])])
-    return replay
-
-
 @pytest.mark.parametrize("schedule", ["cosine", "constant"])
 def test_every_round_runs_the_lr_schedule_from_the_top(schedule):
     mapping = load_mapping("toy_reach")
     cfg = TrainConfig(steps=30, batch_size=16, lr=2e-3, lr_min=1e-5, lr_schedule=schedule)
-    trainer = Trainer(Student.create(mapping, ensemble=2, hidden=(16,)), cfg, _toy_replay())
+    trainer = Trainer(Student.create(mapping, ensemble=2, hidden=(16,)), cfg, toy_replay())
     for _ in range(2):
         lrs = []
         trainer.fit(progress=False, on_batch=lambda rows, lrs=lrs: lrs.append(trainer.optimizer.lr))
@@ -199,7 +183,7 @@ def test_every_round_runs_the_lr_schedule_from_the_top(schedule):
 def test_rounds_warm_start_or_restart_from_fresh_weights(warm):
     mapping = load_mapping("toy_reach")
     student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
-    trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=warm), _toy_replay())
+    trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=warm), toy_replay())
     trainer.fit(progress=False)
     after_first = {k: v.clone() for k, v in student.net.head.state_dict().items()}
     fresh = Student(mapping, student.spec, seed=student.seed + 1).net.head.state_dict()  # round 1's re-init seed
@@ -225,13 +209,13 @@ def test_a_per_label_budget_sets_each_rounds_steps(warm):
     mapping = load_mapping("toy_reach")
     student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
     trainer = Trainer(student, TrainConfig(steps=999, batch_size=16, warm_start=warm, steps_per_label=0.3),
-                      _toy_replay(100))
+                      toy_replay(100))
     assert trainer.fit(progress=False)["steps"] == 30
-    trainer.replay = _toy_replay(250)  # the next round holds 150 more labels
+    trainer.replay = toy_replay(250)  # the next round holds 150 more labels
     assert trainer.round_steps() == (75 - 30 if warm else 75)
     assert trainer.fit(progress=False)["steps"] == trainer.total_steps - 30
     assert trainer.total_steps == (75 if warm else 105)
-    assert Trainer(student, TrainConfig(steps=40), _toy_replay(100)).round_steps() == 40  # no per-label budget
+    assert Trainer(student, TrainConfig(steps=40), toy_replay(100)).round_steps() == 40  # no per-label budget
 
 
 def test_train_cli_and_its_errors(tmp_path, capsys):
