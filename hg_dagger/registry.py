@@ -7,11 +7,11 @@ once, on the first lookup, so a plugin costs nothing until something asks for a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
-from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -43,10 +43,6 @@ class Registry(Generic[T]):
         self._origin[name] = origin
         return item
 
-    def decorator(self, name: str) -> Callable[[T], T]:
-        """``@registry.decorator("name")`` over a class or function registers it as it is defined."""
-        return lambda item: self.register(name, item)
-
     def get(self, name: str) -> T:
         """The record of ``name``; an unknown name is one line that lists the known ones."""
         if name not in self._items:
@@ -77,9 +73,8 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def load_plugins(self) -> None:
-        """Load every entry point of this registry's group once. An entry point names either the record itself
-        (registered under the entry point's name) or a callable taking the registry (which registers what it
-        likes); one that fails to import is one line naming the plugin."""
+        """Load every entry point of this registry's group once: each names a record, registered under the entry
+        point's name; one that fails to import is one line naming the plugin."""
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
@@ -90,17 +85,8 @@ class Registry(Generic[T]):
             except Exception as exc:  # a broken plugin must not take the rest down, but it must be named
                 raise RegistryError(f"{self.what} plugin {ep.name!r} ({dist}, entry point {ep.value}) failed to "
                                     f"load: {type(exc).__name__}: {exc}") from exc
-            if getattr(obj, "__hg_dagger_registers__", False) and callable(obj):
-                obj(self)
-            elif ep.name not in self._items:
+            if ep.name not in self._items:
                 self.register(ep.name, obj, origin=dist)
 
 
-def plugin_hook(fn: Callable[[Registry], None]) -> Callable[[Registry], None]:
-    """Mark a plugin's function as one that registers into the registry it is given (for entry points that
-    register several names or build records that need the registry's other entries)."""
-    fn.__hg_dagger_registers__ = True  # type: ignore[attr-defined]
-    return fn
-
-
-__all__ = ["ENTRY_POINT_PREFIX", "HgDaggerError", "Registry", "RegistryError", "plugin_hook"]
+__all__ = ["ENTRY_POINT_PREFIX", "Registry", "RegistryError"]
