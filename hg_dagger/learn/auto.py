@@ -154,8 +154,9 @@ class AutoRun:
         if recover and recover["probed"]:
             log.info("iteration %d: the expert recovers %d of %d failed evaluation episodes from the student's "
                      "first-failure step", it, recover["recovered"], recover["probed"])
-        if getattr(self, "on_round", None) is not None:  # unattended runs: a summary line, ETA, curve.png
-            self.on_round(row)
+        on_round = getattr(self, "on_round", None)  # unattended runs: a summary line, ETA, curve.png
+        if on_round is not None:
+            on_round(row)
         return row
 
     def _promoter(self, env_eval):

@@ -145,6 +145,7 @@ class AutoConfig(StrictModel):
 
     def gated_round(self, iteration: int) -> RunConfig:
         """The run config of one human_gated iteration: its episodes, seeds and round number."""
+        assert self.gated is not None  # set by the validator (_gated_session) in mode human_gated
         return self.gated.model_copy(update={
             "episodes": self.episodes_per_iteration, "seed": reset_seed(self, iteration), "iteration": iteration,
             "max_episode_steps": self.gated.max_episode_steps or self.max_episode_steps})

@@ -53,7 +53,7 @@ def async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop) 
         expert = build_expert(cfg.expert, mapping, relabel=True)
         store = EpisodeStore.open(store_url, mode="a")
         rec = store.recorder(flush_interval_s=cfg.recorder_flush_s, queue_steps=cfg.recorder_queue_steps)
-        seen = {"stamp": None}
+        seen: dict[str, tuple[int, int] | None] = {"stamp": None}
 
         def load_snapshot(collector) -> None:
             st = os.stat(snapshot)

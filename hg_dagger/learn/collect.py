@@ -129,7 +129,7 @@ class Collector:
         self.obs_keys = list(self.mapping.obs_spec())
         self.safety = SafetyMonitor(safety if safety is not None else task_safety(self.mapping.task_id),
                                     num_envs=env.num_envs, action_dim=self.mapping.action_dim)
-        self.student = None
+        self.student: Any = None  # the acting policy (Policy with a .version), set by set_policy before a run
         self.stats = CollectStats()
         self.iteration = 0
         self.beta = 1.0
@@ -137,7 +137,7 @@ class Collector:
         self._index: list[int | None] = [None] * env.num_envs
         self._indices: Sequence[int] | None = None
         self._on_episode: Callable[[str, dict], None] | None = None
-        self._bar = None
+        self._bar: tqdm | None = None
 
     def set_policy(self, student, *, iteration: int, beta: float) -> None:
         """Act with ``student`` from now on; episodes already running note the switch as an event."""
@@ -172,7 +172,10 @@ class Collector:
     def step(self, tick: Tick) -> None:
         stats = self.stats
         ids = np.flatnonzero(tick.active)
-        out, q, env = tick.policy, self._arbiter.last, tick.env
+        assert self._arbiter is not None and tick.env is not None  # run() set the arbiter; the engine stepped
+        out, env = tick.policy, tick.env
+        q: Any = self._arbiter.last  # this tick's ExpertQuery
+        assert tick.expert_action is not None and tick.expert_used is not None and tick.clamped is not None
         stats.ticks += 1
         stats.steps += len(ids)
         stats.queried += len(ids)
@@ -188,7 +191,7 @@ class Collector:
             d = np.linalg.norm(tick.expert_action[both] - out.action[both], axis=1)
             stats.disagreement_sum += float(d.sum())
             stats.disagreement_n += len(both)
-        cols = {f"obs/{k}": tick.obs[k] for k in self.obs_keys}
+        cols: dict[str, Any] = {f"obs/{k}": tick.obs[k] for k in self.obs_keys}
         cols.update({
             "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply, "policy_action": out.action,
             "policy_confidence": out.confidence, "policy_uncertainty": out.uncertainty,
@@ -208,8 +211,13 @@ class Collector:
     def end(self, row: int, tick: Tick | None, *, complete: bool) -> None:
         n = int(self.writer.steps[row])
         eid = self.writer.eids[row]
-        success = complete and bool(tick.env.success[row])
-        reason = end_reason(bool(tick.env.terminated[row]), success) if complete else EndReason.ENV_RESET
+        assert eid is not None  # the row has an open episode
+        if complete:
+            assert tick is not None and tick.env is not None  # a complete episode ends on a stepped tick
+            success = bool(tick.env.success[row])
+            reason = end_reason(bool(tick.env.terminated[row]), success)
+        else:
+            success, reason = False, EndReason.ENV_RESET
         windows = []
         if complete and n > 0:  # a partial episode keeps its raw data but never becomes trainable
             windows = [CorrectionWindow(parent_episode_id=eid, parent_step_id=0, handover_start=0, handover_end=n,
@@ -223,6 +231,7 @@ class Collector:
         stats = self.stats
         stats.episode_ids.append(eid)
         if self._indices is not None:
+            assert index is not None  # begin() noted the row's index
             stats.episode_index[eid] = index
         stats.lengths.append(n)
         stats.successes.append(success)
@@ -252,14 +261,17 @@ class Collector:
                 indices = list(range(len(seeds)))
         self._indices, self._on_episode = indices, on_episode
         self.stats = CollectStats()
+        arbiter: BetaMix
         if self.mode == CollectionMode.EXPERT_DEMO and self.beta >= 1.0:
             arbiter = ExpertOnly(self.expert, self.mapping, seed=self.seed, timeout_s=self.timeout_s)
         else:
             arbiter = BetaMix(self.expert, self.mapping, seed=self.seed, beta=self.beta, timeout_s=self.timeout_s)
         self._arbiter = arbiter
         rows = EpisodeRows(self.env.num_envs, base_seed=reset_seed, seeds=seeds, limit=self.max_steps)
+        # Engine calls on_clamp with the command's source as a fourth argument; its annotation (control/engine.py)
+        # names three
         self._engine = Engine(self.env, self.student, arbiter, self.safety, rows=rows, sinks=[self],
-                              on_clamp=self.on_clamp)
+                              on_clamp=self.on_clamp)  # type: ignore[arg-type]
         self._bar = tqdm(total=episodes, desc=f"collect it{self.iteration} beta={self.beta:.2f}",
                          disable=not progress, leave=False)
         t0 = time.perf_counter()

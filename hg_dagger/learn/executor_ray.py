@@ -62,7 +62,7 @@ class RayExecutor:
         self.failures: list[dict[str, Any]] = []
         self._owns = False
         if not ray.is_initialized():
-            quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
+            quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
             if address:
                 _reachable(address)
             try:

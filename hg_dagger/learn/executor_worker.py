@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.envs.base import VecEnv
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class EnvWorker:
             import torch
 
             torch.set_num_threads(1)  # one core per worker; the trainer keeps the driver's
-        self._env = None
+        self._env: VecEnv | None = None
         self._env_key: tuple | None = None
         self._expert = None
         self._expert_key: tuple | None = None

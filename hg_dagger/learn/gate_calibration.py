@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | None = None) -> dict[str, Any]:
     """Calibrate the confidence gate for a freshly trained student and store the thresholds in its checkpoint,
@@ -14,12 +16,13 @@ def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | No
     gate config's (the run config's ``gates``, else configs/gates/<task>.yaml). Returns what was stored and a
     one-line message; with too few samples, or samples that cannot set a gate, nothing is stored and a session
     falls back to its own start-up calibration."""
+    from hg_dagger.control.gate_specs import ConfidenceGate
     from hg_dagger.control.gate_thresholds import CalibrationRefused, quantile_thresholds
     from hg_dagger.control.run_config import load_gate_config, load_run_config
     from hg_dagger.policy.checkpoint import store_gate_thresholds
 
     ref = gates if gates is not None else load_run_config(None, task).gates
-    conf = next((g for g in load_gate_config(ref, task).gates if g.type == "confidence" and g.enabled), None)
+    conf = next((g for g in load_gate_config(ref, task).gates if isinstance(g, ConfidenceGate) and g.enabled), None)
     if conf is None or conf.calibration is None:
         return {"thresholds": None, "message": f"task {task}: no calibrated confidence gate; nothing to store"}
     unc = autonomous_uncertainty(store, checkpoint, task)
@@ -27,7 +30,7 @@ def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | No
         return {"thresholds": None, "message": f"confidence gate not calibrated: {len(unc)} samples, "
                 f"{conf.calibration.min_samples} needed"}
     try:
-        thr = quantile_thresholds(unc, conf.calibration)
+        thr = quantile_thresholds(np.asarray(unc, np.float64), conf.calibration)
     except CalibrationRefused as exc:
         return {"thresholds": None, "message": f"confidence gate not calibrated: {exc}"}
     thresholds = {"confidence": thr}

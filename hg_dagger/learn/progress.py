@@ -52,7 +52,7 @@ def write_curve_png(metrics_path: str | Path, png_path: str | Path) -> Path | No
     import matplotlib.pyplot as plt
 
     labels = [int((r.get("replay") or {}).get("labels", 0)) for r in rows]
-    success = [r.get("eval_success_rate") for r in rows]
+    success: list[Any] = [r.get("eval_success_rate") for r in rows]  # None: no evaluation (a gap in the line)
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(labels, success, marker="o", color="tab:blue", label="eval success")
     for lab, s, r in zip(labels, success, rows, strict=True):

@@ -131,6 +131,7 @@ class Promoter:
         if entry is not None:
             entry.setdefault("info", {})["promotion"] = dict(d)
         if not d["promoted"]:
+            assert acting is not None  # decide() refuses a candidate only against an acting student
             acting.restore(student)
             if entry is not None:  # the refused candidate stays on record in the acting student's lineage
                 student.lineage.append(copy.deepcopy(entry))

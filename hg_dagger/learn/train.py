@@ -304,7 +304,7 @@ def selection_summary(store, episodes, rule) -> dict[str, Any]:
     from hg_dagger.contract import TrainingBlock
     from hg_dagger.store.trainable import selection
 
-    total: dict[str, Any] = {"labels": 0, "allowed": 0, **{b.name.lower(): 0 for b in TrainingBlock}}
+    total: dict[str, Any] = {"labels": 0, "allowed": 0, **{str(b.name).lower(): 0 for b in TrainingBlock}}
     for info in episodes:
         for k, v in selection(store, info, rule).counts().items():
             total[k] = total.get(k, 0) + v
@@ -316,14 +316,14 @@ def describe_selection(counts: dict[str, Any]) -> str:
     """'120 of 300 labels allowed; 150 not_reviewed, 30 qc_not_run' from selection_summary."""
     from hg_dagger.contract import TrainingBlock
 
-    stops = [f"{counts[b.name.lower()]} {b.name.lower()}" for b in TrainingBlock if counts.get(b.name.lower())]
+    stops = [f"{counts[str(b.name).lower()]} {str(b.name).lower()}" for b in TrainingBlock if counts.get(str(b.name).lower())]
     text = f"{counts.get('allowed', 0)} of {counts.get('labels', 0)} labels allowed"
     return text + (f"; stopped: {', '.join(stops)}" if stops else "")
 
 
 def store_loader(store, mapping, rule=None) -> Callable[[str], Any]:
     keys = list(mapping.obs_spec())
-    by_id = {}
+    by_id: dict[str, Any] = {}
 
     def load(episode_id: str):
         if not by_id:
