@@ -22,6 +22,7 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.contract.clock import now_ns
+from hg_dagger.control.gate_types import operator_words
 from hg_dagger.control.live import Snapshot
 from hg_dagger.ui import style
 from hg_dagger.ui.keymap import DECLINE_KEY, handback_hint, takeover_hint, task_key_rows
@@ -107,26 +108,15 @@ class GateLight(QFrame):
             self.reason.setText(text)
 
 
-GATE_WORDS = {  # a shipped gate's name -> why it asks, in a person's words (the name stays, for the review)
-    "confidence": "the student is unsure here",
-    "risk": "a failure looks likely",
-    "progress_stall": "no progress for a while",
-    "progress_eta": "too slow to finish in time",
-    "constraint": "a command near a limit",
-    "policy_failed": "the task is going backwards",
-    "collision": "a collision is close",
-    "object_drop": "the object was dropped",
-    "operator": "you asked for control",
-}
-
-
 def gate_words(reason: str) -> str:
     """'confidence+progress_stall' -> 'the student is unsure here; no progress for a while (confidence,
-    progress_stall)'; a gate named in a config of one's own reads as its name."""
+    progress_stall)': the words are each gate type's own (gate_types.GATES, a plugin's included); a gate named in a
+    config of one's own reads as its name."""
     names = [n for n in reason.split("+") if n]
-    if not names or not any(n in GATE_WORDS for n in names):
+    words = [operator_words(n) for n in names]
+    if not any(words):
         return reason
-    return f"{'; '.join(GATE_WORDS.get(n, n) for n in names)} ({', '.join(names)})"
+    return f"{'; '.join(w or n for w, n in zip(words, names, strict=True))} ({', '.join(names)})"
 
 
 class HandoverBanner(QFrame):

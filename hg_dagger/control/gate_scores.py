@@ -1,5 +1,6 @@
 """What each gate scores: one scorer per gate type turns a tick's inputs (GateInputs) into a per-env score
-(higher = worse) and, on a rising edge, the values that explain it. The engine (gates) applies the level logic."""
+(higher = worse) and, on a rising edge, the values that explain it. The engine (gates) applies the level logic.
+The shipped gate types are registered at the bottom (gate_types.GATES: spec, scorer, grace, the operator's words)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import numpy as np
 from hg_dagger.control.gate_specs import (
     ConfidenceGate,
     ConstraintGate,
+    OperatorGate,
     PolicyFailedGate,
     ProgressEtaGate,
     ProgressStallGate,
     RiskGate,
+    SignalGate,
 )
+from hg_dagger.control.gate_types import GATES, GateType
 from hg_dagger.control.limits import CompiledLimits
 from hg_dagger.control.risk_model import RiskModel
 from hg_dagger.errors import ConfigError
@@ -271,6 +275,15 @@ class OperatorScorer(GateScorer):
         return {"takeover": True}
 
 
-SCORERS = {"confidence": ConfidenceScorer, "risk": RiskScorer, "progress_stall": StallScorer,
-           "progress_eta": EtaScorer, "constraint": ConstraintScorer, "signal": SignalScorer,
-           "policy_failed": PolicyFailedScorer, "operator": OperatorScorer}
+# Gates that predict trouble wait out the grace after a reset or a hand-back (grace=True); the gates that see it
+# (constraint, signal, policy_failed) and the operator's own takeover are never delayed.
+GATES.register("confidence", GateType(ConfidenceGate, ConfidenceScorer, grace=True,
+                                      words="the student is unsure here"))
+GATES.register("risk", GateType(RiskGate, RiskScorer, grace=True, words="a failure looks likely"))
+GATES.register("progress_stall", GateType(ProgressStallGate, StallScorer, grace=True, words="no progress for a while"))
+GATES.register("progress_eta", GateType(ProgressEtaGate, EtaScorer, grace=True, words="too slow to finish in time"))
+GATES.register("constraint", GateType(ConstraintGate, ConstraintScorer, words="a command near a limit"))
+GATES.register("signal", GateType(SignalGate, SignalScorer, named_words={"collision": "a collision is close",
+                                                                         "object_drop": "the object was dropped"}))
+GATES.register("policy_failed", GateType(PolicyFailedGate, PolicyFailedScorer, words="the task is going backwards"))
+GATES.register("operator", GateType(OperatorGate, OperatorScorer, words="you asked for control"))

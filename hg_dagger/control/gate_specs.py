@@ -1,38 +1,23 @@
-"""The gate specifications: one pydantic model per gate type and the gate file (configs/gates/, kind: gates) that
-lists the gates in force for a task and scene. What each gate scores lives in gate_scores; the level logic in
-gates (the engine)."""
+"""The gate specifications: one pydantic model per shipped gate type and the gate file (configs/gates/, kind: gates)
+that lists the gates in force for a task and scene. Each type is one record of gate_types.GATES (its spec, its
+scorer); the gate file reads each gate with the spec model of the type it names. What each gate scores lives in
+gate_scores; the level logic in gates (the engine)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PlainValidator, SerializeAsAny, model_validator
 
 from hg_dagger import config as config_io
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.gate_thresholds import Calibration
+from hg_dagger.control.gate_types import GateSpecBase, gate_spec
 from hg_dagger.control.limits import ActionLimits
 from hg_dagger.errors import ConfigError
 
 
-class _GateBase(StrictModel):
-    name: str = ""  # defaults to the type
-    enabled: bool = True
-    warn: float | None = None  # score at which a warning is raised; None = no warning level
-    trigger: float
-    hysteresis: float = Field(default=0.1, ge=0.0, lt=1.0, description="fraction of a threshold to fall below it to clear")
-    debounce_ticks: int = Field(default=1, ge=1, description="consecutive ticks a rise must hold")
-
-    @model_validator(mode="after")
-    def _order(self):
-        if self.warn is not None and self.warn > self.trigger:
-            raise ValueError(f"gate {self.name or self.type!r}: warn {self.warn} is above trigger {self.trigger}")
-        return self
-
-
-
-
-class ConfidenceGate(_GateBase):
+class ConfidenceGate(GateSpecBase):
     """Ensemble disagreement (policy_uncertainty) against a threshold."""
 
     type: Literal["confidence"] = "confidence"
@@ -40,7 +25,7 @@ class ConfidenceGate(_GateBase):
     calibration: Calibration | None = None
 
 
-class RiskGate(_GateBase):
+class RiskGate(GateSpecBase):
     """ThriftyDAgger's risk half: a learned estimate of the chance that the policy, left in control from
     this state, fails (a classifier fit on recorded outcomes, ``RiskModel``). The score is that
     probability; ``calibration`` sets the trigger to the (1 - target_rate) quantile of the risk of
@@ -52,7 +37,7 @@ class RiskGate(_GateBase):
     calibration: Calibration | None = None
 
 
-class ProgressStallGate(_GateBase):
+class ProgressStallGate(GateSpecBase):
     """The task's progress measure (info["signals"]["progress"]) has not improved by ``min_delta`` for
     ``trigger`` seconds of control time (the score is the stalled time in seconds). A task whose success
     condition holds is not stalled: holding the block at the goal cannot get it closer."""
@@ -75,7 +60,7 @@ class EtaCalibration(StrictModel):
     window: int = Field(default=200, ge=1)
 
 
-class ProgressEtaGate(_GateBase):
+class ProgressEtaGate(GateSpecBase):
     """The task will not be done in time at the pace of the last ``window_s`` seconds: the score is the time the
     remaining progress to ``goal`` needs at that pace over the time the episode has left (1.0 = just in time; no
     progress at all scores ``cap``). It sees a student that creeps or drifts, which a stall gate misses as long as
@@ -99,7 +84,7 @@ class ProgressEtaGate(_GateBase):
         return self
 
 
-class ConstraintGate(_GateBase):
+class ConstraintGate(GateSpecBase):
     """The proposed action against the feasible set; the score is the largest normalized limit usage
     (1.0 = on a limit), so the default trigger 1.0 fires on or beyond a limit and warn 0.9 near it."""
 
@@ -109,7 +94,7 @@ class ConstraintGate(_GateBase):
     limits: ActionLimits
 
 
-class SignalGate(_GateBase):
+class SignalGate(GateSpecBase):
     """A simulator or bridge signal (info["signals"][signal]) against a threshold: imminent collision,
     object drop, contact force."""
 
@@ -118,7 +103,7 @@ class SignalGate(_GateBase):
     trigger: float = 0.5
 
 
-class PolicyFailedGate(_GateBase):
+class PolicyFailedGate(GateSpecBase):
     """The policy has already failed: ``signal`` is set, or progress fell more than ``max_regression``
     below the best progress of this autonomous stretch. Fires at once (no warning)."""
 
@@ -129,23 +114,16 @@ class PolicyFailedGate(_GateBase):
     trigger: float = 0.5
 
 
-class OperatorGate(_GateBase):
+class OperatorGate(GateSpecBase):
     """The operator asked for control: the takeover button, or grabbing a hold-to-intervene device."""
 
     type: Literal["operator"] = "operator"
     trigger: float = 0.5
 
 
-GateSpec = Annotated[
-    ConfidenceGate | RiskGate | ProgressStallGate | ProgressEtaGate | ConstraintGate | SignalGate | PolicyFailedGate
-    | OperatorGate,
-    Field(discriminator="type"),
-]
-
-
-GRACE_TYPES = ("confidence", "risk", "progress_stall", "progress_eta")
-"""Gates that predict trouble and so may wait a moment after a reset or a hand-back; the gates that see it
-(constraint, signal, policy_failed) and the operator's own takeover are never delayed."""
+GateItem = Annotated[SerializeAsAny[GateSpecBase], PlainValidator(gate_spec)]
+"""One gate of a gate file: read with the spec model its ``type`` is registered with (gate_types.GATES), so a gate type
+of another package needs no change here."""
 
 
 class GateConfig(StrictModel):
@@ -154,7 +132,7 @@ class GateConfig(StrictModel):
     name: str = "default"
     task: str = ""
     scene: str = ""
-    gates: list[GateSpec] = Field(default_factory=list)
+    gates: list[GateItem] = Field(default_factory=list)
     grace_after_reset_s: float = Field(default=0.0, ge=0.0, description="control time after an episode begins "
                                        "before the confidence, risk and stall gates may ask for the person")
     grace_after_handback_s: float = Field(default=0.0, ge=0.0, description="the same after control came back "

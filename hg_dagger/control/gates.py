@@ -6,7 +6,8 @@ is left only when the score falls ``hysteresis`` x threshold below it) and debou
 for ``debounce_ticks`` ticks). The engine's level per env is the highest gate level; rising edges
 become GATE_WARNING / GATE_TRIGGER events that carry the reason, t_warn, t_gate and the values that
 tripped it. Gates are configured per task and scene in YAML (configs/gates/, kind: gates; the specs in gate_specs),
-scored in gate_scores and calibrated by the quantile rule of gate_thresholds.
+scored in gate_scores and calibrated by the quantile rule of gate_thresholds; each type is one record of
+gate_types.GATES.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import numpy as np
 from hg_dagger.contract.clock import NO_TIME
 from hg_dagger.contract.enums import EventKind
 from hg_dagger.contract.schema import Event
-from hg_dagger.control.gate_scores import SCORERS, ConfidenceScorer, GateInputs, GateScorer
-from hg_dagger.control.gate_specs import GRACE_TYPES, GateConfig, OperatorGate
+from hg_dagger.control.gate_scores import ConfidenceScorer, GateInputs, GateScorer
+from hg_dagger.control.gate_specs import GateConfig, OperatorGate
 from hg_dagger.control.gate_thresholds import CalibrationRefused, quantile_thresholds
+from hg_dagger.control.gate_types import gate_type
 from hg_dagger.errors import ConfigError
 
 OK, WARN, TRIGGER = 0, 1, 2
@@ -60,10 +62,10 @@ class GateEngine:
         specs = [g for g in config.gates if g.enabled]
         if not any(g.type == "operator" for g in config.gates):
             specs.append(OperatorGate(name="operator"))  # an operator can always take over
-        self.gates: list[GateScorer] = [SCORERS[g.type](g, num_envs, step_dt, action_dim) for g in specs]
+        self.gates: list[GateScorer] = [gate_type(g).scorer(g, num_envs, step_dt, action_dim) for g in specs]
         k = len(self.gates)
         self.step_dt = step_dt
-        self._graced = np.array([g.spec.type in GRACE_TYPES for g in self.gates], bool)[:, None]
+        self._graced = np.array([gate_type(g.spec).grace for g in self.gates], bool)[:, None]
         self._grace_steps = {"reset": _steps(config.grace_after_reset_s, step_dt),
                              "handback": _steps(config.grace_after_handback_s, step_dt)}
         self.grace_until = np.zeros(num_envs, np.int64)  # episode step from which the graced gates may rise again
@@ -168,8 +170,8 @@ class GateEngine:
 
     def rearm(self, rows, *, grace: str | None = None, step: np.ndarray | int | None = None) -> None:
         """Clear levels, debounce counters and gate histories (episode start, or the policy is back). ``grace``
-        "reset" or "handback" with the rows' current episode ``step``: the GRACE_TYPES gates stay quiet for the
-        configured grace period from there."""
+        "reset" or "handback" with the rows' current episode ``step``: the gates whose type has ``grace`` stay quiet
+        for the configured grace period from there."""
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return
