@@ -289,8 +289,8 @@ def _assemble(name: str, version: int, urls: list[str], cfg: DatasetConfig, pare
         try:
             opened.get(ref.url)
         except StoreError as exc:
-            named = parent is not None and ref in parent.stores
-            raise DatasetError(f"{name}@v{version}: store {ref.id}" + (f" (named by {parent.ref})" if named else "")
+            named_by = parent.ref if parent is not None and ref in parent.stores else None
+            raise DatasetError(f"{name}@v{version}: store {ref.id}" + (f" (named by {named_by})" if named_by is not None else "")
                                + f": {exc}") from None
     old_eps = {e.key: e for e in (parent.episodes if parent else ())}
     old_samples = {(s.store, s.id): s for s in (parent.samples if parent else ())}
@@ -343,11 +343,11 @@ def _assemble(name: str, version: int, urls: list[str], cfg: DatasetConfig, pare
 
     # vN's trainable samples whose authorization counts for nothing now (an older release's self-approval, a
     # reviewer since off the roster) are not carried as they are
-    void = {}
-    for k, p in old_samples.items():
+    void: dict[tuple[str, str], str] = {}
+    for sample_key, p in old_samples.items():
         why = void_authorization(opened.get(_url(refs, p.store)), p, sel_cfg.rule)
         if why is not None:
-            void[k] = why
+            void[sample_key] = why
     samples = _carry_and_select(fresh, old_samples, entries, sel_cfg, version, void)
     placed = [Placed(s.id, entries[s.key].split_item(), s.split, s.usage == Usage.TRAINABLE) for s in samples]
     earlier = {k: (e.split, f"{name}@v{version - 1}") for k, e in old_eps.items()}

@@ -22,6 +22,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class _DataWriter:
         self.root = root
         self.schema = schema
         self.chunk = self.file = 0
-        self.writer = None
+        self.writer: Any = None  # the open pq.ParquetWriter
         self.file_bytes = 0
         self.pending: list = []
         self.pending_rows = 0
@@ -145,7 +146,8 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
     stats = FeatureStats()
     tasks: dict[str, int] = {}
     episodes_meta: dict[str, list] = {}
-    writer = videos = None
+    writer: _DataWriter | None = None
+    videos: VideoWriter | None = None
     features: dict | None = None
     layout: ColumnLayout | None = None
     index = 0
@@ -202,6 +204,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
             bar.update(len(group))
         if not cols_list:
             continue
+        assert layout is not None and writer is not None  # set at the first episode
         cols = {c: np.concatenate([x[c] for x in cols_list]) for c in cols_list[0]}
         frames = {n: np.concatenate([x[n] for x in frames_list]) for n in layout.image_cols} if videos is None else {}
         check_frames(cols["episode_index"], cols["frame_index"], cols["index"], cols["timestamp"], fps,
@@ -217,6 +220,7 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
         bar.close()
     if writer is None:
         raise ExportError("nothing to export: no episodes were given")
+    assert layout is not None and features is not None  # set with the writer
     writer.close()
     n_eps = len(episodes_meta.get("episode_index", ()))
     if n_eps == 0:

@@ -22,6 +22,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
         del td
         tasks: dict[str, int] = {}
         versions: dict[str, int] = {}
-        rows = []
+        rows: list[dict[str, Any]] = []
         trainable_total = 0
         continuity = 0
         row_segments = [0] * n_rows  # segment ids already used in each row
@@ -131,6 +132,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
         if bar is not None:
             bar.close()
         writer.close()
+        assert fps is not None  # common_fps set it from the first episode
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
             "source_id": _source_id(rows),
@@ -228,7 +230,7 @@ def _row_values(ep, specs, task_index: int, *, continuity: int, segment0: int,
         "task_index": np.full(t, task_index, np.int64),
         "subtask_index": np.zeros(t, np.int64),  # no subtask text: one empty entry, so language resolves
     }
-    out = {(key,): v for key, v in values.items()}
+    out: dict[tuple[str, ...], np.ndarray] = {(key,): v for key, v in values.items()}
     for name in specs:
         v = a[name]
         if np.issubdtype(v.dtype, np.floating):

@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,8 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
     tasks: dict[str, int] = {}
     episodes: list[dict] = []
     episode_stats: list[dict] = []
-    features = schema = None
+    features: dict | None = None
+    schema: Any = None  # pyarrow schema
     state_keys: list[str] = []
     cams: dict[str, str] = {}
     index = 0
@@ -175,7 +177,8 @@ def _features(ep: EpisodeData, specs, state_keys: list[str], cams: dict[str, str
 def _schema(pa, features: dict):
     """The parquet schema, with the Hugging Face ``datasets`` feature types in its metadata (what LeRobot v2.1
     writes): ``datasets`` then reads the camera columns as images, not as untyped structs."""
-    fields, hf = [], {}
+    fields: list = []
+    hf: dict[str, Any] = {}
     for col, ft in features.items():
         if ft["dtype"] == "image":
             typ = pa.struct([("bytes", pa.binary()), ("path", pa.string())])

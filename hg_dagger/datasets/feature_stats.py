@@ -20,7 +20,7 @@ class FeatureStats:
 
     def __init__(self):
         self.acc: dict[str, list] = {}
-        self.sample: dict[str, list] = {}  # name -> [rows seen, sample array]
+        self.sample: dict[str, tuple[int, np.ndarray]] = {}  # name -> (rows seen, sample array)
         self.rng = np.random.default_rng(0)
 
     def add(self, name: str, values: np.ndarray) -> None:

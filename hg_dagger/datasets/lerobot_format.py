@@ -61,7 +61,8 @@ def column_layout(ep: EpisodeData, specs) -> ColumnLayout:
     if not state:
         raise ExportError(f"episode {ep.info.episode_id}: no non-camera observation key to export as {STATE}")
     composed = {STATE: (state, [x for k in state for x in names[k]])}
-    if env:
+    if env:  # goal keys come from a task mapping
+        assert mapping is not None
         composed[ENV_STATE] = (env, [x for k in env for x in names.get(k) or mapping.dim_names(k)])
     obs_cols, image_cols = {}, {}
     for n, sp in specs.items():

@@ -62,7 +62,7 @@ class DatasetConfig(FrozenModel):
     splits: SplitConfig = Field(default_factory=SplitConfig)
 
 
-def load_config(path: str | os.PathLike) -> DatasetConfig:
+def load_config(path: str | Path) -> DatasetConfig:
     from hg_dagger import config as cfgmod
 
     data = cfgmod.read_yaml(path)
@@ -251,7 +251,7 @@ def _incoherent(m: Manifest) -> str | None:
     ids = [s.id for s in m.stores]
     if len(set(ids)) != len(ids):
         return f"store ids {', '.join(ids)} repeat"
-    entries = {}
+    entries: dict[str, EpisodeEntry] = {}
     for e in m.episodes:
         if e.store not in ids:
             return f"episode {e.episode_id} names store {e.store!r}, not one of its stores ({', '.join(ids) or 'none'})"
@@ -261,12 +261,12 @@ def _incoherent(m: Manifest) -> str | None:
     for s in m.samples:
         if s.store not in ids:
             return f"sample {s.id} names store {s.store!r}, not one of its stores ({', '.join(ids) or 'none'})"
-        e = entries.get(s.key)
-        if e is None:
+        entry = entries.get(s.key)
+        if entry is None:
             return f"sample {s.id} names episode {s.episode_id} of store {s.store}, not listed in the manifest"
         a, b = s.steps
-        if not 0 <= a <= b <= e.num_steps:
-            return f"sample {s.id}: steps [{a}, {b}) are not inside episode {s.episode_id}'s {e.num_steps} steps"
+        if not 0 <= a <= b <= entry.num_steps:
+            return f"sample {s.id}: steps [{a}, {b}) are not inside episode {s.episode_id}'s {entry.num_steps} steps"
         for lo, hi in s.runs:
             if not a <= lo < hi <= b:
                 return f"sample {s.id}: run [{lo}, {hi}) is not inside its steps [{a}, {b})"

@@ -110,7 +110,7 @@ def void_authorization(store, s: Sample, rule: TrainingRule) -> str | None:
     if not bits & _VOID_REVIEW:
         return None
     w = next((w for w in layer.windows if w.window_id == s.window_id), None)
-    d = current_review(layer.reviews, s.window_id) if w is not None else None
+    d = current_review(layer.reviews, w.window_id) if w is not None else None
     why = review_problem(d, operator=window_operator(w, info.start.operator), reviewers=store.reviewers) \
         if w is not None and d is not None else None
     return why or ", ".join(TrainingBlock.names(bits & _VOID_REVIEW))

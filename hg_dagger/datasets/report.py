@@ -105,7 +105,7 @@ def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
         "incomplete_episodes": len(manifest.episodes) - len(complete),
         "steps": dict(steps),
         "labels": {k: labels.get(k, 0) for k in ["labels", "allowed", "human_allowed"]
-                   + [b.name.lower() for b in TrainingBlock]},
+                   + [str(b.name).lower() for b in TrainingBlock]},
         "figures": {
             "trainable_human_label_ratio": _ratio(labels["human_allowed"], steps["total"]),
             "context_only_ratio": _ratio(steps["context"], steps["total"]),

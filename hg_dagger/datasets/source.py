@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hg_dagger.contract.enums import INTERVENTION_SOURCES, LabelMask, LabelTarget, StepFlag
+from hg_dagger.contract.schema import FieldSpec
 from hg_dagger.datasets.exporters import ExportError
+from hg_dagger.envs.mapping import ExportNames, TaskMapping, load_mapping
 from hg_dagger.errors import ConfigError, ContractError, EnvError, StoreError
 
 if TYPE_CHECKING:  # the store (zarr) is loaded by whoever opens one, not when the commands list the formats
@@ -183,7 +185,7 @@ def _row_bytes(store: EpisodeStore, info: EpisodeInfo) -> int:
     return sum(int(np.prod(s.shape, dtype=np.int64)) * s.np_dtype.itemsize for s in store.fields(info.episode_id).values()) or 1
 
 
-def obs_fields(store: EpisodeStore, episode_id: str) -> dict[str, object]:
+def obs_fields(store: EpisodeStore, episode_id: str) -> dict[str, FieldSpec]:
     """obs/<key> -> FieldSpec of one episode's observation fields."""
     return {n: s for n, s in store.fields(episode_id).items() if n.startswith("obs/")}
 
@@ -204,7 +206,7 @@ def _read_group(group: list[tuple[int, ExportItem, EpisodeInfo]], obs_keys: Sequ
                               f"(every exported episode needs the same observation keys: {', '.join(keys)})")
     infos = [info for _, _, info in group]
     total = sum(i.num_steps for i in infos)
-    buffers = {j: {} for j in range(len(group))}
+    buffers: dict[int, dict] = {j: {} for j in range(len(group))}
     try:
         for batch in store.iter_batches(max(total, 1), episodes=infos, fields=names, shuffle=False,
                                         block_rows=max(total, 1)):
@@ -264,17 +266,15 @@ def nothing_trainable(episodes: int) -> ExportError:
                        "(reviewed and authorized, or certified; `hg-dagger report STORE` lists what stopped them)")
 
 
-def task_mapping(info: EpisodeInfo, specs: dict) -> object | None:
+def task_mapping(info: EpisodeInfo, specs: dict) -> TaskMapping | None:
     """The TaskMapping an episode was recorded under (its stored copy; the shipped task's export naming when the
     stored copy predates it), or the shipped task's when the episode has none and the shipped observation keys
     fit the stored ones; None when neither is known (exports then name the state by key)."""
-    from hg_dagger.envs.mapping import ExportNames, TaskMapping, load_mapping
-
     try:
         shipped = load_mapping(info.start.task.task_id)
     except (ConfigError, EnvError):
         shipped = None
-    mapping = None
+    mapping: TaskMapping | None = None
     if info.start.mapping:
         try:
             mapping = TaskMapping.from_metadata(info.start.mapping)

@@ -250,7 +250,7 @@ def _split_by_hash(fresh, members, config: SplitConfig, out: dict[str, Assignmen
         for s in wanted:
             if s in old or s in chosen.values():
                 continue
-            counts = defaultdict(int)
+            counts: defaultdict[str, int] = defaultdict(int)
             for r in chosen.values():
                 counts[r] += 1
             donor = next((root for _h, root in sorted(fresh)
