@@ -30,7 +30,7 @@ def row_seeds(seed: int | Sequence[int] | None, rows: np.ndarray, *, where: str)
         return [None] * len(rows)
     if isinstance(seed, int | np.integer):
         return [int(seed) + int(r) for r in rows]
-    seeds = [int(s) for s in seed]
+    seeds: list[int | None] = [int(s) for s in seed]
     if len(seeds) != len(rows):
         raise EnvError(f"{where}: {len(seeds)} seeds for {len(rows)} reset rows")
     return seeds

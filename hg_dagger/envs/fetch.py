@@ -12,7 +12,7 @@ the table or below, once per drop), collision_imminent (fingertips at the table 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class FetchVecEnv(MujocoRowsEnv):
         gym.register_envs(gymnasium_robotics)
         gym_id = self.options.get("gym_id")
         try:
-            env = gym.make(gym_id, disable_env_checker=True).unwrapped
+            env = gym.make(cast(str, gym_id), disable_env_checker=True).unwrapped  # None: refused below
         except Exception as exc:  # noqa: BLE001 - a config fault, named
             raise EnvError(f"{self._mapping.source}: backend_options.gym_id {gym_id!r}: {exc}") from None
         return env

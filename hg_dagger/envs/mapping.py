@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -278,7 +279,7 @@ class TaskMapping(FrozenModel):
         m._source = str(path)
         return m
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TaskMapping:
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> TaskMapping:
         """A validated copy with fresh derived values (hash, arrays); ``update`` takes plain values."""
         data = self.model_dump()
         data.update(update or {})
@@ -373,6 +374,7 @@ class TaskMapping(FrozenModel):
             part = out[:, col : col + size]
             part[...] = obs[name].reshape(n, size)
             if mean is not None:
+                assert std is not None  # a normalized key has both
                 part -= mean
                 part /= std
             col += size

@@ -48,7 +48,7 @@ class MetaWorldVecEnv(MujocoRowsEnv):
                     f"{self._mapping.source}: backend_options.env_name {self.options.get('env_name')!r} "
                     f"is not a Meta-World v3 task (e.g. {known}, ...)"
                 )
-            env = envs[name](seed=0)
+            env = envs[name](seed=0)  # type: ignore[call-arg]  # the task classes take seed; their base does not
         env._freeze_rand_vec = False  # draw a new task configuration at every reset...
         env.seeded_rand_vec = True  # ...from the env's own seeded stream
         env.max_path_length = np.iinfo(np.int64).max  # the mapping's horizon truncates

@@ -225,6 +225,7 @@ class MujocoRowsEnv(VecEnv):
     """Base of the MuJoCo backends. Subclasses build one unwrapped env per row and translate it."""
 
     image_key = "rgb"
+    _last_obs: Obs  # the newest observation (set by the first reset or step)
     # the operator's view camera (backend_options.view_camera overrides it): a free camera dict or a
     # named camera, and its flip; subclasses set one that shows the gripper, object and goal
     view_camera: str | dict[str, Any] = {"lookat": [0.0, 0.0, 0.0], "distance": 2.0, "azimuth": 135.0, "elevation": -30.0}
@@ -436,6 +437,7 @@ class MujocoRowsEnv(VecEnv):
         use when another thread steps the env (a GL context cannot be current in two threads)."""
         tid = threading.get_ident()
         if tid == self._camera_thread:
+            assert self.camera is not None  # built with the env
             return self.camera
         cam = self._thread_cameras.get(tid)
         if cam is None:
@@ -480,10 +482,10 @@ class MujocoRowsEnv(VecEnv):
         if done.any():
             obs = {k: v.copy() for k, v in obs.items()}
             rows = np.flatnonzero(done)
-            for i in rows:
-                self._release(int(i))
-                self._fill(int(i), self._reset_row(int(i), None), obs)
-                t_obs[i] = now_ns()
+            for row in rows:
+                self._release(int(row))
+                self._fill(int(row), self._reset_row(int(row), None), obs)
+                t_obs[row] = now_ns()
             self._t[rows] = 0
             self._reset_signals(rows)
         self._last_obs = obs

@@ -57,6 +57,7 @@ def inverse(target: np.ndarray, q_now: np.ndarray, links: Sequence[float] = LINK
         else:
             pick = cost < best_cost
             best = np.where(pick[:, None], q, best)
+    assert best is not None  # the loop tries both elbow solutions
     return best
 
 

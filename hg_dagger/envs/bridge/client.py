@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from hg_dagger.envs.bridge.protocol import (
     ErrorCode,
     Msg,
     ProtocolError,
+    Receiver,
     RobotState,
     auth_digest,
     encode,
@@ -183,6 +184,7 @@ class BridgeEnv(VecEnv):
     def robot(self) -> str:
         """What the robot side reports it steps (its backend's ``robot``), with the server instance."""
         reported = str(self._welcome.get("robot") or "unreported robot")
+        assert self._instance is not None  # the welcome named it
         return f"{self._where} instance {self._instance[:8]}: {reported}"
 
     @property
@@ -345,6 +347,7 @@ class BridgeEnv(VecEnv):
                 if self._sock is None:
                     self._connect_with_retries()
                 if self._restarted_from is not None and not fresh_instance_ok:
+                    assert self._instance is not None  # set with _restarted_from on reconnect
                     raise BridgeError(
                         f"{self._where}: the robot server restarted (instance {self._restarted_from[:8]} -> "
                         f"{self._instance[:8]}); its episode state is gone, call reset()", ErrorCode.STATE)
@@ -364,7 +367,9 @@ class BridgeEnv(VecEnv):
         t_send = now_ns()
         try:
             self._send_frame(frame)
-            source = _TLSReader(self._sock, self._send_lock) if self._tls is not None else self._sock
+            sock = self._sock
+            assert sock is not None  # connected before a round trip
+            source: Receiver = _TLSReader(cast(ssl.SSLSocket, sock), self._send_lock) if self._tls is not None else sock
             while True:
                 reply = recv_frame(source, self.max_frame_bytes)
                 if reply.get("re") == seq or (reply["type"] == Msg.ERROR and reply.get("re") is None):
@@ -486,6 +491,7 @@ class BridgeEnv(VecEnv):
         """TLS over a fresh connection. A certificate we do not trust, or a bridge without TLS, is refused at once
         (no retry can fix it); a connection lost during the handshake is retried like any other."""
         try:
+            assert self._tls is not None  # only TLS connections shake hands
             return self._tls.wrap_socket(sock, server_hostname=self.tls_server_name)
         except ssl.SSLCertVerificationError as exc:
             sock.close()

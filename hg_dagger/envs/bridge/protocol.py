@@ -18,9 +18,8 @@ import hmac
 import math
 import os
 import secrets
-import socket
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
@@ -117,6 +116,8 @@ class BridgeError(EnvError):
 
 class ProtocolError(BridgeError):
     """A frame or message that breaks the protocol; ``code`` is an ErrorCode."""
+
+    code: str  # every raise names one
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,7 +228,13 @@ class FrameReader:
         return frames
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+class Receiver(Protocol):
+    """What the frame readers read from: a socket, or the client's lock-taking TLS reader."""
+
+    def recv(self, n: int, /) -> bytes: ...
+
+
+def recv_exact(sock: Receiver, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(min(n - len(buf), 1 << 20))
@@ -237,7 +244,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
+def recv_frame(sock: Receiver, max_bytes: int) -> dict[str, Any]:
     """Blocking read of one message (client side)."""
     (n,) = HEADER.unpack(recv_exact(sock, HEADER.size))
     if n > max_bytes:

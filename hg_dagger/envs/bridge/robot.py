@@ -198,6 +198,7 @@ class Robot:
             again = f"; the step with cid {cid!r} was applied before it" if applied else ""
             raise BridgeError(f"robot is in {self.state} ({self.reason}){again}; step refused", ErrorCode.STATE)
         if applied:  # a retried command: answered from the stored reply, not stepped twice
+            assert self._last_step is not None
             return dict(self._last_step[1], t_recv=t_recv, t_send=now_ns(), replayed=True)
         action = msg.get("action")
         if not isinstance(action, np.ndarray):
@@ -244,7 +245,7 @@ class Robot:
                                t_action_apply=np.int64(NO_TIME))
 
 
-def _times(info: dict, key: str, fallback: int) -> np.ndarray:
+def _times(info: dict, key: str, fallback: int) -> np.ndarray | np.int64:
     t = info.get(key)
     return np.asarray(t, dtype=np.int64) if t is not None else np.int64(fallback)
 

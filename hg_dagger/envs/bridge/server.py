@@ -17,7 +17,7 @@ import ssl
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.envs.base import VecEnv
@@ -34,7 +34,6 @@ from hg_dagger.envs.bridge.protocol import (
     FrameReader,
     Msg,
     ProtocolError,
-    RobotState,
     check_digest,
     decode,
     encode,
@@ -103,7 +102,8 @@ class BridgeServer:
         self.config = config or ServerConfig()
         self._token = bytes(token)
         self.instance = uuid.uuid4().hex
-        self._tls = server_context(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None
+        cert, key = self.config.tls_cert, self.config.tls_key  # both or neither (ServerConfig)
+        self._tls = server_context(cert, key) if cert and key is not None else None
         self.robot = Robot(env, seed=seed, counters=Counters())
         if self.config.host not in LOOPBACK:
             log.warning("bridge listening on %s: not loopback; anyone who can reach this port may try the token",
@@ -130,7 +130,7 @@ class BridgeServer:
         return self.robot.counters
 
     @property
-    def state(self) -> RobotState:
+    def state(self) -> str:  # a RobotState value
         return self.robot.state
 
     # ------------------------------------------------------------------ lifecycle
@@ -227,8 +227,9 @@ class BridgeServer:
     def _handshake(self, conn: _Conn) -> None:
         """One non-blocking step of a TLS handshake: the loop comes back when the socket is ready again, so a
         peer that never finishes cannot stall it (the handshake timeout closes it)."""
+        sock = cast(ssl.SSLSocket, conn.sock)  # a TLS connection's socket is wrapped
         try:
-            conn.sock.do_handshake()
+            sock.do_handshake()
         except ssl.SSLWantReadError:
             self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
             return
@@ -241,7 +242,7 @@ class BridgeServer:
         conn.tls_pending = False
         self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
         conn.sock.settimeout(self.config.send_timeout_s)  # from here on like a plain connection (reads: _receive)
-        log.debug("TLS from %s: %s, %s", conn.peer, conn.sock.version(), (conn.sock.cipher() or ("?",))[0])
+        log.debug("TLS from %s: %s, %s", conn.peer, sock.version(), (sock.cipher() or ("?",))[0])
         self._challenge(conn)
 
     def _refuse_tls(self, conn: _Conn, why: str) -> None:
@@ -381,6 +382,7 @@ class BridgeServer:
             # a held (or e-stopped) robot has no motion to stop, so the session stays: an app still loading
             # (importing torch holds Python's GIL, heartbeat thread included, for over 0.5 s on a busy
             # machine) keeps it. Only its own reset or resume runs the robot again, and that ends the silence.
+            assert active is not None  # silent implies an active session
             if not active.quiet_logged:
                 active.quiet_logged = True
                 log.info("session from %s silent for over %.0f ms while the robot is in %s; kept (nothing moves)",
@@ -389,6 +391,7 @@ class BridgeServer:
         if active is not None and not silent:
             active.quiet_logged = False
         if silent:
+            assert active is not None
             silent_ms = (t - active.last_rx) / 1e6
             self.counters.heartbeat_losses += 1
             log.warning("heartbeat lost from %s: silent for %.0f ms (timeout %.0f ms)", active.peer, silent_ms,
