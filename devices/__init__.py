@@ -5,16 +5,18 @@
     DeviceScanner().scan()          # what is plugged in now, as DeviceInfo records (the keyboard always)
     CalibrationWizard(dev).tick()   # calibration step by step, for a device panel
 
-Hardware modules (pygame, hidapi) load only when their device type is built.
+Each device type is one record of DEVICE_TYPES (its config class and device class; other packages register
+theirs through the entry point group ``hg_dagger.devices``, docs/extending.md "A device"). Hardware modules
+(pygame, hidapi) load only when their device type is built.
 """
 
 from hg_dagger.devices.base import (
     DEVICE_TYPES,
     Device,
     DeviceError,
+    DeviceType,
     device_class,
     make_device,
-    register_device,
 )
 from hg_dagger.devices.calibration import (
     AxisCalibration,
@@ -30,6 +32,7 @@ from hg_dagger.devices.configs import (
     SpaceMouseConfig,
     SyntheticConfig,
     load_device_config,
+    operator_config,
 )
 from hg_dagger.devices.discovery import DeviceInfo, DeviceScanner
 from hg_dagger.devices.keyboard import Keyboard, key_layout
@@ -38,7 +41,7 @@ from hg_dagger.devices.synthetic import SyntheticOperator, SyntheticOperatorRows
 from hg_dagger.devices.wizard import CalibrationWizard
 
 __all__ = [
-    "DEVICE_TYPES", "Device", "DeviceError", "device_class", "make_device", "register_device",
+    "DEVICE_TYPES", "Device", "DeviceError", "DeviceType", "device_class", "make_device", "operator_config",
     "AxisCalibration", "Calibration", "CalibrationPhase", "Calibrator", "CalibrationWizard", "default_calibration_dir",
     "DeviceInfo", "DeviceScanner", "key_layout",
     "DeviceConfig", "GamepadConfig", "KeyboardConfig", "SpaceMouseConfig", "SyntheticConfig", "load_device_config",

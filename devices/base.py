@@ -1,4 +1,5 @@
-"""The Device interface and the registry that builds a device from its config ``type``.
+"""The Device interface, and ``make_device``, which builds one through the record of its config ``type``
+(DEVICE_TYPES in devices/configs.py).
 
 Lifecycle: ``connect()`` opens the hardware, ``calibrate()`` measures and saves its calibration,
 ``poll()`` is called once per control tick and returns a HumanCommand, or None when the device is
@@ -7,7 +8,6 @@ gone (unplugged, read error, closed): the control loop then holds or stops the r
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -18,33 +18,27 @@ import numpy as np
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import HumanCommand
 from hg_dagger.devices.calibration import Calibrator
-from hg_dagger.devices.configs import DeviceConfig, load_device_config, parse_device_config
+from hg_dagger.devices.configs import (
+    DEVICE_TYPES,
+    DeviceConfig,
+    DeviceType,
+    load_device_config,
+    parse_device_config,
+)
 from hg_dagger.devices.errors import DeviceError
 from hg_dagger.devices.processing import AxisNormalizer, CommandPipeline
 from hg_dagger.devices.wizard import CalibrationWizard
 
-__all__ = ["DEVICE_TYPES", "Device", "DeviceError", "device_class", "make_device", "register_device"]
-
-
-# type -> "module:Class". Add a line when a device type is added (or call register_device).
-DEVICE_TYPES: dict[str, str] = {
-    "gamepad": "hg_dagger.devices.gamepad:Gamepad",
-    "spacemouse": "hg_dagger.devices.spacemouse:SpaceMouse",
-    "keyboard": "hg_dagger.devices.keyboard:Keyboard",
-    "synthetic": "hg_dagger.devices.synthetic:SyntheticOperator",
-}
-
-
-def register_device(type_name: str, target: str) -> None:
-    """Register a device class ("module:Class") under a config ``type``."""
-    DEVICE_TYPES[type_name] = target
+__all__ = ["DEVICE_TYPES", "Device", "DeviceError", "DeviceType", "device_class", "make_device"]
 
 
 def device_class(type_name: str) -> type[Device]:
+    """The Device class registered for config ``type`` (DEVICE_TYPES, plugins included)."""
     if type_name not in DEVICE_TYPES:
-        raise DeviceError(f"unknown device type {type_name!r}; known types: {', '.join(sorted(DEVICE_TYPES))}")
-    module, _, name = DEVICE_TYPES[type_name].partition(":")
-    return getattr(importlib.import_module(module), name)
+        raise DeviceError(f"unknown device type {type_name!r}; known types: {', '.join(DEVICE_TYPES.names())} "
+                          f"(plugins register through the entry point group {DEVICE_TYPES.group!r})")
+    cls: type[Device] = DEVICE_TYPES.get(type_name).device_class()
+    return cls
 
 
 def make_device(cfg: DeviceConfig | dict[str, Any] | str | Path, **kwargs) -> Device:

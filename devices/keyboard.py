@@ -14,7 +14,7 @@ import numpy as np
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import COMMAND_AXES, ESTOP, GRIPPER, RETURN, TAKEOVER, HumanCommand
 from hg_dagger.devices.base import Device
-from hg_dagger.devices.configs import KeyboardConfig
+from hg_dagger.devices.configs import KeyboardConfig, key_label
 
 
 class Keyboard(Device):
@@ -104,15 +104,6 @@ _BUTTON_MEANING = {
     RETURN: "hand control back to the policy",
     ESTOP: "emergency stop",
 }
-_KEY_LABELS = {"escape": "Esc", "enter": "Enter", "space": "Space", "up": "Up", "down": "Down", "left": "Left",
-               "right": "Right", "shift": "Shift", "tab": "Tab", "backspace": "Backspace"}
-
-
-def key_label(key: str) -> str:
-    """How a key name is shown to people: 'w' -> 'W', 'escape' -> 'Esc'."""
-    return _KEY_LABELS.get(key, key.upper() if len(key) == 1 else key.capitalize())
-
-
 def key_layout(config: KeyboardConfig | None = None) -> list[tuple[str, str]]:
     """(key, meaning) rows for a help dialog, in the order hold key, axes, buttons."""
     cfg = config or KeyboardConfig()
