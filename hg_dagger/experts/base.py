@@ -90,7 +90,7 @@ def require_relabeler(expert: Any, *, where: str = "DAgger") -> None:
         )
 
 
-def invalid_rows(env_ids: Sequence[int], valid: np.ndarray, reasons: dict[int, str] | None = None) -> dict[int, str]:
+def invalid_rows(env_ids: Sequence[int] | np.ndarray, valid: np.ndarray, reasons: dict[int, str] | None = None) -> dict[int, str]:
     """{env_id: reason} for every invalid row, filling a generic reason where the expert gave none."""
     reasons = dict(reasons or {})
     return {
@@ -200,7 +200,7 @@ class _Malformed(Exception):
 def query_expert(
     expert: ExpertActionProvider,
     obs: Obs,
-    env_ids: Sequence[int],
+    env_ids: Sequence[int] | np.ndarray,
     mapping,
     timeout_s: float | None = None,
     *,

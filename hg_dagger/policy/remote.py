@@ -187,12 +187,13 @@ class RemotePolicy:
         n = int(next(iter(obs.values())).shape[0])
         if n != self._n:
             self._resize(n)
-        need = [r for r in range(n) if self._queue[r] is None or len(self._queue[r]) == 0]
+        need = [r for r, q in enumerate(self._queue[:n]) if q is None or len(q) == 0]
         if need:
             self._fill(obs, need)
         action = np.empty((n, self._a), np.float32)
         for r in range(n):
             q = self._queue[r]
+            assert q is not None  # filled above
             action[r] = q[0]
             self._queue[r] = q[1:]
         self.chunk_index += 1
@@ -202,7 +203,7 @@ class RemotePolicy:
 
     def _fill(self, obs: dict[str, np.ndarray], rows: list[int]) -> None:
         if self.batch:
-            msg = wire_obs(obs, self._feats, self.names, rows)
+            msg: dict[str, Any] = wire_obs(obs, self._feats, self.names, rows)
             msg[TASK] = self._task
             reply = self._request(msg)
             chunks = self._actions(reply, batch=len(rows))
@@ -210,7 +211,7 @@ class RemotePolicy:
                 self._take(r, chunks[i], reply, i)
             return
         for r in rows:
-            msg = {k: v[0] for k, v in wire_obs(obs, self._feats, self.names, [r]).items()}
+            msg = {k: v[0] for k, v in wire_obs(obs, self._feats, self.names, [r]).items()}  # one row
             msg[TASK] = self._task
             reply = self._request(msg)
             self._take(r, self._actions(reply, batch=None), reply, None)

@@ -135,8 +135,10 @@ class ServerProcess:
                 self.stop()
                 raise PolicyError(f"--policy {self.spec}: the policy server did not start within {timeout_s:g} s "
                                   f"({why})")
-            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 0.5))
-            line = self.proc.stdout.readline() if ready else ""
+            stdout = self.proc.stdout
+            assert stdout is not None  # started with stdout=PIPE
+            ready, _, _ = select.select([stdout], [], [], min(left, 0.5))
+            line = stdout.readline() if ready else ""
             if line.startswith(READY):
                 return line[len(READY):].strip()
             if ready and not line or self.proc.poll() is not None:
@@ -158,6 +160,7 @@ class ServerProcess:
     def stop(self) -> None:
         proc = self.proc
         if proc.poll() is None:
+            assert proc.stdin is not None  # started with stdin=PIPE
             try:
                 proc.stdin.close()  # the server's own way out
                 proc.wait(timeout=5)

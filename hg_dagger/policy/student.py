@@ -65,7 +65,7 @@ class StudentSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StudentSpec:
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        kw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         return cls(**kw)
 
 
@@ -165,6 +165,7 @@ class StudentNet(nn.Module):
             n_in += spec.cnn_features
         head = split_kind(spec.kind)[1]
         self.horizon = CHUNK if head == "chunk" else 1  # actions predicted per step (a chunk head: several)
+        self.head: GMMHead | EnsembleMLP
         if head == "gmm":
             self.head = GMMHead(EnsembleMLP(spec.ensemble, n_in, spec.hidden, GMMHead.width(spec.action_dim)),
                                 spec.action_dim)
@@ -206,6 +207,7 @@ class StudentNet(nn.Module):
         chunk's valid steps (targets [B, H, A], ``valid`` [B, H]; the current step is always valid)."""
         if self.horizon > 1:
             err = ((self.chunks(state, images) - z_target.unsqueeze(0)) ** 2).mean(-1)  # [K, B, H]
+            assert valid is not None  # a chunk head's loss needs its valid steps
             w = valid.to(err.dtype).unsqueeze(0)
             return (err * w).sum(-1) / w.sum(-1).clamp(min=1.0)
         x = self.features(state, images)
