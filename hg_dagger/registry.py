@@ -1,4 +1,4 @@
-"""Registries: the one shape of the extension points (backends, experts, exporters, policies).
+"""Registries: the one shape of the extension points (backends, devices, experts, exporters, gate types, policies).
 
 A registry maps a name to a small record. Our own modules register theirs when the registry's home package is
 imported; other packages register through an entry point group (``hg_dagger.<kind>``), whose entries are loaded
