@@ -211,7 +211,8 @@ def model_for_kind(kind: str) -> type[BaseModel]:
     if kind not in KINDS:
         raise ConfigError(f"unknown config kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}")
     module, _, name = KINDS[kind].partition(":")
-    return getattr(importlib.import_module(module), name)
+    model: type[BaseModel] = getattr(importlib.import_module(module), name)  # KINDS names pydantic models
+    return model
 
 
 def check(path: str | Path) -> BaseModel:

@@ -88,7 +88,7 @@ def _handler(path: Path) -> logging.Handler:
     return h
 
 
-def attach(path: str | os.PathLike, loggers: tuple[str, ...] = (LOGGER,)) -> logging.Handler:
+def attach(path: str | os.PathLike[str], loggers: tuple[str, ...] = (LOGGER,)) -> logging.Handler:
     """Send ``loggers`` (INFO and up) to the rotated file ``path`` too (created on the first line)."""
     h = _handler(Path(path))
     for name in loggers:
@@ -113,7 +113,7 @@ def detach(handler: logging.Handler | None, loggers: tuple[str, ...] = (LOGGER,)
     handler.close()
 
 
-def store_log_path(store_url: str | os.PathLike) -> Path | None:
+def store_log_path(store_url: str | os.PathLike[str]) -> Path | None:
     """``STORE/safety.log`` for a store on the local file system; None for a remote store (nothing to write)."""
     s = os.fspath(store_url)
     if s.startswith("file://"):
@@ -121,7 +121,7 @@ def store_log_path(store_url: str | os.PathLike) -> Path | None:
     return None if "://" in s else Path(s) / FILE_NAME
 
 
-def attach_session(store_url: str | os.PathLike) -> logging.Handler | None:
+def attach_session(store_url: str | os.PathLike[str]) -> logging.Handler | None:
     """The session's safety log beside its store. One per process: a new session's replaces the last one's."""
     global _session_handler
     path = store_log_path(store_url)
@@ -134,7 +134,7 @@ def attach_session(store_url: str | os.PathLike) -> logging.Handler | None:
     return _session_handler
 
 
-def event(kind: Any, row: int, step: int, reason: str, source: str, values: dict | None,
+def event(kind: Any, row: int, step: int, reason: str, source: str, values: dict[str, Any] | None,
           episode: str | None) -> None:
     """One session event: e-stops, robot holds and refusals, lost devices and notes (resume, e-stop cleared, a lost
     policy) become a line each; safety clamps are summarised. Other kinds are not safety events."""

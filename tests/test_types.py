@@ -1,9 +1,12 @@
-"""The type checker passes: mypy with pyproject.toml's [tool.mypy] (strict on hg_dagger.contract and
-hg_dagger.store; see docs/architecture.md)."""
+"""The type checker passes: mypy with pyproject.toml's [tool.mypy] over the whole library (hg_dagger/ and ui/,
+devices/ under their installed names, through the symlinks in typecheck/hg_dagger/): strict by default and on
+hg_dagger.contract and hg_dagger.store; the modules listed as not yet strict with mypy's defaults; the ones listed as
+not yet typed analysed without their own errors reported (see docs/architecture.md)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +16,7 @@ import pytest
 pytestmark = [pytest.mark.subprocess]
 
 REPO = Path(__file__).resolve().parent.parent
+CODE_ROOTS = ("hg_dagger", "ui", "devices")  # setup.py's roots that hold code (configs/ is data)
 
 
 def _mypy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -21,14 +25,18 @@ def _mypy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
 
 
-def test_contract_and_store_type_check_strictly(tmp_path):
+def test_the_whole_library_type_checks(tmp_path):
     checked = _mypy(tmp_path)
     assert checked.returncode == 0, checked.stdout[-6000:] + checked.stderr[-2000:]
-    assert "Success: no issues found" in checked.stdout
+    found = re.search(r"Success: no issues found in (\d+) source files", checked.stdout)
+    assert found, checked.stdout[-2000:]
+    # every module of the library is a source: ui/ and devices/ included (their symlinks resolve)
+    modules = sum(len(list((REPO / root).rglob("*.py"))) for root in CODE_ROOTS)
+    assert int(found.group(1)) == modules
 
 
 def test_the_check_is_strict(tmp_path):
-    # the same configuration refuses an unannotated function
+    # the same configuration refuses an unannotated function outside the not-yet-strict list
     probe = tmp_path / "probe.py"
     probe.write_text("def untyped(x):\n    return x\n")
     broken = _mypy(tmp_path, "--config-file", str(REPO / "pyproject.toml"), str(probe))

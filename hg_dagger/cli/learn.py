@@ -110,7 +110,9 @@ def _eval(args) -> int:
 
     cfg = EvalConfig(episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, max_steps=args.max_steps)
     with executor.from_args(args) as ex:
-        result = evaluate(policy_cli.policy_spec(args, "checkpoint"), args.task, args.out, config=cfg,
+        spec = policy_cli.policy_spec(args, "checkpoint")
+        assert spec is not None  # the parser requires --policy or --checkpoint
+        result = evaluate(spec, args.task, args.out, config=cfg,
                           store_url=args.store, policy_options=policy_cli.policy_options(args),
                           holdout_fraction=args.holdout_fraction, progress=not args.quiet, executor=ex)
     cl = result["closed_loop"]

@@ -43,6 +43,9 @@ def _rss_mb() -> float:
 class AutoRun:
     """State of one `hg-dagger auto` run: out_dir holds checkpoint.pt, metrics.jsonl, loss.jsonl, eval/."""
 
+    # set by unattended runs (the cli): called with each round's metrics row (a summary line, ETA, curve.png)
+    on_round: Callable[[dict[str, Any]], object] | None = None
+
     def __init__(self, cfg: AutoConfig, out_dir: str | Path, store_url: str | None = None, executor=None):
         self.cfg = cfg
         self.executor = executor  # learn.executor: local (default) or ray; the caller closes one it passes
@@ -154,9 +157,8 @@ class AutoRun:
         if recover and recover["probed"]:
             log.info("iteration %d: the expert recovers %d of %d failed evaluation episodes from the student's "
                      "first-failure step", it, recover["recovered"], recover["probed"])
-        on_round = getattr(self, "on_round", None)  # unattended runs: a summary line, ETA, curve.png
-        if on_round is not None:
-            on_round(row)
+        if self.on_round is not None:
+            self.on_round(row)
         return row
 
     def _promoter(self, env_eval):

@@ -23,7 +23,7 @@ import os
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -123,7 +123,7 @@ class AuditEntry:
 # ------------------------------------------------------------------------------------------ reading
 
 
-def open_store(store: EpisodeStore | str | os.PathLike, mode: str = "r") -> EpisodeStore:
+def open_store(store: EpisodeStore | str | os.PathLike, mode: Literal["r", "a"] = "r") -> EpisodeStore:
     """An EpisodeStore from a path (StoreError names the path if it is missing or of another schema)."""
     if isinstance(store, EpisodeStore):
         if mode == "a" and store.mode != "a":
@@ -164,6 +164,10 @@ def window_row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str]
         trainable_steps=trainable, excluded_why=layer.note if trainable == 0 else "")
 
 
+@overload
+def _status(value: ReviewStatus | str) -> ReviewStatus: ...
+@overload
+def _status(value: None) -> None: ...
 def _status(value: ReviewStatus | str | None) -> ReviewStatus | None:
     if value is None or isinstance(value, ReviewStatus):
         return value

@@ -190,6 +190,7 @@ def _exec_figures(ep: _Ep, sel: np.ndarray, cfg: QCConfig, step_range: range | N
     non_finite = valid & ~np.isfinite(applied).all(axis=1)
     out_of_bounds = np.zeros(ep.n, bool)
     if ep.low is not None and ep.low.shape == applied.shape[1:]:
+        assert ep.high is not None  # bounds come in pairs
         with np.errstate(invalid="ignore"):
             out_of_bounds = valid & ((applied < ep.low - tol) | (applied > ep.high + tol)).any(axis=1)
     too_fast = np.zeros(ep.n, bool)

@@ -282,7 +282,7 @@ def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb
         env = make_env(mapping, num_envs=1, seed=seed)
     except HgDaggerError as exc:
         raise NotReplayable(f"the {mapping.backend} simulator is not available here: {exc}") from None
-    first = None  # (step, key, error, reason) of the first divergence
+    first: tuple | None = None  # (step, key, error, reason) of the first divergence
 
     def diverged(found) -> bool:
         """Note a divergence; True when the walk stops here (no view asks for the rest)."""
@@ -297,12 +297,13 @@ def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb
             if view is not None:
                 view(t, env)
             if compare_obs[t] and first is None:
+                stop = False  # an observation diverged and no view asks for the rest
                 for key in obs_keys:
                     err, limit = _difference(obs[key][0], rec[f"obs/{key}"][t], key, key in images, tol)
                     if err > limit:
-                        diverged((t, f"obs/{key}", err, _why(t, f"obs/{key}", err, limit)))
+                        stop = diverged((t, f"obs/{key}", err, _why(t, f"obs/{key}", err, limit)))
                         break
-                if first is not None and view is None:
+                if stop:
                     break
             result = env.step(actions[t : t + 1])
             outcome = {"reward": result.reward, "success": result.success,

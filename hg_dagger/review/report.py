@@ -59,7 +59,7 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
     roster = st.reviewers
     windows: list[dict[str, Any]] = []
     labels: Counter = Counter()
-    steps = Counter()
+    steps: Counter = Counter()
     gate_reasons: Counter = Counter()
     recoveries: Counter = Counter()
     first_failure: list[float] = []
@@ -96,11 +96,11 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         for w in layer.windows:
             s, e = w.handover_start, min(w.handover_end, n)
             in_w = sel.labels[s:e]
-            stopped = Counter()
+            stopped: Counter = Counter()
             for b in TrainingBlock:
                 c = int(((sel.blocks[s:e] & int(b)) != 0).sum())
                 if c:
-                    stopped[b.name.lower()] = c
+                    stopped[str(b.name).lower()] = c
             d = current_review(layer.reviews, w.window_id)
             who = window_operator(w, info.start.operator)
             void = (review_problem(d, operator=who, reviewers=roster) or "") if d is not None and \
@@ -182,7 +182,7 @@ def _plots(report: dict[str, Any]) -> list[tuple[str, str]]:
 
     out = []
     lab = report["labels"]
-    names = ["allowed"] + [b.name.lower() for b in TrainingBlock]
+    names = ["allowed"] + [str(b.name).lower() for b in TrainingBlock]
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.barh(names[::-1], [lab.get(k, 0) for k in names[::-1]],
             color=["tab:red"] * (len(names) - 1) + ["tab:green"])
