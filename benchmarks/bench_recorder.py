@@ -56,23 +56,23 @@ def make_frames(n: int, size: int = 128, seed: int = 0) -> np.ndarray:
 
 
 def render_fetch(n: int) -> np.ndarray:
-    """Frames of the Fetch pick-and-place camera (128x128, real MuJoCo rendering) while its planner works the task."""
+    """Frames of the Fetch pick-and-place camera (128x128, real MuJoCo rendering) while its planner works the task,
+    rolled out through the engine (the expert's actions, the task's safety monitor) like any recorded episode."""
+    from hg_dagger.control.engine import Engine, EpisodeRows, ExpertOnly, Trace, task_safety
+    from hg_dagger.control.expert_runs import HoldStill
+    from hg_dagger.control.safety import SafetyMonitor
     from hg_dagger.envs import make_env
     from hg_dagger.experts import make_expert
 
     env = make_env("fetch_pick_place_rgb", num_envs=1, seed=0)
-    expert = make_expert("fetch_pick_place_rgb", mapping=env.mapping)
-    obs, info = env.reset(seed=0)
-    expert.reset([0], obs, info)
-    out = np.empty((n, *np.asarray(obs["rgb"]).shape[1:]), np.uint8)
-    for i in range(n):
-        r = env.step(np.nan_to_num(expert.act(obs, env_ids=[0]).action))
-        obs = r.obs
-        if r.episode_start[0]:
-            expert.reset([0], obs, r.info)
-        out[i] = obs["rgb"][0]
+    mapping = env.mapping
+    ticks: list = []
+    safety = SafetyMonitor(task_safety(mapping.task_id), num_envs=1, action_dim=mapping.action_dim)
+    engine = Engine(env, HoldStill(mapping.action_dim), ExpertOnly(make_expert(mapping.task_id, mapping=mapping), mapping),
+                    safety, rows=EpisodeRows(1), sinks=[Trace(ticks)])
+    engine.run(episodes=None, stop=lambda: len(ticks) >= n)
     env.close()
-    return out
+    return np.stack([obs["rgb"][0] for obs, _ in ticks[:n]]).astype(np.uint8)
 
 
 def png_bytes(frame: np.ndarray, level: int | None = None) -> bytes:

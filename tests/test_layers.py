@@ -196,3 +196,41 @@ def test_long_modules_are_found(tmp_path):
     (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * 10)
     (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 11)
     assert long_modules({"pkg": tmp_path / "pkg"}, limit=10) == ["pkg.long: 11 lines"]
+
+
+# ---------------------------------------------------------------------- one tick function steps every mode
+
+STEPPERS = {  # the modules that may call a VecEnv's step (docs/architecture.md): the engine and the env's own seams
+    "hg_dagger.control.engine", "hg_dagger.review.replay", "hg_dagger.envs.check", "hg_dagger.envs.bridge.robot",
+    "hg_dagger.envs.embodichain",  # wraps EmbodiChain's own env
+}
+
+
+def env_steps(roots: dict[str, Path]) -> list[str]:
+    """Calls of ``env.step(...)`` / ``self.env.step(...)`` outside the modules allowed to step an env."""
+    found = []
+    for mod, path in sorted(_modules(roots).items()):
+        if mod in STEPPERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"):
+                continue
+            owner = node.func.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name in ("env", "bare_env", "vec_env"):
+                found.append(f"{mod}:{node.lineno}")
+    return found
+
+
+def test_only_the_engine_steps_an_env():
+    stray = env_steps(_source_roots())
+    assert not stray, "env.step outside the engine (route the rollout through control.engine.Engine):\n" + \
+        "\n".join(stray)
+
+
+def test_a_stray_env_step_is_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "loop.py").write_text("def go(self, a):\n    return self.env.step(a)\n")
+    (tmp_path / "pkg" / "other.py").write_text("def go(opt):\n    opt.step()\n")
+    assert env_steps({"pkg": tmp_path / "pkg"}) == ["pkg.loop:2"]

@@ -6,8 +6,8 @@
 
 Arbiters: ``BetaMix`` (automatic DAgger: one coin per row and step), ``ExpertOnly`` (demonstrations),
 ``StudentOnly`` (evaluation, calibration), ``TakeOver`` (recoverability probes: the student, then the
-expert); the human-gated handover is the session (control.session), which runs the same stages through
-``safety_stage`` and ``cut``. Sinks receive every tick (``Tick``, one
+expert); the human-gated handover is the session (control.session), an arbiter whose hooks pause rows for a
+person, refuse a tick while a robot holds and own its episodes' ends (``Arbiter``). Sinks receive every tick (``Tick``, one
 typed record through the stages) and every episode begin and end: the store (learn.collect.Collector),
 evaluation statistics (``EvalStats``), traces (``Trace``), calibration samples (``Samples``).
 
@@ -30,6 +30,7 @@ import numpy as np
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import ActionSource, ControlState, StepFlag
 from hg_dagger.envs.base import StepResult
+from hg_dagger.errors import EnvError
 
 SRC_POLICY = ActionSource.POLICY.code
 SRC_EXPERT = ActionSource.EXPERT.code
@@ -62,6 +63,9 @@ class Tick:
     env: StepResult | None = None  # the env's step, the engine's cut included
     steps: np.ndarray | None = None  # int64 [N] steps of each row's episode, this one included
     operator: Any = None  # the session's OperatorTick: the operator's answer (raw command, t_device, buttons)
+    paused: np.ndarray | None = None  # bool [N] rows that wait for a person: not stepped, not recorded, not counted
+    counted: np.ndarray | None = None  # bool [N] rows whose step counts toward the cut (default: the active ones)
+    stop: np.ndarray | None = None  # bool [N] rows whose episode the arbiter ends after this step (a safe stop)
 
 
 # ---------------------------------------------------------------------- stages shared with the session
@@ -134,13 +138,38 @@ class Policy(Protocol):
     def act(self, obs: dict[str, np.ndarray]) -> Any: ...  # a PolicyOutput
 
 
-class Arbiter(Protocol):
-    def begin(self, rows: list[int], obs: dict[str, np.ndarray], info: dict) -> None: ...
+class Arbiter:
+    """Who acts on each row: ``decide`` fills the tick's command, source and control state. The other hooks let an
+    arbiter that works with a person (the session) pause rows, refuse a tick, and own its episodes' ends; their
+    defaults are those of the batch modes."""
 
-    def decide(self, tick: Tick) -> None: ...
+    def begin(self, rows: list[int], obs: dict[str, np.ndarray], info: dict) -> None:
+        """Episodes begin in ``rows`` (``obs`` is theirs)."""
+
+    def decide(self, tick: Tick) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Whether this tick steps at all (the session: not while a robot holds or between episodes)."""
+        return True
+
+    def waited(self, tick: Tick) -> None:
+        """Every active row waits for a person and the env cannot step some rows alone: nothing was stepped."""
+
+    def refused(self, exc: Exception, tick: Tick) -> bool:
+        """The env refused the step (``exc``, an EnvError): True when handled (the tick ends unrecorded)."""
+        return False
+
+    def stepped(self, tick: Tick) -> None:
+        """The env stepped and the cut applied; the sinks come next."""
+
+    def after(self, tick: Tick, ended: list[int]) -> bool:
+        """The sinks saw the step; ``ended`` rows' episodes end (env end, cut or ``tick.stop``). True when the
+        arbiter ended and restarted them itself (the session); False: the engine's sinks close them."""
+        return False
 
 
-class StudentOnly:
+class StudentOnly(Arbiter):
     """The student acts on every row (evaluation, calibration)."""
 
     def begin(self, rows, obs, info) -> None:
@@ -153,7 +182,7 @@ class StudentOnly:
         tick.control_state = np.full(n, CS_AUTO, np.uint8)
 
 
-class BetaMix:
+class BetaMix(Arbiter):
     """Automatic DAgger: the expert labels every active row's pre-action observation; a coin per row and step
     (one stream per episode, seeded by (seed, episode seed)) decides whether its valid label is executed."""
 
@@ -324,32 +353,37 @@ class EpisodeRows:
         self.index: list[int | None] = [None] * n
         self.steps = np.zeros(n, np.int64)
         self.begun = 0
+        self._active = np.zeros(n, bool)
 
     def seed_of(self, k: int) -> int:
         return self.seeds[k] if self.seeds is not None else self.base_seed + k
 
     @property
     def active(self) -> np.ndarray:
-        return np.array([i is not None for i in self.index])
+        """bool [N]: rows with an open episode (a copy the caller may keep)."""
+        return self._active.copy()
 
     def take(self, row: int) -> tuple[int, int]:
         """The next episode goes to ``row``: (its index, its seed)."""
         k = self.begun
         self.begun += 1
         self.index[row] = k
+        self._active[row] = True
         self.steps[row] = 0
         return k, self.seed_of(k)
 
     def free(self, row: int) -> None:
         self.index[row] = None
+        self._active[row] = False
 
 
 class Engine:
     """Steps ``env`` with ``policy`` through an arbiter, the safety monitor and sinks, one episode per row at a time."""
 
-    def __init__(self, env, policy: Policy, arbiter, safety, *, rows: EpisodeRows, sinks: Sequence[Any] = (),
-                 on_clamp: Callable[[int, str, Tick], None] | None = None):
+    def __init__(self, env, policy: Policy, arbiter: Arbiter, safety, *, rows: EpisodeRows, sinks: Sequence[Any] = (),
+                 on_clamp: Callable[[int, str, Tick, np.ndarray], None] | None = None, copy_obs: bool = True):
         self.env, self.policy, self.arbiter, self.safety = env, policy, arbiter, safety
+        self.copy_obs = copy_obs
         self.mapping = env.mapping
         self.n = env.num_envs
         self.rows = rows
@@ -405,37 +439,55 @@ class Engine:
 
     # -------------------------------------------------------------- one tick
 
-    def tick(self) -> Tick:
+    def tick(self) -> Tick | None:
+        """One step of every row through the stages; None when the arbiter let nothing step."""
+        if not self.arbiter.ready():
+            return None
         n = self.n
-        obs = {k: np.array(v) for k, v in self.obs.items()}  # the sinks own what they are handed
+        # the sinks own what they are handed (an arbiter that copies its observations itself says copy_obs=False)
+        obs = {k: np.array(v) for k, v in self.obs.items()} if self.copy_obs else self.obs
         active = self.rows.active
         out = self.policy.act(obs)
         tick = Tick(obs=obs, t_obs=self.t_obs, active=active, policy=out, t_policy=now_ns(),
                     flags=np.zeros(n, np.uint16))
         self.arbiter.decide(tick)
+        paused = tick.paused if tick.paused is not None and tick.paused.any() else None
+        if paused is not None:
+            if not (self.env.pauses_rows and (active & ~paused).any()):  # nothing steps: the others wait too
+                self.arbiter.waited(tick)
+                return None
+            tick.active = active = active & ~paused
         command_source = tick.source
-        on_clamp = None
-        if self.on_clamp is not None:
-            def on_clamp(r, names, t, _src=command_source):
-                self.on_clamp(r, names, t, _src)
+        report = self.on_clamp  # (row, clamp names, tick, whose command it was)
+        on_clamp = None if report is None else (lambda r, names, t: report(r, names, t, command_source))
         safety_stage(self.safety, self.mapping, tick, on_clamp)
         if tick.expert_used is not None and tick.clamped.any():
             tick.expert_used = tick.expert_used & ~tick.clamped
-        step = self.env.step(tick.applied)
-        self.safety.commit(tick.applied)
+        try:
+            step = self.env.step(tick.applied) if paused is None else self.env.step(tick.applied, paused=paused)
+        except EnvError as exc:
+            if self.arbiter.refused(exc, tick):  # the action never moved anything: nothing to record
+                return None
+            raise
+        self.safety.commit(tick.applied, None if paused is None else ~paused)
         self.ticks += 1
-        self.rows.steps += active
+        counted = active if tick.counted is None else tick.counted & active
+        self.rows.steps += counted
         tick.steps = self.rows.steps.copy()
-        tick.env = cut(step, np.where(active, self.rows.steps, 0), self.rows.limit)
+        tick.env = cut(step, np.where(counted, self.rows.steps, 0), self.rows.limit)
+        self.arbiter.stepped(tick)
         for s in self.sinks:
             s.step(tick)
         self.last = tick
-        ended = tick.env.ended & active
-        for r in np.flatnonzero(ended).tolist():
+        ended_rows = tick.env.ended if tick.stop is None else tick.env.ended | tick.stop
+        ended = np.flatnonzero(ended_rows & active).tolist()
+        self.obs, self.t_obs, self.info = step.obs, step.t_obs, step.info
+        if self.arbiter.after(tick, ended):
+            return tick
+        for r in ended:
             for s in self.sinks:
                 s.end(r, tick, complete=True)
             self.rows.free(r)
-        self.obs, self.t_obs, self.info = step.obs, step.t_obs, step.info
         return tick
 
     # -------------------------------------------------------------- the run
@@ -478,5 +530,5 @@ class Engine:
                     self.rows.free(r)
 
 
-__all__ = ["BetaMix", "Engine", "EpisodeRows", "EvalStats", "ExpertOnly", "Policy", "Samples", "StudentOnly",
+__all__ = ["Arbiter", "BetaMix", "Engine", "EpisodeRows", "EvalStats", "ExpertOnly", "Policy", "Samples", "StudentOnly",
            "TakeOver", "Tick", "Trace", "clamp_values", "cut", "end_reason", "safety_stage", "task_safety"]

@@ -1,8 +1,9 @@
 """The session: the gated-handover arbiter of the rollout engine (control.engine), one control tick batched
 over the env's rows, and the run loop around it; the controls a live front end calls between ticks are in
-control.session_controls, episode begin and end in control.session_episodes.
+control.session_controls, episode begin and end in control.session_episodes, its events in control.session_events.
 
-    act -> poll operators -> gates -> handover -> choose command -> safety_stage -> env.step -> cut -> record
+    Engine.tick: act -> [decide: poll operators -> gates -> handover -> choose command] -> safety_stage
+      -> env.step -> cut -> [stepped: record] -> [after: episode ends and restarts]
 
 Everything here stays in memory: the recorder's ``put`` is an O(1) hand-off to its writer thread.
 The session records action_source, control_state, step_flags, correction windows and events; the store
@@ -20,26 +21,22 @@ from typing import Any
 
 import numpy as np
 
-from hg_dagger import safety_log
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import (
-    ControlState,
     EndReason,
     EventKind,
     SessionMode,
     StepFlag,
 )
-from hg_dagger.contract.schema import Event
 from hg_dagger.control.engine import (
+    Arbiter,
     Engine,
     EpisodeRows,
     Samples,
     StudentOnly,
     Tick,
     clamp_values,
-    cut,
     end_reason,
-    safety_stage,
 )
 from hg_dagger.control.episodes import EpisodeWriter
 from hg_dagger.control.gate_scores import GateInputs
@@ -56,7 +53,6 @@ from hg_dagger.control.handover import (
     SRC_POLICY,
     WARNING,
     HandoverMachine,
-    RequestEnd,
     TickInputs,
 )
 from hg_dagger.control.live import TickView
@@ -71,8 +67,8 @@ from hg_dagger.control.run_config import (  # noqa: F401 - the config names stay
 from hg_dagger.control.safety import SafetyMonitor
 from hg_dagger.control.session_controls import BUTTONS, SessionControls  # noqa: F401 - importable here
 from hg_dagger.control.session_episodes import SessionEpisodes
-from hg_dagger.envs.base import StepResult
-from hg_dagger.errors import ConfigError, EnvError, HgDaggerError
+from hg_dagger.control.session_events import SessionEvents
+from hg_dagger.errors import ConfigError, HgDaggerError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +99,7 @@ class RunSummary:
         return d
 
 
-class Session(SessionControls, SessionEpisodes):
+class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
     """Runs a student on a VecEnv with gates, handover, an operator and the safety monitor, and records
     every step, event and correction window to a store recorder."""
 
@@ -112,7 +108,7 @@ class Session(SessionControls, SessionEpisodes):
                  scene: str = "", seed: int = 0, iteration: int = 0, realtime: bool = False,
                  max_episode_steps: int | None = None, episode_gap_s: float | None = None,
                  gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None):
-        self.env, self.student, self.rec = env, student, recorder
+        self.env, self.rec = env, recorder
         self.mapping = env.mapping
         self.n = env.num_envs
         self._world_clock = getattr(env, "world_clock", "stepped")
@@ -138,7 +134,10 @@ class Session(SessionControls, SessionEpisodes):
         self.count_acting = live_clock
         self.step_limit = max_episode_steps if max_episode_steps is not None else (
             self.mapping.horizon if live_clock else None)
-        self.acted = np.zeros(self.n, np.int64)  # steps of each row's open episode that count against the limit
+        # episode k of the session starts from seed ``seed + k``; rows.steps counts each open episode's steps
+        # against the limit (the cut)
+        self.rows = EpisodeRows(self.n, base_seed=seed, limit=self.step_limit)
+        self.engine = Engine(env, student, self, safety, rows=self.rows, on_clamp=self._on_clamp, copy_obs=False)
         self.live_episode_gap_s = episode_gap_s  # the run config's pause between episodes for live front ends
         self.episode_gap_s = 0.0  # in force: a live front end sets it (ControlLoop); a headless run never waits
         self.starts_held = False  # a per-episode dialog is open: queued episodes wait (hold_starts)
@@ -161,20 +160,49 @@ class Session(SessionControls, SessionEpisodes):
         self._pending: dict[str, Any] = {}  # operator / student / mode changes for the next episode begin
         self._pressed: set[str] = set()
         self._prev_device_ok = np.ones(self.n, bool)
-        self.obs: dict[str, np.ndarray] | None = None
         self.signals: dict[str, np.ndarray] = {}
         self.succeeding = np.zeros(self.n, bool)  # the task's success condition after the last step, per row
-        self.t_obs = np.full(self.n, NO_TIME, np.int64)
+        self.engine.t_obs = np.full(self.n, NO_TIME, np.int64)
         self.t_obs_align_ms: np.ndarray | None = None  # clock-mapping error of t_obs (robot bridge)
         self.ep_seed: list[int | None] = [None] * self.n
         self.summary = RunSummary()
         self.last: TickView | None = None
-        self._started = 0
         self._target = 0
         self._env_info: dict[str, Any] = {}
         self.robot_hold = ""  # why the robot holds (link lost): nothing moves until a person calls resume()
 
     # ---- state read by callers -------------------------------------------------------------
+
+    @property
+    def student(self):
+        """The policy that acts (the engine's)."""
+        return self.engine.policy
+
+    @student.setter
+    def student(self, policy) -> None:
+        self.engine.policy = policy
+
+    @property
+    def obs(self) -> dict[str, np.ndarray] | None:
+        """The observation the next tick acts on (the engine's)."""
+        return self.engine.obs
+
+    @obs.setter
+    def obs(self, obs: dict[str, np.ndarray] | None) -> None:
+        self.engine.obs = obs
+
+    @property
+    def t_obs(self) -> np.ndarray:
+        return self.engine.t_obs
+
+    @t_obs.setter
+    def t_obs(self, t: np.ndarray) -> None:
+        self.engine.t_obs = t
+
+    @property
+    def _started(self) -> int:
+        """Episodes begun in this session (the next one's number)."""
+        return self.rows.begun
 
     @property
     def eids(self) -> list[str | None]:
@@ -280,25 +308,33 @@ class Session(SessionControls, SessionEpisodes):
         self._queued.clear()
         self.summary.stopped_by = ""
         self.robot_hold = ""  # starting is the operator's action; the reset below lifts a robot hold
-        obs, info = self.env.reset(seed=[self.seed + self._started + i for i in range(self.n)])
+        obs, info = self.env.reset(seed=[self.rows.seed_of(self.rows.begun + i) for i in range(self.n)])
         self._take_obs(obs, info, np.ones(self.n, bool))
         self.safety.reset(np.arange(self.n))
         self._prev_device_ok = np.ones(self.n, bool)
         self._begin_rows(list(range(self.n)))
 
-    # ---- one tick --------------------------------------------------------------------------
+    # ---- one tick: the engine's, with the session as its arbiter -------------------------------
 
     def tick(self) -> None:
-        """One control step for every env row; sets ``last``."""
+        """One control step for every env row (``Engine.tick`` through this arbiter's hooks); sets ``last``."""
+        self.engine.tick()
+
+    def ready(self) -> bool:
+        """A tick steps unless the robot holds or no episode is open (the pause before the next, starts held)."""
         if self.robot_hold:
             self._held_tick()
-            return
+            return False
         self._start_due()
-        active = self.writer.active()
-        if not active.any():  # between episodes (the pause before the next, or starts held): nothing to step
+        if not self.rows.active.any():
             self.poll_idle()
-            return
-        out, t_policy = self._act()
+            return False
+        return True
+
+    def decide(self, tick: Tick) -> None:
+        """Poll the operators, run the gates and the handover machine, and choose each row's command: the
+        policy's, the operator's or a hold, smoothed at switches; rows waiting for a person pause."""
+        out, t_policy, active = tick.policy, tick.t_policy, tick.active
         state_before = self.machine.state.copy()
         op = self._poll_operators(active, state_before, t_policy)
         estop = np.full(self.n, self.safety.estopped, bool)
@@ -306,35 +342,57 @@ class Session(SessionControls, SessionEpisodes):
         g = self._gates(out, op, armed, active, t_policy)
         d = self._handover(out, op, g, estop, t_policy)
         command, flags = self._choose_command(out, op, d)
-        step = self.ep_step.copy()
-        paused = d.paused if d.paused.any() else None
-        if paused is not None:  # the simulator waits for the person: nothing is applied or recorded in those rows
+        self._tick_parts = (self.ep_step.copy(), op, d, g)
+        tick.command, tick.source, tick.control_state, tick.flags = command, d.source.copy(), d.state, flags
+        tick.operator, tick.expert_action, tick.expert_valid = op, op.expert_action, op.expert_valid
+        if d.paused.any():  # the simulator waits for the person: nothing is applied or recorded in those rows
             self.summary.paused_ticks += 1
-            if not (self.env.pauses_rows and (active & ~paused).any()):  # the others go on where the env can
-                self._view(step, out, t_policy, op, d, g, None, None, d.source)
-                return
-            active = active & ~paused
-        tick = Tick(obs=self.obs, t_obs=self.t_obs, active=active, policy=out, t_policy=t_policy, command=command,
-                    source=d.source.copy(), control_state=d.state, flags=flags, operator=op,
-                    expert_action=op.expert_action, expert_valid=op.expert_valid)
-        self._safety(tick, d)
-        result = self._step_env(tick.applied, t_policy, paused)
-        if result is None:  # the robot refused: the action never moved it, nothing to record
-            return
-        acted = active.copy()
+            tick.paused = d.paused
         if self.count_acting:  # holding for the person is no step of the episode
-            acted &= ~((d.state == REQUESTED) & (d.source == SRC_HOLD))
-        self.acted += acted
-        tick.env = cut(result, np.where(acted, self.acted, 0), self.step_limit)  # the cut row's last step: truncated
+            tick.counted = ~((d.state == REQUESTED) & (d.source == SRC_HOLD))
+        tick.stop = d.state == SAFE_STOP
+        self._flag_command(tick, d)
+
+    def waited(self, tick: Tick) -> None:
+        step, op, d, g = self._tick_parts
+        self._view(step, tick.policy, tick.t_policy, op, d, g, None, None, d.source)
+
+    def refused(self, exc: Exception, tick: Tick) -> bool:
+        """The robot refused the step: it holds (its heartbeat timeout, or a hold it reports), or it is
+        e-stopped; any other fault of the env is no refusal."""
+        code = getattr(exc, "code", None)  # ErrorCode.STATE: the robot holds or is e-stopped
+        if code == "unreachable" or (code == "state" and getattr(exc, "robot_state", None) == "hold"):
+            self._robot_held(str(exc), tick.t_policy)
+        elif code == "state":
+            self._robot_refused(str(exc), tick.t_policy)
+        else:
+            return False
+        return True
+
+    def stepped(self, tick: Tick) -> None:
+        """Record the step and publish it."""
         self._after_step(tick)
         self._record(tick)
-        self._view(step, out, t_policy, op, d, g, tick.applied, result.t_action_apply, tick.source)
-        self._episode_ends(d.state == SAFE_STOP, tick.env, active)
+        step, op, d, g = self._tick_parts
+        self._view(step, tick.policy, tick.t_policy, op, d, g, tick.applied, tick.env.t_action_apply, tick.source)
 
-    def _act(self):
-        """The student (it keeps computing during human control)."""
-        out = self.student.act(self.obs)
-        return out, now_ns()
+    def after(self, tick: Tick, ended: list[int]) -> bool:
+        """End the ended rows' episodes, reset their rows with fresh seeds and begin the next ones."""
+        result = tick.env
+        for r in ended:
+            reason = EndReason.SAFETY_STOP if tick.stop[r] else end_reason(bool(result.terminated[r]),
+                                                                            bool(result.success[r]))
+            self._end(r, reason, bool(result.success[r]))
+        new_episode = result.episode_start
+        info = {**result.info, "t_obs": result.t_obs, "success": result.success}  # what the next tick observes
+        if self.safety.estopped:
+            self._stop_all()
+            self._take_obs(result.obs, info, new_episode)
+            if hasattr(self.env, "estop"):  # latch the robot's own e-stop too (robot bridge)
+                self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
+            return True
+        self._restart(ended, result.obs, info, new_episode)
+        return True
 
     def _poll_operators(self, active, state_before, t_ns: int) -> OperatorTick:
         """The operator's answer, the app's buttons, and the e-stops from a device button or the env."""
@@ -385,16 +443,6 @@ class Session(SessionControls, SessionEpisodes):
         self._request_events(d.requests_ended, t_ns)
         return d
 
-    def _request_events(self, ended: list[RequestEnd], t_ns: int) -> None:
-        """One REQUEST_END event per request that ended: how (answered, declined, expired) and how long it waited."""
-        for e in ended:
-            if self.eids[e.row] is None:
-                continue
-            values = e.values(self.mapping.dt, t_ns)
-            self._event(e.row, EventKind.REQUEST_END, t_ns, e.why, "handover", values)
-            field_name = f"requests_{e.outcome}"
-            setattr(self.summary, field_name, getattr(self.summary, field_name) + 1)
-
     def _choose_command(self, out, op: OperatorTick, d):
         """The command each row applies (policy, operator or hold), smoothed at switches."""
         target = np.asarray(out.action, np.float32).copy()
@@ -406,38 +454,21 @@ class Session(SessionControls, SessionEpisodes):
             target[hold] = self.safety.hold()[hold]
         return self.machine.smooth(target, self.safety.prev, self.safety.prev_ok)
 
-    def _safety(self, tick: Tick, d) -> None:
-        """The engine's safety stage (action conversion, the monitor, CLAMPED, the safety controller's source)."""
-        command_source = d.source
-        # a blended (or ramped) hand-back step applies the controller's mix of the last applied action and the
-        # policy's, not the policy's action: it is recorded as the controller's (context only, never a label)
+    def _flag_command(self, tick: Tick, d) -> None:
+        """What the step says about its command before the safety stage: a blended (or ramped) hand-back step
+        applies the controller's mix of the last applied action and the policy's, not the policy's action, so it
+        is recorded as the controller's (context only, never a label); a lost device, and a person in control
+        whose device sent no command, are flagged."""
         tick.source[((tick.flags & StepFlag.INTERPOLATED) != 0) & (tick.source == SRC_POLICY)] = SRC_HOLD
-
-        def on_clamp(r: int, names: str, t: Tick) -> None:
-            self._event(r, EventKind.SAFETY_CLAMP, t.t_policy, names, "safety", clamp_values(t, r, command_source))
-            self.summary.safety_clamps += 1
-
-        safety_stage(self.safety, self.mapping, tick, on_clamp)
         tick.flags = tick.flags | np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)
         person = d.state == HUMAN
-        if person.any():  # a person in control whose device sent no command: the step says why it has none
+        if person.any():
             silent = person & ~np.isfinite(tick.operator.raw).all(axis=1) & ~d.device_lost
             tick.flags = tick.flags | np.where(silent, StepFlag.INCOMPLETE_INPUT, 0).astype(np.uint16)
 
-    def _step_env(self, applied, t_ns: int, paused: np.ndarray | None = None):
-        try:
-            result = self.env.step(applied) if paused is None else self.env.step(applied, paused=paused)
-        except EnvError as exc:
-            code = getattr(exc, "code", None)  # ErrorCode.STATE: the robot holds or is e-stopped
-            if code == "unreachable" or (code == "state" and getattr(exc, "robot_state", None) == "hold"):
-                self._robot_held(str(exc), t_ns)  # unreachable: the robot holds on its own heartbeat timeout
-            elif code != "state":
-                raise
-            else:
-                self._robot_refused(str(exc), t_ns)
-            return None
-        self.safety.commit(applied, None if paused is None else ~paused)
-        return result
+    def _on_clamp(self, r: int, names: str, t: Tick, command_source: np.ndarray) -> None:
+        self._event(r, EventKind.SAFETY_CLAMP, t.t_policy, names, "safety", clamp_values(t, r, command_source))
+        self.summary.safety_clamps += 1
 
     def _after_step(self, tick: Tick) -> None:
         """Flag late steps, and steps whose observation the env reported stale or missing (info "sensor_loss" of
@@ -516,76 +547,6 @@ class Session(SessionControls, SessionEpisodes):
             confidence=np.asarray(out.confidence, np.float32), uncertainty=np.asarray(out.uncertainty, np.float32),
             progress=progress if progress is not None else np.full(n, np.nan), t_request=t_request,
             t_handover=t_handover, paused=applied is None)
-
-    def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None:
-        """Each window as it closes becomes a WINDOW_CLOSED event: a run killed before the episode's commit still
-        leaves its corrections' bounds and ids in the log (auditable, never trainable)."""
-        for r, w in self.machine.take_closed():
-            if self.eids[r] is None:
-                continue
-            if self.machine.operator == "human":
-                self.last_window_id = w.window_id
-                self.window_episode[w.window_id] = self.eids[r]
-            values = w.values(num_steps)
-            t_ns = w.t_return if w.t_return != NO_TIME else (int(t_apply[r]) if t_apply is not None else now_ns())
-            self.writer.event(r, Event(kind=EventKind.WINDOW_CLOSED, step=values["handover_end"], t_ns=int(t_ns),
-                                       reason=w.cause, source="handover",
-                                       values={**values, "operator": self.machine.operator_name}))
-
-    def _event(self, r: int, kind: EventKind, t_ns: int, reason: str = "", source: str = "",
-               values: dict[str, Any] | None = None) -> None:
-        self.writer.event(r, Event(kind=kind, step=int(self.ep_step[r]), t_ns=int(t_ns), reason=reason,
-                                   source=source, values=values or {}))
-        safety_log.event(kind, r, int(self.ep_step[r]), reason, source, values, self.eids[r])  # the incident file
-
-    def _episode_ends(self, stopped, result: StepResult, active) -> None:
-        """End finished episodes, reset their rows with fresh seeds and begin the next ones."""
-        term, trunc, success = result.terminated, result.truncated, result.success
-        ended = (term | trunc | stopped) & active
-        for r in np.flatnonzero(ended):
-            r = int(r)
-            reason = EndReason.SAFETY_STOP if stopped[r] else end_reason(bool(term[r]), bool(success[r]))
-            self._end(r, reason, bool(success[r]))
-        new_episode = result.episode_start
-        info = {**result.info, "t_obs": result.t_obs, "success": result.success}  # what the next tick observes
-        if self.safety.estopped:
-            self._stop_all()
-            self._take_obs(result.obs, info, new_episode)
-            if hasattr(self.env, "estop"):  # latch the robot's own e-stop too (robot bridge)
-                self.env.estop(f"{self.safety.estop_source}: {self.safety.estop_reason or 'e-stop'}")
-            return
-        self._restart([int(r) for r in np.flatnonzero(ended)], result.obs, info, new_episode)
-
-    # ---- events ----------------------------------------------------------------------------
-
-    def _device_events(self, device_ok: np.ndarray, t_ns: int) -> None:
-        changed = [] if device_ok is self._prev_device_ok else np.flatnonzero(device_ok != self._prev_device_ok)
-        for r in changed:  # nothing changed when the operator handed out its shared read-only idle answer again
-            r = int(r)
-            kind = EventKind.DEVICE_CONNECT if device_ok[r] else EventKind.DEVICE_DISCONNECT
-            self._event(r, kind, t_ns, source=self.operator.device_id(r),
-                        values={"control_state": ControlState.from_code(int(self.machine.state[r])).value})
-        frozen = not device_ok.flags.writeable and device_ok.base is None  # its own data, write-protected: kept
-        self._prev_device_ok = device_ok if frozen else device_ok.copy()
-
-    def _transition_events(self, d, t_ns: int) -> None:
-        in_control = (HUMAN, EXPERT)
-        kind = self.operator.kind
-        for r, frm, to, why in d.transitions:
-            if self.eids[r] is None:
-                continue
-            if to in in_control:  # who took control (after a lost device: who resumed)
-                self.summary.context_switches += 1
-                self._event(r, EventKind.HANDOVER_START, t_ns, why, kind,
-                            {"operator": self.operator.name, "device": self.operator.device_id(r)})
-            if frm in in_control:
-                self._event(r, EventKind.HANDOVER_END, t_ns, why, kind)
-                self.operator.release(r)
-            if to == SAFE_STOP:
-                ev = EventKind.ESTOP if why == "estop" else EventKind.NOTE
-                src = self.safety.estop_source if why == "estop" else "handover"
-                self._event(r, ev, t_ns, why if why != "estop" else (self.safety.estop_reason or "estop"), src,
-                            {"from_state": ControlState.from_code(frm).value})
 
 
 def _fmt(v: float | None) -> str:

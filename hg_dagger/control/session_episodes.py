@@ -95,12 +95,11 @@ class SessionEpisodes:
             gate_config["session_mode"] = self.mode.value
         mode = CollectionMode.EVAL if self.mode == SessionMode.STUDENT_ONLY else CollectionMode.HUMAN_GATED
         for r in rows:
-            self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=self.seed + self._started,
+            _, seed = self.rows.take(r)
+            self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=seed,
                               scene=self.scene, operator=self.operator.name, gate_config=gate_config,
                               iteration=self.iteration, extra=dict(self.episode_extra))
-            self._started += 1
             self.summary.episode_ids.append(self.eids[r])
-        self.acted[rows] = 0
         self.student.reset_rows(rows, self.n)
         self.machine.reset(rows)
         self.gates.rearm(rows, grace="reset", step=0)
@@ -162,7 +161,7 @@ class SessionEpisodes:
         obs_next, info_next = obs, info
         restarted = restarted.copy()
         if begin:
-            seeds = [self.seed + self._started + k for k in range(len(begin))]
+            seeds = [self.rows.seed_of(self.rows.begun + k) for k in range(len(begin))]
             obs_next, reset_info = self.env.reset(seed=seeds, env_ids=begin)
             rows = np.zeros(n, bool)
             rows[begin] = True
@@ -183,7 +182,7 @@ class SessionEpisodes:
         """Steps each row's episode has before it is cut: the session's step limit, else the task's horizon, at
         which a stepped simulator ends the episode itself (None: neither)."""
         if self.step_limit is not None:
-            return self.step_limit - self.acted
+            return self.step_limit - self.rows.steps
         horizon = self.mapping.horizon
         return horizon - self.ep_step if horizon else None
 
@@ -285,4 +284,5 @@ class SessionEpisodes:
         self.summary.successes += int(success)
         self.summary.windows += len(windows)
         self.ended_ids[r] = eid
+        self.rows.free(r)
         self.operator.release(r)

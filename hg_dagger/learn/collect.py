@@ -268,10 +268,8 @@ class Collector:
             arbiter = BetaMix(self.expert, self.mapping, seed=self.seed, beta=self.beta, timeout_s=self.timeout_s)
         self._arbiter = arbiter
         rows = EpisodeRows(self.env.num_envs, base_seed=reset_seed, seeds=seeds, limit=self.max_steps)
-        # Engine calls on_clamp with the command's source as a fourth argument; its annotation (control/engine.py)
-        # names three
         self._engine = Engine(self.env, self.student, arbiter, self.safety, rows=rows, sinks=[self],
-                              on_clamp=self.on_clamp)  # type: ignore[arg-type]
+                              on_clamp=self.on_clamp)
         self._bar = tqdm(total=episodes, desc=f"collect it{self.iteration} beta={self.beta:.2f}",
                          disable=not progress, leave=False)
         t0 = time.perf_counter()
