@@ -22,6 +22,7 @@ from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
 from hg_dagger.control.loop import ControlLoop, ControlProcess
 from hg_dagger.control.run_config import task_name
+from hg_dagger.learn.promotion import promotion_line
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.lifetime import close_on_signals, delete_now
 from hg_dagger.ui.rounds import read_training_summary, training_summary
@@ -49,6 +50,7 @@ class AppOptions:
     view_size: int = 256
     seed: int = 0
     train_steps: int = 1500
+    promotion_episodes: int = 50  # held-out episodes a trained student must pass to take over (0: it always does)
     bootstrap_demos: int = 6
     bootstrap_steps: int = 600
     home: str = "runs/app"  # where stores and students go by default
@@ -357,17 +359,22 @@ class OperatorApp(QtCore.QObject):
         self._paused_for_training = not keep_running
         self.job = BackgroundJob(train_round, store=o.store_url, task=o.task,
                                  out_dir=str(o.task_dir / "students" / f"round-{k:02d}"), resume=self.student_path,
-                                 steps=o.train_steps, seed=o.seed + k)
+                                 steps=o.train_steps, seed=o.seed + k,
+                                 promotion={"episodes": o.promotion_episodes} if o.promotion_episodes > 0 else None)
         self._job_kind = "train"
         self._poll.start()
         if self.window is not None:
             self.window.set_training_progress("starting", 0.0)
 
     def _training_done(self, result: dict | None, error: str) -> None:
+        promotion = (result or {}).get("promotion")
         if self.window is not None:
             trained = training_summary(result.get("selection")) if result is not None else ""
-            self.window.set_training_done(error or f"new student {result['version']} ({result['labels']} labels)",
-                                          trained)
+            message = error or (promotion_line(promotion) if promotion else
+                                f"new student {result['version']} ({result['labels']} labels)")
+            self.window.set_training_done(message, trained)
+        if promotion is not None and not promotion["promoted"]:  # the acting student goes on; the labels stay
+            result = None
         if result is not None and self.loop is not None:
             self.student_path = result["checkpoint"]
             self.loop.commands.put(live.SwapStudent(result["checkpoint"], tuple(result.get("calibration", ()))))

@@ -67,6 +67,17 @@ def decide(candidate: tuple[int, int], incumbent: tuple[int, int] | None, confid
     return {**out, "promoted": promoted, "incumbent_success": ki / ni, "z": z, "reason": why}
 
 
+def promotion_line(d: dict) -> str:
+    """The decision in one line for the operator: both figures, and which student acts next."""
+    if d.get("incumbent_version") is None:
+        return f"new student {d['candidate_version']} takes over (no student acted before)"
+    n = d["episodes"]
+    cand, inc = round(d["candidate_success"] * n), round(d["incumbent_success"] * n)
+    head = (f"new student {d['candidate_version']} takes over" if d["promoted"]
+            else f"kept student {d['incumbent_version']}: the new one ({d['candidate_version']}) did worse")
+    return f"{head}; held-out {cand}/{n} new against {inc}/{n} acting ({d['reason'].split(': ', 1)[-1]})"
+
+
 @dataclass
 class Snapshot:
     """Everything that makes a student the one it is (weights, round, lineage, calibrated thresholds)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.learn.promotion import PromotionConfig
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +131,13 @@ def _stepper(report: Report, stage: str) -> Callable[[int, int], None]:
 
 
 def train_round(*, store: str, task: str, out_dir: str, resume: str | None = None, steps: int = 1500,
-                seed: int = 0, report: Report) -> dict[str, Any]:
+                seed: int = 0, promotion: dict[str, Any] | None = None, report: Report) -> dict[str, Any]:
     """The next student from every label of ``task`` in ``store`` that may be trained on (reviewed and
     authorized, QC-passed, replayable: contract.training_selection), starting from the weights of the
     student at ``resume`` (a checkpoint from anywhere: its replay is not needed). QC runs first, so the
-    operator's reviewed windows need nothing else."""
+    operator's reviewed windows need nothing else. With ``promotion`` (a PromotionConfig's fields), the new
+    student must then pass the held-out evaluation against the one at ``resume`` (learn.round_promotion): the
+    result's ``promotion`` says whether it takes over."""
     import torch
 
     from hg_dagger.learn.train import TrainConfig, train_from_store
@@ -148,9 +151,15 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
     result = train_from_store(store, task, out_dir, train_cfg=cfg, warm_start=resume, progress=False,
                               on_step=_stepper(report, "training"))
     report("calibrating the confidence gate", 1.0)  # train_from_store stored the thresholds with the student
+    decision = None
+    if promotion is not None:
+        # deferred: it loads torch and a simulator, and the app imports this module in its own process to start jobs
+        from hg_dagger.learn.round_promotion import judge_checkpoint
+
+        decision = judge_checkpoint(result["checkpoint"], resume, task, PromotionConfig(**promotion), report)
     return {"checkpoint": result["checkpoint"], "version": result["version"], "labels": result["labels"],
             "selection": result["selection"], "loss_last": result["loss_last"], "seconds": result["seconds"],
-            "gate_calibration": result["gate_calibration"], "calibration": []}
+            "gate_calibration": result["gate_calibration"], "calibration": [], "promotion": decision}
 
 
 def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, steps: int = 600, seed: int = 0,

@@ -10,14 +10,15 @@ from hg_dagger.policy.checkpoint_file import (
     KIND,
     check_mapping,
     read_checkpoint,
+    record_promotion,
     save_checkpoint,
     snapshot_bytes,
     store_gate_thresholds,
 )
 from hg_dagger.policy.student import Student
 
-__all__ = ["FORMAT", "KIND", "check_mapping", "load_student", "read_checkpoint", "save_checkpoint", "snapshot_bytes",
-           "store_gate_thresholds"]
+__all__ = ["FORMAT", "KIND", "check_mapping", "load_student", "read_checkpoint", "record_promotion", "save_checkpoint",
+           "snapshot_bytes", "store_gate_thresholds"]
 
 
 def load_student(source: str | os.PathLike | bytes, mapping) -> Student:

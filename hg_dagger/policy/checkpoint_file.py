@@ -63,9 +63,25 @@ def save_checkpoint(path: str | os.PathLike, student, **extra: Any) -> Path:
 
 def store_gate_thresholds(path: str | os.PathLike, thresholds: dict[str, Any]) -> Path:
     """Write ``thresholds`` into the checkpoint at ``path`` (atomically; weights and version unchanged)."""
-    path = Path(path)
     data = read_checkpoint(path)
     data["extra"] = {**data.get("extra", {}), "gate_thresholds": thresholds}
+    return _rewrite(Path(path), data)
+
+
+def record_promotion(path: str | os.PathLike, decision: dict[str, Any]) -> Path:
+    """Write a promotion decision (learn.promotion) into the lineage entry of the checkpoint's own round, as a
+    session-trained round records it in memory (atomically; weights and version unchanged)."""
+    data = read_checkpoint(path)
+    lineage = list(data.get("lineage") or [])
+    if lineage:
+        last = dict(lineage[-1])
+        last["info"] = {**last.get("info", {}), "promotion": dict(decision)}
+        lineage[-1] = last
+    data["lineage"] = lineage
+    return _rewrite(Path(path), data)
+
+
+def _rewrite(path: Path, data: dict[str, Any]) -> Path:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:

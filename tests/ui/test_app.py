@@ -114,7 +114,9 @@ def test_toy_reach_keys_take_over_hand_back_and_train_the_next_student(qtbot, tm
     old = done.policy_version
     op.train_next(keep_running=True)
     qtbot.waitUntil(lambda: op.job is None, timeout=WAIT_MS)
+    # the new student took over after the held-out evaluation against the one that acted (the message has both)
     assert win.rounds.message.text().startswith("new student"), win.rounds.message.text()
+    assert "held-out" in win.rounds.message.text() and "acting" in win.rounds.message.text()
     assert "labels reached training" in win.rounds.trained.text(), win.rounds.trained.text()  # from train.json
     new = wait_snap(qtbot, op, lambda s: "new student" in s.message)
     qtbot.mouseClick(win.controls.start, Qt.MouseButton.LeftButton)
