@@ -76,16 +76,29 @@ def _f(name: str, dtype: str, shape: tuple[int, ...] = (), fill: Any = None, des
     return FieldSpec(name=name, dtype=dtype, shape=shape, fill=fill, description=description)
 
 
+def chunk_fields() -> dict[str, FieldSpec]:
+    """The optional fields of an episode whose policy executes action chunks (a policy server's ACT or diffusion
+    policy): which chunk each step's policy action came from. Only such episodes carry them, so the fields of
+    every other episode, and what it stores, stay as they were."""
+    return {f.name: f for f in (
+        _f("chunk_id", "int64", fill=0, description="the chunk policy_action came from (from 1); 0 if none"),
+        _f("chunk_index", "int32", fill=0, description="index of policy_action within its chunk"),
+    )}
+
+
 def step_fields(
     obs: dict[str, tuple[tuple[int, ...], str]],
     action_dim: int,
     human_command_dim: int = 7,
+    *,
+    chunks: bool = False,
 ) -> dict[str, FieldSpec]:
     """All per-step fields of an episode.
 
     obs: observation key -> (shape, dtype); uint8 arrays of rank 3 are camera images.
     All action fields are in the task's canonical raw action space (action_dim); human_command
     is the raw device value before scaling, limits, filtering and frame transforms.
+    chunks: add chunk_fields() (a policy that executes action chunks).
     """
     a = (int(action_dim),)
     nan = float("nan")
@@ -124,6 +137,8 @@ def step_fields(
             description="camera image (H, W, C)" if len(shape) == 3 else "state observation",
         )
         fields.append(spec)
+    if chunks:
+        fields += chunk_fields().values()
     return {f.name: f for f in fields}
 
 

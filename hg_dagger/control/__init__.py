@@ -2,6 +2,7 @@
 monitor, and the session that runs one tick (obs -> student -> gates -> handover -> operator -> mapping
 -> safety -> env.step -> recorder)."""
 
+from hg_dagger.control.gate_chunk import ChunkGate  # registers the chunk gate type with the shipped ones
 from hg_dagger.control.gate_scores import GateInputs
 from hg_dagger.control.gate_specs import GateConfig
 from hg_dagger.control.gate_thresholds import calibrate_threshold
@@ -11,6 +12,6 @@ from hg_dagger.control.limits import ActionLimits, StateBox
 from hg_dagger.control.safety import SafetyConfig, SafetyMonitor
 
 __all__ = [
-    "ActionLimits", "GateConfig", "GateEngine", "GateInputs", "HandoverConfig", "HandoverMachine",
+    "ActionLimits", "ChunkGate", "GateConfig", "GateEngine", "GateInputs", "HandoverConfig", "HandoverMachine",
     "SafetyConfig", "SafetyMonitor", "StateBox", "calibrate_threshold",
 ]

@@ -56,11 +56,14 @@ def backend_versions(backend: str, robot: str = "") -> Versions:
 
 
 class EpisodeWriter:
-    def __init__(self, recorder, mapping, num_envs: int, world_clock: str = "stepped", robot: str = ""):
+    def __init__(self, recorder, mapping, num_envs: int, world_clock: str = "stepped", robot: str = "",
+                 chunks: bool = False):
         self.rec, self.mapping, self.n = recorder, mapping, num_envs
         self.world_clock = world_clock  # recorded in EpisodeStart.extra: whether latency could move the world
         self.robot = robot  # EpisodeStart.versions.robot: the env's VecEnv.robot
-        self.fields = step_fields(mapping.obs_spec(), mapping.action_dim)
+        # chunks: the episodes carry chunk_id / chunk_index (a chunking policy); one field set for every episode of
+        # the writer, so rows written together always share it
+        self.fields = step_fields(mapping.obs_spec(), mapping.action_dim, chunks=chunks)
         self._meta = mapping.as_metadata()
         self.eids: list[str | None] = [None] * num_envs  # change only through begin / end / vacate
         self.steps = np.zeros(num_envs, np.int64)  # steps recorded in each row's open episode

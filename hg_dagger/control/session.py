@@ -152,7 +152,8 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
         self.realtime = realtime
         self.gate_config_extra = gate_config_extra or {}
         self.episode_extra = episode_extra or {}
-        self.writer = EpisodeWriter(recorder, self.mapping, self.n, env.world_clock, env.robot)
+        self.writer = EpisodeWriter(recorder, self.mapping, self.n, env.world_clock, env.robot,
+                                    chunks=hasattr(student, "chunk_id"))
         self.fields = self.writer.fields
         self.mode = SessionMode.EXPERT if operator.role == "expert" else SessionMode.HUMAN_GATED
         self._person = None if operator.role == "expert" else operator  # the operator a person drives
@@ -513,6 +514,10 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
             cols["alignment_error_ms"] = align if self.t_obs_align_ms is None else np.maximum(align, self.t_obs_align_ms)
         if transport is not None:
             cols["transport_ns"] = np.asarray(transport, np.int64)
+        chunk_id = getattr(self.student, "chunk_id", None)  # a chunking policy: which chunk each action came from
+        if chunk_id is not None and "chunk_id" in self.writer.fields:
+            cols["chunk_id"] = np.asarray(chunk_id, np.int64)
+            cols["chunk_index"] = np.asarray(self.student.chunk_index, np.int32)
         if self.operator.records_expert_labels:
             cols.update(expert_action=tick.expert_action, expert_valid=tick.expert_valid,
                         expert_used=source == SRC_EXPERT)

@@ -10,6 +10,13 @@ the server's metadata, else the whole chunk), one per tick; a row asks for a new
 ``reset_rows`` (an episode begins) and ``drop_chunks`` (a handover, a hand-back) empty the rows' queues, so the
 next action comes from a chunk computed on the current observation.
 
+Consecutive chunks overlap where a chunk is longer than what is executed of it: the part not executed is what the
+policy predicted for the steps the next chunk begins with. When the next chunk arrives, ``chunk_disagreement`` is
+the mean over those overlapping steps of the largest per-dimension difference, each as a fraction of that
+dimension's raw action range (NaN without a predecessor to compare: a row's first chunk, after a drop, or no
+overlap). It holds while the chunk executes, and it is the ``uncertainty`` the policy reports when its server
+reports none of its own, so a single chunking model can ask for help (the ``chunk`` gate, docs/gates.md).
+
 Actions are taken as raw actions (what our LeRobot export writes as ``action``). A server that is unreachable,
 dies, stalls past the timeout, answers with an error, or proposes an action of the wrong size or a non-finite
 one raises ``PolicyError`` naming the server's address.
@@ -85,7 +92,7 @@ class RemotePolicy:
     ``Policy``: ``act``, ``reset_rows``, ``version``; and ``drop_chunks`` for handovers). ``close`` ends the
     connection (and ``on_close``, e.g. stopping a server we started)."""
 
-    reports_uncertainty = False  # replies carry uncertainty and confidence (the metadata says "uncertainty": true)
+    reports_uncertainty = False  # its own (metadata "uncertainty": true), or chunk disagreement where chunks overlap
 
     def __init__(self, url: str, mapping, options: PolicyOptions | None = None, *,
                  on_close: Callable[[], None] | None = None, label: str | None = None):
@@ -127,14 +134,22 @@ class RemotePolicy:
         self.version = metadata_version(self.metadata)
         self.action_steps = opts.action_steps or _positive_int(self.metadata, "n_action_steps")
         self.batch = bool(self.metadata.get("batch")) if opts.batch is None else bool(opts.batch)
-        self.reports_uncertainty = bool(self.metadata.get("uncertainty"))
+        self.server_uncertainty = bool(self.metadata.get("uncertainty"))
+        horizon = _positive_int(self.metadata, "chunk_size")
+        self.overlaps = self.action_steps is not None and (horizon is None or horizon > self.action_steps)
+        self.reports_uncertainty = self.server_uncertainty or self.overlaps
         thresholds = self.metadata.get("gate_thresholds")
         self.gate_thresholds: dict[str, Any] = plain(thresholds) if isinstance(thresholds, dict) else {}
         self.lineage: list[dict[str, Any]] = []
         self.round = 0
         self._a = mapping.action_dim
+        low, high = np.asarray(mapping.action.low, np.float64), np.asarray(mapping.action.high, np.float64)
+        span = np.broadcast_to(high - low, (self._a,))
+        self._span = np.where(np.isfinite(span) & (span > 0), span, 1.0).astype(np.float32)
         self._n = 0
         self._queue: list[np.ndarray | None] = []  # per row: the actions left of its chunk [k, A]
+        self._tail: list[np.ndarray | None] = []  # per row: its chunk's actions past the queue (predicted, not run)
+        self.chunk_disagreement = np.zeros(0, np.float32)  # per row: its chunk against its predecessor (NaN: none)
         self._unc = np.zeros(0, np.float32)
         self._conf = np.zeros(0, np.float32)
         self.chunk_id = np.zeros(0, np.int64)  # per row: which chunk it executes (counts from 1; 0: none yet)
@@ -162,6 +177,8 @@ class RemotePolicy:
     def _resize(self, n: int) -> None:
         self._n = n
         self._queue = [None] * n
+        self._tail = [None] * n
+        self.chunk_disagreement = np.full(n, np.nan, np.float32)
         self._unc = np.full(n, np.nan, np.float32)
         self._conf = np.full(n, np.nan, np.float32)
         self.chunk_id = np.zeros(n, np.int64)
@@ -175,10 +192,14 @@ class RemotePolicy:
 
     def drop_chunks(self, rows: Sequence[int]) -> None:
         """The rest of the rows' chunks is dropped (a handover, a hand-back): their next action comes from a chunk
-        computed on the observation of that tick."""
+        computed on the observation of that tick, which no earlier chunk predicted for."""
         for r in rows:
             if 0 <= int(r) < self._n:
                 self._queue[int(r)] = None
+                self._tail[int(r)] = None
+                self.chunk_disagreement[int(r)] = np.nan
+                if not self.server_uncertainty:
+                    self._unc[int(r)] = np.nan
 
     # ------------------------------------------------------------------ acting
 
@@ -218,15 +239,27 @@ class RemotePolicy:
 
     def _take(self, r: int, chunk: np.ndarray, reply: dict, i: int | None) -> None:
         steps = len(chunk) if self.action_steps is None else min(self.action_steps, len(chunk))
+        self.chunk_disagreement[r] = self._disagreement(self._tail[r], chunk)
         self._queue[r] = chunk[:steps]
+        self._tail[r] = chunk[steps:] if steps < len(chunk) else None
         self._chunks += 1
         self.chunk_id[r] = self._chunks
         self.chunk_index[r] = -1  # act() counts it to 0 for the chunk's first action
+        if not self.server_uncertainty:
+            self._unc[r] = self.chunk_disagreement[r]
         for key, dest in (("uncertainty", self._unc), ("confidence", self._conf)):
             v = reply.get(key)
             if v is not None:
                 arr = np.asarray(v, np.float32).reshape(-1)
                 dest[r] = arr[i if i is not None and arr.size > 1 else 0]
+
+    def _disagreement(self, tail: np.ndarray | None, chunk: np.ndarray) -> float:
+        """The mean over the overlapping steps of the largest per-dimension difference between what the previous
+        chunk predicted and what the new one plans, as fractions of the raw action range; NaN without an overlap."""
+        if tail is None or not len(tail):
+            return float("nan")
+        m = min(len(tail), len(chunk))
+        return float((np.abs(chunk[:m] - tail[:m]) / self._span).max(axis=1).mean())
 
     def _request(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self._ws is None:

@@ -24,7 +24,7 @@ from hg_dagger.contract.enums import (
     StepFlag,
 )
 from hg_dagger.contract.labels import certification_problem, is_operator, label_violations, window_operator
-from hg_dagger.contract.schema import EpisodeStart, step_fields
+from hg_dagger.contract.schema import EpisodeStart, chunk_fields, step_fields
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.store import layout
 from hg_dagger.store.labels import LabelLayer
@@ -92,10 +92,11 @@ def _segment_columns(seg: SegmentView, out: list[Violation], images: bool) -> di
     n = seg.committed_rows
     action_dim = seg.fields["applied_action"].shape[0] if "applied_action" in seg.fields and seg.fields["applied_action"].shape else 0
     required = step_fields(obs={}, action_dim=max(action_dim, 1))
-    for name, spec in required.items():
+    for name, spec in {**required, **chunk_fields()}.items():
         have = seg.fields.get(name)
         if have is None:
-            out.append(Violation(None, None, name, f"segment {seg.segment_id}: required field missing"))
+            if name in required:  # the chunk fields are optional: only a chunking policy's episodes carry them
+                out.append(Violation(None, None, name, f"segment {seg.segment_id}: required field missing"))
         elif have.dtype != spec.dtype or (name not in ("policy_action", "expert_action", "applied_action", "human_command") and tuple(have.shape) != tuple(spec.shape)):
             out.append(Violation(None, None, name, f"segment {seg.segment_id}: declared {have.dtype}{list(have.shape)}, "
                                                    f"contract says {spec.dtype}{list(spec.shape)}"))

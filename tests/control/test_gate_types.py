@@ -28,7 +28,8 @@ from hg_dagger.registry import RegistryError
 from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui.gate import gate_words
 
-SHIPPED = {"confidence", "risk", "progress_stall", "progress_eta", "constraint", "signal", "policy_failed", "operator"}
+SHIPPED = {"confidence", "risk", "progress_stall", "progress_eta", "constraint", "signal", "policy_failed", "operator",
+           "chunk"}
 SECTION = "A gate type"
 
 
