@@ -5,8 +5,13 @@ its real window offscreen, anything else needs a person at a window."""
 from __future__ import annotations
 
 import os
+import time
 
 from hg_dagger.cli import policy as policy_cli
+from hg_dagger.contract.enums import SessionMode
+from hg_dagger.control.run_config import gates_for, is_task_file, load_run_config
+from hg_dagger.demo import run_demo
+from hg_dagger.envs.mapping import known_tasks, load_mapping
 from hg_dagger.errors import ConfigError, HgDaggerError
 
 # what `hg-dagger app` may be given beyond --task and --seed (the two the headless demo honours)
@@ -16,8 +21,6 @@ NO_PERSON = ("synthetic", "expert", "none")
 
 
 def register(sub) -> None:
-    from hg_dagger.contract.enums import SessionMode
-
     p = sub.add_parser("app", help="the operator console: watch the student, answer gates, correct, train the next "
                        "student (without a display: the headless demo, or a scripted run offscreen)")
     p.add_argument("--task", default=None, help="task id (tasks/ on the config search path) or a task YAML file of "
@@ -59,9 +62,6 @@ def register(sub) -> None:
 def check_configs(args) -> str | None:
     """The task, run config and gate config the command line names, checked before any window or store: a bad one
     is one line naming the file and key. Returns the task (the run config's when --task is not given)."""
-    from hg_dagger.control.run_config import gates_for, is_task_file, load_run_config
-    from hg_dagger.envs.mapping import known_tasks, load_mapping
-
     task = args.task
     if task is not None:
         if is_task_file(task):
@@ -101,6 +101,7 @@ def headless_plan(args) -> str:
 
 
 def _app(args) -> int:
+    # deferred: ui.application imports Qt; the CLI lists its commands without it
     from hg_dagger.ui.application import AppOptions, display_available, run_app
 
     task = check_configs(args)
@@ -120,10 +121,6 @@ def _app(args) -> int:
 
 def _demo(task: str | None, seed: int) -> int:
     """`hg-dagger app` alone without a display: the headless demo (`make run`'s fallback), said first."""
-    import time
-
-    from hg_dagger.demo import run_demo
-
     out = time.strftime("runs/demo-%Y%m%d-%H%M%S")
     print(f"no display found (DISPLAY is not set): running the headless demo instead (hg-dagger demo --out {out}); "
           "open the app on a desktop with `hg-dagger app`", flush=True)

@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 import sys
 
-from hg_dagger.envs.bridge.protocol import DEFAULT_HOST, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PORT, TOKEN_ENV
+from hg_dagger import safety_log
+from hg_dagger.envs.bridge.protocol import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_PORT,
+    TOKEN_ENV,
+    load_token,
+    new_token,
+)
+from hg_dagger.envs.bridge.server import ServerConfig, serve
+from hg_dagger.envs.bridge.tls import server_context
+from hg_dagger.errors import ConfigError
 
 LOG_NAME = "hg-dagger-bridge.log"
 LOGGERS = ("hg_dagger.bridge", "hg_dagger.safety")  # the robot side's whole log: every line is about its safety
@@ -39,11 +50,6 @@ def register(sub) -> None:
 
 
 def _serve(args) -> int:
-    from hg_dagger import safety_log
-    from hg_dagger.envs.bridge.protocol import load_token
-    from hg_dagger.envs.bridge.server import ServerConfig, serve
-    from hg_dagger.envs.bridge.tls import server_context
-
     token = load_token(args.token_file)
     config = ServerConfig(host=args.host, port=args.port, heartbeat_timeout_s=args.heartbeat_timeout,
                           handshake_timeout_s=args.handshake_timeout, max_frame_bytes=args.max_frame_bytes,
@@ -74,9 +80,6 @@ def _log_file(args) -> str | None:
 
 
 def _token(args) -> int:
-    from hg_dagger.envs.bridge.protocol import new_token
-    from hg_dagger.errors import ConfigError
-
     folder = os.path.dirname(os.path.abspath(args.file))
     if not os.path.isdir(folder):
         raise ConfigError(f"{args.file}: folder {folder} does not exist (create it first)")

@@ -8,6 +8,10 @@ import sys
 from hg_dagger.cli.export import add_format_arguments, format_options
 from hg_dagger.contract.enums import Usage
 from hg_dagger.datasets import export
+from hg_dagger.datasets.build import build
+from hg_dagger.datasets.manifest import DatasetConfig, DatasetError, diff, load_config, read_manifest
+from hg_dagger.datasets.read import check, export_items
+from hg_dagger.datasets.repository import chain, default_root, load, manifest_path, names, root_of, versions
 
 ROOT_HELP = "dataset folder (default: the folder 'datasets' beside the first --store)"
 
@@ -87,8 +91,6 @@ def register(sub) -> None:
 
 
 def _root(args):
-    from hg_dagger.datasets.repository import default_root, root_of
-
     ref = getattr(args, "ref", None)
     if args.root is None and not args.store and ref and ref.endswith(".json"):
         return root_of(ref)
@@ -96,9 +98,6 @@ def _root(args):
 
 
 def _config(args):
-    from hg_dagger.datasets.manifest import DatasetConfig, load_config
-    from hg_dagger.datasets.repository import load, versions
-
     root = _root(args)
     if args.config:
         cfg = load_config(args.config)
@@ -127,10 +126,6 @@ def _config(args):
 
 
 def _build(args) -> int:
-    from hg_dagger.datasets.build import build
-    from hg_dagger.datasets.manifest import diff
-    from hg_dagger.datasets.repository import load
-
     root, cfg = _config(args)
     m, written = build(args.name, args.store, root=root, config=cfg, version=args.version, author=args.author,
                        progress=not args.quiet)
@@ -151,9 +146,6 @@ def _build(args) -> int:
 
 
 def _ls(args) -> int:
-    from hg_dagger.datasets.manifest import read_manifest
-    from hg_dagger.datasets.repository import manifest_path, names, versions
-
     root = _root(args)
     if args.name is None:
         found = names(root)
@@ -165,8 +157,6 @@ def _ls(args) -> int:
         return 0
     vs = versions(root, args.name)
     if not vs:
-        from hg_dagger.datasets.manifest import DatasetError
-
         raise DatasetError(f"dataset {args.name!r}: no versions under {root}")
     for v in vs:
         m = read_manifest(manifest_path(root, args.name, v))
@@ -178,8 +168,6 @@ def _ls(args) -> int:
 
 
 def _show(args) -> int:
-    from hg_dagger.datasets.repository import chain, load
-
     root = _root(args)
     m = load(root, args.ref)
     if args.json:
@@ -203,9 +191,6 @@ def _show(args) -> int:
 
 
 def _diff(args) -> int:
-    from hg_dagger.datasets.manifest import diff
-    from hg_dagger.datasets.repository import load
-
     root = _root(args)
     d = diff(load(root, args.a), load(root, args.b))
     print(f"{d['from']} -> {d['to']}: {d['text']}")
@@ -220,10 +205,6 @@ def _diff(args) -> int:
 
 
 def _check(args) -> int:
-    from hg_dagger.datasets.manifest import DatasetError
-    from hg_dagger.datasets.read import check
-    from hg_dagger.datasets.repository import load
-
     m = load(_root(args), args.ref)
     problems = check(m, stores=not args.no_stores)
     if problems:
@@ -237,10 +218,6 @@ def _check(args) -> int:
 
 
 def _export(args) -> int:
-    from hg_dagger.datasets.manifest import DatasetError
-    from hg_dagger.datasets.read import export_items
-    from hg_dagger.datasets.repository import load
-
     options = format_options(args)  # a bad format or option is refused before the version is read
     m = load(_root(args), args.ref)
     items = export_items(m, args.usage)

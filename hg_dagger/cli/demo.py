@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from hg_dagger.demo import run_demo
+
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="end to end on the embedded MuJoCo task: expert demos, a BC student, a "
@@ -19,8 +21,6 @@ def register(sub) -> None:
 
 
 def _demo(args) -> int:
-    from hg_dagger.demo import run_demo
-
     out = args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S")
     report = run_demo(out, task=args.task, demo_episodes=args.demo_episodes, train_steps=args.train_steps,
                       gated_episodes=args.gated_episodes, seed=args.seed, progress=not args.quiet)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hg_dagger.envs import known_tasks, load_mapping
+from hg_dagger.envs.check import smoke_test
+
 
 def register(sub) -> None:
     p = sub.add_parser("tasks", help="list the shipped tasks (configs/tasks)")
@@ -15,8 +18,6 @@ def register(sub) -> None:
 
 
 def _tasks(args) -> int:
-    from hg_dagger.envs import known_tasks, load_mapping
-
     for task in known_tasks():
         m = load_mapping(task)
         keys = ", ".join(f"{k.name}{list(k.shape)}" for k in m.observation)
@@ -25,9 +26,6 @@ def _tasks(args) -> int:
 
 
 def _check_env(args) -> int:
-    from hg_dagger.envs import load_mapping
-    from hg_dagger.envs.check import smoke_test
-
     mapping = load_mapping(args.task)
     print(mapping.describe())
     smoke_test(args.task, num_envs=args.num_envs, steps=args.steps, seed=args.seed, log=lambda s: print(f"  ok  {s}"))

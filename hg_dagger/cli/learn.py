@@ -6,7 +6,10 @@ import json
 
 from hg_dagger.cli import policy as policy_cli
 from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.errors import ConfigError
 from hg_dagger.learn import executor
+from hg_dagger.learn.evaluate import EvalConfig, evaluate
+from hg_dagger.learn.progress import RoundReporter
 
 
 def register(sub) -> None:
@@ -65,6 +68,7 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
+    # deferred: these modules import torch and zarr; the CLI lists its commands without them
     from hg_dagger.learn.aggregate import LabelBufferConfig
     from hg_dagger.learn.auto import AutoConfig, load_config
     from hg_dagger.learn.train import train_from_store
@@ -86,8 +90,6 @@ def _train(args) -> int:
             rule[key] = False
     replay["authorization"] = rule
     if args.store is None and args.dataset is None:
-        from hg_dagger.errors import ConfigError
-
         raise ConfigError("train needs --store STORE or --dataset NAME@vN")
     result = train_from_store(args.store, args.task, args.out, student_cfg=student, train_cfg=train,
                               replay_cfg=LabelBufferConfig.model_validate(replay), resume=args.resume,
@@ -106,8 +108,6 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from hg_dagger.learn.evaluate import EvalConfig, evaluate
-
     cfg = EvalConfig(episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, max_steps=args.max_steps)
     with executor.from_args(args) as ex:
         spec = policy_cli.policy_spec(args, "checkpoint")
@@ -125,8 +125,8 @@ def _eval(args) -> int:
 
 
 def _auto(args) -> int:
+    # deferred: learn.auto imports torch and zarr; the CLI lists its commands without them
     from hg_dagger.learn.auto import AutoRun, load_config
-    from hg_dagger.learn.progress import RoundReporter
 
     cfg = load_config(args.config, iterations=args.iterations, mode=args.mode, num_envs=args.num_envs, seed=args.seed)
     ex = executor.from_args(args)

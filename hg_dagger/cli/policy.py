@@ -9,6 +9,9 @@ import os
 import sys
 import threading
 
+import numpy as np
+
+from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError
 
 SPEC_HELP = ("the policy to run: PATH.pt (a built-in student), ws://HOST:PORT (a policy server speaking openpi's "
@@ -40,6 +43,7 @@ def trainable_spec(args, what: str, alias: str = "student") -> str | None:
     """The policy spec for a command that trains the built-in student (``what``: its flag): a checkpoint path, or
     None; a policy served from elsewhere is refused (training it with its own trainer comes later)."""
     spec = policy_spec(args, alias)
+    # deferred: policy imports torch; the CLI lists its commands without it
     from hg_dagger.policy import is_remote
 
     if is_remote(spec):
@@ -49,6 +53,7 @@ def trainable_spec(args, what: str, alias: str = "student") -> str | None:
 
 
 def policy_options(args):
+    # deferred: policy imports torch; the CLI lists its commands without it
     from hg_dagger.policy import PolicyOptions
 
     return PolicyOptions(python=getattr(args, "policy_python", None),
@@ -80,6 +85,7 @@ def register(sub) -> None:
 
 
 def _served(args):
+    # deferred: these modules import torch; the CLI lists its commands without it
     from hg_dagger.policy.sources import source_name
 
     kind = source_name(args.spec)
@@ -90,7 +96,6 @@ def _served(args):
     if kind == "student":
         if args.task is None:
             raise ConfigError(f"policy serve {args.spec}: a built-in student needs --task TASK (the mapping it acts in)")
-        from hg_dagger.envs import load_mapping
         from hg_dagger.policy import Student, one_inference_thread
         from hg_dagger.policy.server import StudentServed
 
@@ -103,6 +108,7 @@ def _served(args):
 
 
 def _serve(args) -> int:
+    # deferred: policy.server imports torch; the CLI lists its commands without it
     from hg_dagger.policy.server import serve
 
     if args.exit_with_stdin:  # started by `--policy lerobot:DIR`: end with the parent, which holds our stdin
@@ -124,9 +130,7 @@ def _exit_at_eof() -> None:
 
 
 def _check(args) -> int:
-    import numpy as np
-
-    from hg_dagger.envs import load_mapping
+    # deferred: policy imports torch; the CLI lists its commands without it
     from hg_dagger.policy import close_policy, open_policy
 
     mapping = load_mapping(args.task)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from hg_dagger.review.qc_config import load_qc_config
+
 
 def register(sub) -> None:
     p = sub.add_parser("qc", help="automated QC of episodes and correction windows; writes QC results as a new "
@@ -18,8 +20,8 @@ def register(sub) -> None:
 
 
 def _qc(args) -> int:
+    # deferred: review.qc imports zarr; the CLI lists its commands without it
     from hg_dagger.review.qc import format_json, run_qc
-    from hg_dagger.review.qc_config import load_qc_config
 
     cfg = load_qc_config(args.config)
     summary = run_qc(args.store, config=cfg, episodes=args.episode, write=not args.dry_run, progress=not args.quiet)

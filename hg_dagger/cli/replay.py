@@ -6,6 +6,7 @@ import json
 import sys
 
 from hg_dagger.learn import executor
+from hg_dagger.review.replay import replay_store
 
 
 def register(sub) -> None:
@@ -26,8 +27,6 @@ def register(sub) -> None:
 
 
 def _replay(args) -> int:
-    from hg_dagger.review.replay import replay_store
-
     with executor.from_args(args) as ex:
         report = replay_store(args.store, episodes=args.episodes, write=not args.dry_run, author=args.author,
                               progress=not args.quiet, executor=ex)

@@ -3,6 +3,12 @@ effort and outcome figures, as JSON and a self-contained HTML page (hg_dagger.re
 
 from __future__ import annotations
 
+from hg_dagger.contract import TrainingRule
+from hg_dagger.datasets.report import dataset_report, render_dataset_html
+from hg_dagger.datasets.repository import default_root, load, root_of
+from hg_dagger.errors import ConfigError
+from hg_dagger.review.recall import describe
+
 MAX_LISTED = 20  # windows whose approval authorizes nothing, named one per line
 
 
@@ -23,15 +29,13 @@ def register(sub) -> None:
 
 
 def _report(args) -> int:
-    from hg_dagger.contract import TrainingRule
+    # deferred: learn.train and review.report import torch and zarr; the CLI lists its commands without them
     from hg_dagger.learn.train import describe_selection
     from hg_dagger.review.report import build_report, write_report
 
     if args.dataset:
         return _dataset_report(args)
     if args.store is None:
-        from hg_dagger.errors import ConfigError
-
         raise ConfigError("report needs STORE or --dataset NAME@vN")
     rule = TrainingRule(require_review=not args.include_unreviewed, require_qc=not args.skip_qc,
                         exclude_replay_mismatch=not args.include_replay_mismatch)
@@ -46,8 +50,6 @@ def _report(args) -> int:
         print(f"... and {len(void) - MAX_LISTED} more window(s) whose approval authorizes nothing (report.json)")
     print(f"intervention rate {_pct(f['intervention_rate'])}, recovery success {_pct(f['recovery_success_rate'])}, "
           f"e-stops {f['estops']}")
-    from hg_dagger.review.recall import describe
-
     gr = report["gate_recall"]
     if gr["episodes"]:
         print(f"gates: {describe(gr)}")
@@ -59,8 +61,7 @@ def _report(args) -> int:
 
 
 def _dataset_report(args) -> int:
-    from hg_dagger.datasets.report import dataset_report, render_dataset_html
-    from hg_dagger.datasets.repository import default_root, load, root_of
+    # deferred: review.report imports zarr; the CLI lists its commands without it
     from hg_dagger.review.report import write_report
 
     root = root_of(args.dataset) if args.datasets_root is None and args.store is None and \

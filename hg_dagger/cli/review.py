@@ -6,6 +6,10 @@ import json
 import sys
 from collections import Counter
 
+from tqdm import tqdm
+
+from hg_dagger.ui.review_main import run_review
+
 STATUSES = ("pending", "approved", "rejected", "needs_fix")
 
 
@@ -52,8 +56,7 @@ def register(sub) -> None:
 
 
 def _list(args) -> int:
-    from tqdm import tqdm
-
+    # deferred: review.decisions imports zarr; the CLI lists its commands without it
     from hg_dagger.review.decisions import WindowFilter, incomplete_episodes, list_windows, open_store
 
     store = open_store(args.store)
@@ -80,6 +83,7 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
+    # deferred: review.decisions imports zarr; the CLI lists its commands without it
     from hg_dagger.review.decisions import window_context
 
     ctx = window_context(args.store, args.window)
@@ -112,6 +116,7 @@ def _show(args) -> int:
 
 
 def _decide(args) -> int:
+    # deferred: review.decisions imports zarr; the CLI lists its commands without it
     from hg_dagger.review.decisions import decide
 
     row, version = decide(args.store, args.window, args.status, args.reviewer, args.reason, args.authorize)
@@ -124,6 +129,4 @@ def _decide(args) -> int:
 
 
 def _open(args) -> int:
-    from hg_dagger.ui.review_main import run_review
-
     return run_review(args.stores, args.reviewer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from hg_dagger.contract.enums import LabelMask
+from hg_dagger.errors import StoreError
 
 
 def register(sub) -> None:
@@ -42,6 +43,7 @@ def register(sub) -> None:
 
 
 def _validate(args) -> int:
+    # deferred: store imports zarr; the CLI lists its commands without it
     from hg_dagger.store import EpisodeStore, validate_store
 
     store = EpisodeStore.open(args.store, mode="r")
@@ -61,6 +63,7 @@ def _validate(args) -> int:
 
 
 def _ls(args) -> int:
+    # deferred: store imports zarr; the CLI lists its commands without it
     from hg_dagger.store import EpisodeStore
 
     store = EpisodeStore.open(args.store, mode="r")
@@ -79,7 +82,7 @@ def _ls(args) -> int:
 
 
 def _info(args) -> int:
-    from hg_dagger.errors import StoreError
+    # deferred: store imports zarr; the CLI lists its commands without it
     from hg_dagger.store import EpisodeStore
 
     store = EpisodeStore.open(args.store, mode="r")
@@ -103,6 +106,7 @@ def _info(args) -> int:
 
 
 def _reviewers(args) -> int:
+    # deferred: store imports zarr; the CLI lists its commands without it
     from hg_dagger.store import EpisodeStore
 
     store = EpisodeStore.open(args.store, mode="a" if args.set is not None or args.clear else "r")
