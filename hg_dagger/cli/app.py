@@ -9,7 +9,6 @@ import time
 
 from hg_dagger.cli import policy as policy_cli
 from hg_dagger.contract.enums import SessionMode
-from hg_dagger.control.run_config import gates_for, is_task_file, load_run_config
 from hg_dagger.demo import run_demo
 from hg_dagger.envs.mapping import known_tasks, load_mapping
 from hg_dagger.errors import ConfigError, HgDaggerError
@@ -62,6 +61,9 @@ def register(sub) -> None:
 def check_configs(args) -> str | None:
     """The task, run config and gate config the command line names, checked before any window or store: a bad one
     is one line naming the file and key. Returns the task (the run config's when --task is not given)."""
+    # deferred: the run config loads for `app` only; `eval` and the rest run without it (tests/learn/test_eval.py)
+    from hg_dagger.control.run_config import gates_for, is_task_file, load_run_config
+
     task = args.task
     if task is not None:
         if is_task_file(task):

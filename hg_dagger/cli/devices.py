@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from hg_dagger.devices import KeyboardConfig, key_layout, load_device_config, make_device
-from hg_dagger.devices.base import DeviceError
-from hg_dagger.devices.tools import calibrate, connected_devices, monitor
-
 
 def register(sub) -> None:
     p = sub.add_parser("device", help="operator input devices: list, calibrate, monitor, keys")
@@ -28,12 +24,19 @@ def register(sub) -> None:
 
 
 def _list(args) -> int:
+    # deferred: the devices load for a device command only; the other commands run without them (tests/learn/test_eval.py)
+    from hg_dagger.devices.tools import connected_devices
+
     lines = connected_devices()
     print("\n".join(lines) if lines else "no gamepad or SpaceMouse found")
     return 0
 
 
 def _calibrate(args) -> int:
+    # deferred: the devices load for a device command only; the other commands run without them (tests/learn/test_eval.py)
+    from hg_dagger.devices import load_device_config
+    from hg_dagger.devices.tools import calibrate
+
     cfg = load_device_config(args.config)
     options = {"center_s": args.center_s}
     if cfg.type == "gamepad":
@@ -43,6 +46,10 @@ def _calibrate(args) -> int:
 
 
 def _monitor(args) -> int:
+    # deferred: the devices load for a device command only; the other commands run without them (tests/learn/test_eval.py)
+    from hg_dagger.devices import make_device
+    from hg_dagger.devices.tools import monitor
+
     device = make_device(args.config)
     with device:
         monitor(device, seconds=args.seconds, hz=args.hz)
@@ -50,6 +57,10 @@ def _monitor(args) -> int:
 
 
 def _keys(args) -> int:
+    # deferred: the devices load for a device command only; the other commands run without them (tests/learn/test_eval.py)
+    from hg_dagger.devices import KeyboardConfig, key_layout, load_device_config
+    from hg_dagger.devices.base import DeviceError
+
     cfg = load_device_config(args.config)
     if not isinstance(cfg, KeyboardConfig):
         raise DeviceError(f"{args.config}: a keyboard config is needed, this one is type {cfg.type!r}")
