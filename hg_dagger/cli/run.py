@@ -14,8 +14,9 @@ def register(sub) -> None:
     p.add_argument("--task", help="task id (tasks/ on the config search path) or a task YAML file of your own; "
                    "default: the run config's task")
     p.add_argument("--store", help="episode store to record into (created if missing); with --rounds default OUT/store")
-    p.add_argument("--operator", choices=("synthetic", "expert", "device"),
-                   help="who answers a handover: synthetic operator (planner-driven), the planner expert, a device")
+    p.add_argument("--operator", choices=("synthetic", "expert", "device", "human-model"),
+                   help="who answers a handover: synthetic operator (planner-driven), the planner expert, a device, "
+                   "the human-paced operator model (reaction times, look-aways, context switches; one person)")
     p.add_argument("--episodes", type=int, help="episodes to record")
     p.add_argument("--student", help="student checkpoint (the same as --policy PATH.pt); default: a fresh, untrained "
                    "student (seeded)")
@@ -30,6 +31,16 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--wait", choices=("auto", "pause", "hold", "policy"), help="behaviour while waiting for the operator")
     p.add_argument("--calibrate-steps", type=int, help="autonomous steps to calibrate the confidence gate first")
+    f = p.add_argument_group("fleet", "one person serves several simulated robots through a request queue "
+                             "(docs/fleet.md)")
+    f.add_argument("--robots", type=int, help="N robots (N envs of the task), one person: one robot under human "
+                   "control at a time, the others' requests queue (their rows pause) while the rest run on")
+    f.add_argument("--allocation", choices=("cur", "fcfs", "random"), help="how the queue is ranked (default cur: "
+                   "constraint violations, then uncertainty, then risk, then waiting time)")
+    f.add_argument("--wait-limit", type=float, metavar="S", help="a request nobody took within S seconds of control "
+                   "time expires (handover.wait_timeout_s); with --robots the student goes on")
+    f.add_argument("--flag-wait", type=float, metavar="S", help="flag a robot whose request waited S seconds "
+                   "(default 10)")
     p.add_argument("--device", help="device config for --operator device (e.g. gamepad, spacemouse)")
     p.add_argument("--robot", metavar="HOST:PORT",
                    help="drive the robot behind `hg-dagger bridge serve TASK` at HOST:PORT instead of a local simulator")
@@ -77,11 +88,24 @@ def _run(args) -> int:
     if where is not None and where.exists() and not where.is_dir():
         raise StoreError(f"--store {args.store}: is a file, not an episode store (give a store folder or a new path)")
 
+    fleet = args.robots is not None
+    for flag in ("allocation", "flag_wait"):
+        if not fleet and getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is for --robots N (one person, several robots)")
+    if fleet and (args.robots < 1 or args.num_envs is not None or args.robot is not None or args.rounds is not None):
+        raise ConfigError("--robots N: give N >= 1 simulated robots, without --num-envs, --robot or --rounds")
     overrides = {
-        "operator.type": args.operator, "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,
+        "operator.type": None if args.operator is None else args.operator.replace("-", "_"),
+        "episodes": args.episodes, "gates": args.gates, "num_envs": args.num_envs,
         "seed": args.seed, "handover.wait": args.wait, "calibrate_steps": args.calibrate_steps,
         "operator.device": args.device, "max_episode_steps": args.max_episode_steps,
+        "handover.wait_timeout_s": args.wait_limit,
     }
+    if fleet:
+        overrides.update({"num_envs": args.robots, "fleet.allocation": args.allocation or "cur",
+                          "fleet.flag_wait_s": args.flag_wait, "handover.wait": args.wait or "pause"})
+        if args.wait_limit is not None:
+            overrides["handover.on_wait_timeout"] = "policy"  # an expired request lets the student go on
     if args.robot is not None:
         if args.num_envs is not None:
             raise ConfigError("--num-envs does not apply with --robot: the robot's batch size is set by "
@@ -102,6 +126,8 @@ def _run(args) -> int:
     gates_for(cfg.gates, cfg.task)  # a bad gate file is one line before any store is touched
     if rounds:
         return _rounds(args, cfg)
+    if args.executor == "ray" and cfg.fleet is not None:
+        raise ConfigError("--robots: one person serves the fleet in one process; run it with --executor local")
     if args.executor == "ray" and (cfg.robot is not None or cfg.operator.type == "device"):
         raise ConfigError("--executor ray runs simulated envs with the synthetic or expert operator; a robot or a "
                           "device operator runs with --executor local")
@@ -119,6 +145,11 @@ def _run(args) -> int:
         print(f"{args.store}: {d['episodes']} episodes ({d['successes']} successful), {d['steps']} steps, "
               f"{d['windows']} correction windows, {d['human_steps']} operator steps, "
               f"{d['safety_clamps']} safety clamps" + (f"; stopped by {d['stopped_by']}" if d["stopped_by"] else ""))
+        if "fleet" in d:
+            fl = d["fleet"]
+            print(f"fleet of {cfg.num_envs} ({cfg.fleet.allocation}): {fl['allocations']} allocations, "
+                  f"{fl['context_switches']} context switches, queue up to {fl['queue_max']}, "
+                  f"{d['requests_expired']} requests expired, {fl['flagged']} long waits flagged")
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from hg_dagger import config as config_io
 from hg_dagger import safety_log
+from hg_dagger.control.fleet import FleetAllocator
 from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import HandoverMachine
 from hg_dagger.control.operators import make_operator
@@ -74,7 +75,7 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     gates = GateEngine(gate_cfg, num_envs=env.num_envs, step_dt=m.dt, action_dim=m.action_dim)
     op = cfg.operator
     safety = SafetyMonitor(cfg.safety, num_envs=env.num_envs, action_dim=m.action_dim)
-    if expert is None and op.type in ("synthetic", "expert"):
+    if expert is None and op.type in ("synthetic", "expert", "human_model"):
         from hg_dagger.experts import make_expert
 
         expert = make_expert(m.task_id, kind="policy" if cfg.expert_checkpoint else "planner", mapping=m,
@@ -83,12 +84,17 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     machine = HandoverMachine(cfg.handover, num_envs=env.num_envs, action_dim=m.action_dim,
                               step_dt=m.dt, operator=operator.role,
                               operator_name=operator.name)
+    fleet, fleet_meta, fleet_extra = None, {}, {}
+    if cfg.fleet is not None:  # one person, env.num_envs robots: recorded with every episode (docs/fleet.md)
+        fleet = FleetAllocator(cfg.fleet, env.num_envs, m.dt)
+        fleet_meta = {"fleet": {**cfg.fleet.model_dump(mode="json"), "robots": env.num_envs}}
+        fleet_extra = {"fleet_size": env.num_envs}
     return Session(env, student, recorder, gates=gates, handover=machine, safety=safety, operator=operator,
                    expert=expert, latency_budget_ms=cfg.latency_budget_ms, scene=cfg.scene or gate_cfg.scene,
                    seed=cfg.seed, iteration=cfg.iteration, realtime=cfg.realtime,
                    max_episode_steps=cfg.max_episode_steps, episode_gap_s=cfg.episode_gap_s,
-                   gate_config_extra={"operator_config": op.model_dump(mode="json")},
-                   episode_extra={**_robot_metadata(env), **(extra or {})})
+                   gate_config_extra={"operator_config": op.model_dump(mode="json"), **fleet_meta},
+                   episode_extra={**_robot_metadata(env), **fleet_extra, **(extra or {})}, fleet=fleet)
 
 
 def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = None, policy: str | None = None,
@@ -167,6 +173,17 @@ def unused_seed(store_url: str) -> int:
     return max(seeds, default=-1) + 1
 
 
+def fleet_figures(session) -> dict[str, Any]:
+    """The queue's figures of a fleet session, with the human-paced person's when it is one."""
+    from hg_dagger.control.human_model import summarize
+
+    out = session.fleet.stats.as_dict()
+    facts = getattr(session.operator, "facts", None)
+    if facts is not None:
+        out["person"] = summarize(facts)
+    return out
+
+
 def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None, policy: str | None = None,
               policy_options=None, progress: bool = True, extra: dict[str, Any] | None = None,
               executor=None) -> RunSummary:
@@ -188,7 +205,10 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
 
     session = open_session(cfg, store_url, policy=spec, policy_options=policy_options, extra=extra)
     try:
-        return session.run(cfg.episodes, progress=progress)
+        summary = session.run(cfg.episodes, progress=progress)
+        if session.fleet is not None:
+            summary.fleet = fleet_figures(session)
+        return summary
     except PolicyError as exc:
         try:
             session.policy_lost(str(exc))

@@ -59,6 +59,7 @@ class HumanProfile:
     tap_s: tuple[float, float] = (0.06, 0.14)  # a tap (gripper toggle, decline)
     gripper_settle_s: float = 0.5  # after a gripper tap, wait this long before judging the gripper again
     takeover_confirm_s: float = 3.0  # the take-over did not show in the console within this: let go
+    context_switch_s: tuple[float, float] = (1.0, 3.0)  # uniform: reading another robot's scene than the last one
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,30 @@ class RequestFact:
     control_s: float = 0.0  # seconds from the hold key down to its release
     keys_pressed: int = 0  # motion and gripper key presses while in control
     wrong_keys: int = 0
+    switch_s: float = 0.0  # the context switch in due_at: the request came from another robot than the last one
+    robot: int = 0
+
+
+def draw_answer(p: HumanProfile, rng: np.random.Generator) -> tuple[float, str, float]:
+    """(look-away s, take_over | decline, reaction s) for one request: one home for these draws, shared by the
+    keyboard model and the headless one (control.operators.HumanPacedOperator)."""
+    look = float(rng.uniform(*p.look_away_s)) if rng.random() < p.look_away_p else 0.0
+    answer = "decline" if rng.random() < p.decline_p else "take_over"
+    reaction = _lognormal(rng, p.reaction_median_s, p.reaction_sigma, p.reaction_min_s, p.reaction_max_s)
+    return look, answer, reaction
+
+
+def draw_correction_s(p: HumanProfile, rng: np.random.Generator) -> float:
+    """How long the person steers before handing back."""
+    return _lognormal(rng, p.correction_median_s, p.correction_sigma, p.correction_min_s, p.correction_max_s)
+
+
+def draw_switch_s(p: HumanProfile, seed: int, request: int, switched: bool) -> float:
+    """The context-switch cost of a request from another robot than the one the person read last (0 for the
+    same robot); its own stream (seed, request, 3), so a run without switches draws exactly what it did before."""
+    if not switched:
+        return 0.0
+    return float(np.random.default_rng([int(seed), int(request), 3]).uniform(*p.context_switch_s))
 
 
 @dataclass
@@ -148,6 +173,7 @@ class HumanOperatorModel:
         self._out: list[KeyAction] = []
         self._last_request: tuple[str | None, int | None] | None = None
         self._episode: str | None = None
+        self._last_robot: int | None = None  # the robot whose scene the person read last (context switches)
 
     # ---- what the caller reads ------------------------------------------------------------------
 
@@ -211,20 +237,20 @@ class HumanOperatorModel:
             return
         rng = self._rng(w.index, 1)
         p = self.profile
-        until = now + _lognormal(rng, p.correction_median_s, p.correction_sigma, p.correction_min_s,
-                                 p.correction_max_s)
+        until = now + draw_correction_s(p, rng)
         self._press(self.hold_key, now)
         self._control = _Control(fact=w, until=until, rng=rng, started=now, next_beat=now + float(rng.uniform(*p.beat_s)))
 
     def _decide(self, snap, now: float) -> RequestFact:
         p = self.profile
         k = len(self.facts)
-        rng = self._rng(k, 0)
-        look = float(rng.uniform(*p.look_away_s)) if rng.random() < p.look_away_p else 0.0
-        answer = "decline" if rng.random() < p.decline_p else "take_over"
-        reaction = _lognormal(rng, p.reaction_median_s, p.reaction_sigma, p.reaction_min_s, p.reaction_max_s)
+        look, answer, reaction = draw_answer(p, self._rng(k, 0))
+        robot = int(getattr(snap, "robot", 0) or 0)  # the console's robot (a fleet view); one robot: always 0
+        switch = draw_switch_s(p, self.seed, k, self._last_robot is not None and robot != self._last_robot)
+        self._last_robot = robot
         fact = RequestFact(index=k, episode_id=snap.episode_id, t_request_ns=snap.t_request_ns, seen_at=now,
-                           answer=answer, look_away_s=look, reaction_s=reaction, due_at=now + look + reaction)
+                           answer=answer, look_away_s=look, reaction_s=reaction,
+                           due_at=now + look + reaction + switch, switch_s=switch, robot=robot)
         self.facts.append(fact)
         return fact
 
@@ -381,7 +407,9 @@ def summarize(facts: list[RequestFact]) -> dict[str, float]:
         "act_p50_s": float(np.percentile(waits, 50)) if waits.size else float("nan"),
         "act_p90_s": float(np.percentile(waits, 90)) if waits.size else float("nan"),
         "control_s_mean": float(np.mean([f.control_s for f in took])) if took else float("nan"),
+        "context_switches": sum(f.switch_s > 0 for f in facts),
     }
 
 
-__all__ = ["DECLINE", "HumanOperatorModel", "HumanProfile", "KeyAction", "RequestFact", "summarize"]
+__all__ = ["DECLINE", "HumanOperatorModel", "HumanProfile", "KeyAction", "RequestFact", "draw_answer",
+           "draw_correction_s", "draw_switch_s", "summarize"]

@@ -24,6 +24,13 @@ from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.command import COMMAND_DIM, ESTOP, RETURN, TAKEOVER
 from hg_dagger.contract.labels import planner_certifications
 from hg_dagger.control.handover import AUTO, HUMAN, REQUESTED, WARNING
+from hg_dagger.control.human_model import (
+    HumanProfile,
+    RequestFact,
+    draw_answer,
+    draw_correction_s,
+    draw_switch_s,
+)
 from hg_dagger.errors import ConfigError
 
 
@@ -42,6 +49,7 @@ class OperatorTick:
     expert_action: np.ndarray  # float32 [N, A] expert operator's labels (NaN: none)
     expert_valid: np.ndarray  # bool [N]
     estop_by: str = ""  # a device whose e-stop button is pressed ("" = none)
+    decline: np.ndarray | None = None  # bool [N] the operator lets the student go on (None: nowhere)
 
     @classmethod
     def empty(cls, n: int, action_dim: int) -> OperatorTick:
@@ -305,6 +313,95 @@ class SyntheticOperators(Operator):
                 "deadzone": tuple(float(v) for v in self.pipeline.cfg.deadzone)}
 
 
+class HumanPacedOperator(Operator):
+    """The human-paced operator model (control.human_model) without a window, in control time (ticks x dt): ONE
+    person who notices a request after a look-away and a reaction time, plus a context switch when it comes from
+    another robot than the one served last, declines some, steers with the planner's action (their intent) for a
+    drawn correction time and lets go. It attends to one request at a time (the lowest row it sees asking; a
+    fleet's allocator, control.fleet, shows it only the one it serves). Draws for request k come from (seed, k)."""
+
+    kind = "human_model"
+    person_available = True
+
+    def __init__(self, expert, mapping, num_envs: int, *, profile: HumanProfile | None = None, seed: int = 0,
+                 name: str = ""):
+        if expert is None:
+            raise ConfigError("operator 'human_model' needs the task's expert (the person's intent)")
+        super().__init__(num_envs, mapping, name)
+        self.expert = expert
+        self.profile = profile or HumanProfile()
+        self.seed = int(seed)
+        self.t = 0.0  # the person's clock: control time
+        self.facts: list[RequestFact] = []
+        self.row: int | None = None  # the robot the person attends to
+        self.last_row: int | None = None
+        self._fact: RequestFact | None = None
+        self._until: float | None = None  # in control until then (None: not yet in control)
+        self._last_action = np.zeros((num_envs, mapping.action_dim), np.float32)
+
+    def poll(self, obs, state, active) -> OperatorTick:
+        self.t += self.mapping.dt
+        tick = OperatorTick.empty(self.n, self.mapping.action_dim)
+        r = self.row
+        if r is not None and state[r] not in (REQUESTED, HUMAN):  # handed back, declined, expired or ended
+            self._done(r)
+            r = None
+        if r is None:
+            asked = np.flatnonzero((state == REQUESTED) & active)
+            if not asked.size:
+                return tick
+            r = self._notice(int(asked[0]))
+        f = self._fact
+        if self._until is None:
+            if self.t < f.due_at:
+                return tick
+            if f.answer == "decline":
+                f.outcome, f.acted_at = "declined", self.t
+                tick.decline = np.zeros(self.n, bool)
+                tick.decline[r] = True
+                return tick
+            f.acted_at = self.t
+            self._until = self.t + draw_correction_s(self.profile, np.random.default_rng([self.seed, f.index, 1]))
+        if self.t >= self._until:  # let go: the session takes the hand-back (return on release)
+            return tick
+        if state[r] == HUMAN:
+            f.outcome = "took_over"
+            f.control_s += self.mapping.dt
+        action, valid = _query(self.expert, obs, np.array([r]), self.mapping) if obs else (None, None)
+        if valid is not None and valid[r]:
+            self._last_action[r] = action[r]
+        motion = np.asarray(self.mapping.raw_to_human(self._last_action[r : r + 1]), np.float32)
+        tick.action[r] = self._last_action[r]
+        tick.motion[r] = tick.raw[r] = motion[0]
+        tick.t_device[r] = now_ns()
+        tick.engaged[r] = True
+        return tick
+
+    def poll_idle(self) -> OperatorTick:
+        """Between episodes the person's clock stands (a headless run never waits between episodes)."""
+        return OperatorTick.empty(self.n, self.mapping.action_dim)
+
+    def _notice(self, r: int) -> int:
+        k = len(self.facts)
+        look, answer, reaction = draw_answer(self.profile, np.random.default_rng([self.seed, k, 0]))
+        switch = draw_switch_s(self.profile, self.seed, k, self.last_row is not None and r != self.last_row)
+        fact = RequestFact(index=k, episode_id=None, t_request_ns=None, seen_at=self.t, answer=answer,
+                           look_away_s=look, reaction_s=reaction, due_at=self.t + look + reaction + switch,
+                           switch_s=switch, robot=r)
+        self.facts.append(fact)
+        self.row, self._fact, self._until = r, fact, None
+        self.last_row = r  # the person has read this robot's scene
+        return r
+
+    def _done(self, r: int) -> None:
+        if self._fact is not None and self._fact.outcome == "pending":
+            self._fact.outcome = "gone"
+        self.row, self._fact, self._until = None, None, None
+
+    def begin(self, row, obs_row) -> None:
+        self.expert.reset([row], obs_row, {})
+
+
 class ExpertOperator(Operator):
     """The task's expert answers every request at once; its labels are recorded on every step."""
 
@@ -353,6 +450,8 @@ def make_operator(cfg, *, mapping, num_envs: int, expert=None, devices: list | N
         if len(devices) != num_envs:
             raise ConfigError(f"{len(devices)} operator devices for {num_envs} envs: give one per env")
         return DeviceOperator(devices, mapping, name)
+    if cfg.type == "human_model":
+        return HumanPacedOperator(expert, mapping, num_envs, seed=seed, name=name)
     if cfg.type in ("expert", "synthetic"):
         op = ExpertOperator(expert, mapping, num_envs, name) if cfg.type == "expert" else SyntheticOperators(
             expert, mapping, num_envs, reaction_delay_steps=cfg.reaction_delay_steps, noise_std=cfg.noise_std,

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from hg_dagger import config as config_io
 from hg_dagger.contract.model import StrictModel
+from hg_dagger.control.fleet import FleetConfig
 from hg_dagger.control.gate_specs import GateConfig
 from hg_dagger.control.handover import HandoverConfig
 from hg_dagger.control.safety import SafetyConfig
@@ -21,7 +22,7 @@ from hg_dagger.errors import ConfigError
 class OperatorConfig(StrictModel):
     """Who answers a handover request."""
 
-    type: Literal["synthetic", "expert", "device"] = "synthetic"
+    type: Literal["synthetic", "expert", "device", "human_model"] = "synthetic"
     name: str = Field(default="", description="operator pseudonym stored with episodes and windows")
     # synthetic operator (driven by the task's planner expert through mapping.raw_to_human)
     reaction_delay_steps: int = Field(default=5, ge=0)
@@ -100,6 +101,8 @@ class RunConfig(StrictModel):
                                         "the front end's default (the app: 2 s). A headless run never waits")
     robot: RobotConfig | None = Field(default=None, description="drive a robot over the bridge instead of a "
                                       "local simulator")
+    fleet: FleetConfig | None = Field(default=None, description="one person serves every env row through a request "
+                                      "queue (`run --robots N`, docs/fleet.md); None: each row answers on its own")
 
     @field_validator("gates")
     @classmethod
@@ -116,6 +119,9 @@ class RunConfig(StrictModel):
     def _one_env(self) -> RunConfig:
         if self.operator.type == "device" and self.num_envs != 1:
             raise ValueError("operator.type 'device': a live device drives one env, set num_envs 1")
+        if self.operator.type == "human_model" and self.num_envs > 1 and self.fleet is None:
+            raise ValueError("operator.type 'human_model' is one person: with several envs give a fleet section "
+                             "(run --robots N), whose queue decides which robot they serve")
         return self
 
 

@@ -39,6 +39,7 @@ from hg_dagger.control.engine import (
     end_reason,
 )
 from hg_dagger.control.episodes import EpisodeWriter
+from hg_dagger.control.fleet import FleetAllocator, cur_inputs
 from hg_dagger.control.gate_scores import GateInputs
 from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import (
@@ -91,11 +92,13 @@ class RunSummary:
     stopped_by: str = ""  # "estop" when the run ended on an emergency stop
     episode_ids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what happened outside any episode (e.g. an e-stop cleared)
+    fleet: dict[str, Any] = field(default_factory=dict)  # one person, several robots: the queue's figures
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        if not d["notes"]:
-            d.pop("notes")
+        for key in ("notes", "fleet"):
+            if not d[key]:
+                d.pop(key)
         return d
 
 
@@ -107,7 +110,8 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
                  safety: SafetyMonitor, operator: Operator, expert=None, latency_budget_ms: float | None = None,
                  scene: str = "", seed: int = 0, iteration: int = 0, realtime: bool = False,
                  max_episode_steps: int | None = None, episode_gap_s: float | None = None,
-                 gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None):
+                 gate_config_extra: dict[str, Any] | None = None, episode_extra: dict[str, Any] | None = None,
+                 fleet: FleetAllocator | None = None):
         self.env, self.rec = env, recorder
         self.mapping = env.mapping
         self.n = env.num_envs
@@ -171,6 +175,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
         self._target = 0
         self._env_info: dict[str, Any] = {}
         self.robot_hold = ""  # why the robot holds (link lost): nothing moves until a person calls resume()
+        self.fleet = fleet  # one person serves every row: the request queue (control.fleet); None: one each
 
     # ---- state read by callers -------------------------------------------------------------
 
@@ -337,7 +342,16 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
         policy's, the operator's or a hold, smoothed at switches; rows waiting for a person pause."""
         out, t_policy, active = tick.policy, tick.t_policy, tick.active
         state_before = self.machine.state.copy()
-        op = self._poll_operators(active, state_before, t_policy)
+        if self.fleet is None:
+            op = self._poll_operators(active, state_before, t_policy)
+        else:  # the person sees the request they serve; the others wait in the queue
+            unc = out.uncertainty
+            seen = self.fleet.allocate(state_before, self.machine.wait_ticks, lambda r: cur_inputs(self.gates, unc, r),
+                                       active)
+            for r, why, values in self.fleet.take_events():
+                if self.eids[r] is not None:
+                    self._event(r, EventKind.NOTE, t_policy, why, "fleet", values)
+            op = self.fleet.hands(self._poll_operators(active, seen, t_policy))
         estop = np.full(self.n, self.safety.estopped, bool)
         armed = ((state_before == AUTO) | (state_before == WARNING)) & self._gating
         g = self._gates(out, op, armed, active, t_policy)
@@ -431,6 +445,8 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
         tol = self.machine.cfg.auto_return.agree_tol
         agree = np.all(np.abs(policy - op.action) <= tol, axis=1)  # NaN (no command) never agrees, silently
         decline = np.full(self.n, self._decline, bool) if self._decline else None
+        if op.decline is not None:  # the operator let the student go on in these rows
+            decline = op.decline if decline is None else decline | op.decline
         self._decline = False
         d = self.machine.update(TickInputs(
             step=self.ep_step, t_ns=t_ns, gate_level=g.level, engaged=op.engaged, device_ok=op.device_ok,
