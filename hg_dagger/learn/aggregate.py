@@ -13,6 +13,7 @@ and segment boundaries survive aggregation.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -210,14 +211,10 @@ class LabelBuffer:
 
 
 def _rng_state_str(rng: np.random.Generator) -> str:
-    import json
-
     return json.dumps(rng.bit_generator.state)
 
 
 def _rng_from_str(text: str) -> np.random.Generator:
-    import json
-
     state = json.loads(text)
     bg = getattr(np.random, state["bit_generator"])()
     bg.state = state

@@ -18,8 +18,12 @@ import numpy as np
 import psutil
 
 from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.datasets.build import build
+from hg_dagger.datasets.manifest import DatasetConfig, SelectionConfig
+from hg_dagger.datasets.repository import record_training
+from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.errors import ConfigError, HgDaggerError
-from hg_dagger.learn.aggregate import held_out
+from hg_dagger.learn.aggregate import LabelBuffer, held_out
 from hg_dagger.learn.auto_config import AsyncSpec, AutoConfig, ExpertSpec, load_config, reset_seed
 from hg_dagger.learn.auto_worker import (
     CollectorStats,
@@ -29,6 +33,16 @@ from hg_dagger.learn.auto_worker import (
     async_worker,
 )
 from hg_dagger.learn.collect import Collector, CollectStats, build_expert
+from hg_dagger.learn.effort import operator_seconds
+from hg_dagger.learn.evaluate import EvalConfig, closed_loop, recoverability
+from hg_dagger.learn.executor import LocalExecutor
+from hg_dagger.learn.progress import read_metrics
+from hg_dagger.learn.promotion import Promoter
+from hg_dagger.learn.train import Trainer, store_loader
+from hg_dagger.policy import Student
+from hg_dagger.policy.checkpoint import read_checkpoint
+from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import load_labels
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +72,6 @@ class AutoRun:
     # -------------------------------------------------------------- setup
 
     def _open_store(self):
-        from hg_dagger.store import EpisodeStore
-
         if Path(self.store_url).exists() or "://" in self.store_url:
             try:
                 return EpisodeStore.open(self.store_url, mode="a")
@@ -69,10 +81,6 @@ class AutoRun:
         return EpisodeStore.create(self.store_url)
 
     def _trainer(self, mapping, store, resume: bool):
-        from hg_dagger.learn.aggregate import LabelBuffer
-        from hg_dagger.learn.train import Trainer, store_loader
-        from hg_dagger.policy import Student
-
         if resume:
             if not self.checkpoint_path.is_file():
                 raise ConfigError(f"{self.checkpoint_path}: nothing to resume (no checkpoint in {self.out})")
@@ -90,9 +98,6 @@ class AutoRun:
 
     def _restore_metrics_line(self) -> None:
         """A kill after the checkpoint and before its metrics line: write the line the checkpoint carries."""
-        from hg_dagger.learn.progress import read_metrics
-        from hg_dagger.policy.checkpoint import read_checkpoint
-
         line = read_checkpoint(self.checkpoint_path)["extra"].get("metrics_line")
         if not line:
             return
@@ -108,9 +113,6 @@ class AutoRun:
 
     def _learn(self, it, beta, trainer, store, mapping, new_ids, collect, env_eval, progress,
                after_fit: Callable[[], None] | None = None, infos: dict | None = None) -> dict[str, Any]:
-        from hg_dagger.learn.evaluate import closed_loop
-        from hg_dagger.store.trainable import load_labels
-
         keys = list(mapping.obs_spec())
         if infos is None:  # a gated round has waited for its commits already
             infos = _wait_complete(store, new_ids)
@@ -143,8 +145,6 @@ class AutoRun:
             "eval": ev, "recoverability": recover, "rss_mb": _rss_mb(),
         }
         if dataset is not None:
-            from hg_dagger.datasets.repository import record_training
-
             row["dataset"] = dataset.ref
             record_training(self.out / "datasets", dataset, trainer.student.version, str(self.checkpoint_path))
         line = json.dumps(row, default=str)
@@ -166,9 +166,6 @@ class AutoRun:
         if not self.cfg.promoting:
             return None
         if getattr(self, "_promotion", None) is None:
-            from hg_dagger.learn.evaluate import EvalConfig, closed_loop
-            from hg_dagger.learn.promotion import Promoter
-
             pc = self.cfg.promotion
             held = EvalConfig(episodes=pc.episodes, num_envs=pc.num_envs, seed=pc.seed, max_steps=self.cfg.eval.max_steps)
 
@@ -182,9 +179,6 @@ class AutoRun:
 
     def _recoverability(self, student, mapping, env_eval, episodes) -> dict[str, Any] | None:
         """The round's expert recoverability (learn.evaluate.recoverability) on the evaluation env, or None when off."""
-        from hg_dagger.learn.collect import build_expert
-        from hg_dagger.learn.evaluate import recoverability
-
         n = self.cfg.recoverability_episodes
         if not n or env_eval is None:
             return None
@@ -197,10 +191,6 @@ class AutoRun:
         """dataset_v(N+1) of this run's store after iteration ``it``'s episodes are committed (None when off)."""
         if not self.cfg.dataset_versions:
             return None
-        from hg_dagger.datasets.build import build
-        from hg_dagger.datasets.manifest import DatasetConfig, SelectionConfig
-        from hg_dagger.envs import load_mapping
-
         task = load_mapping(self.cfg.task).task_id  # the task id, also where the task is a task file of the user's
         cfg = DatasetConfig(selection=SelectionConfig(task=task, rule=self.cfg.replay.authorization))
         manifest, _ = build(task, [self.store_url], root=self.out / "datasets", config=cfg,
@@ -210,9 +200,8 @@ class AutoRun:
     # -------------------------------------------------------------- run
 
     def run(self, *, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+        # torch deferred: seconds to import; only the code that runs a model loads it
         import torch
-
-        from hg_dagger.envs import load_mapping, make_env
 
         cfg = self.cfg
         if not resume and self.checkpoint_path.exists():
@@ -241,8 +230,6 @@ class AutoRun:
 
         dagger_async here (a Ray executor) is pipelined: round it + 1 is submitted with the policy of round it
         before round it trains, so the workers collect while the driver trains, with a staleness of one round."""
-        from hg_dagger.learn.executor import LocalExecutor
-
         cfg = self.cfg
         ex = self.executor if self.executor is not None else LocalExecutor()
         pipelined = cfg.mode == CollectionMode.DAGGER_ASYNC
@@ -290,8 +277,6 @@ class AutoRun:
     def _gated_round(self, ex, it, trainer, store, mapping, progress) -> tuple[list[str], dict[str, Any], dict]:
         """Iteration ``it`` of mode human_gated: `hg-dagger run` with the current student (a Session per
         executor worker, the confidence gate calibrated on it first when the run config asks)."""
-        from hg_dagger.learn.effort import operator_seconds
-
         lost = len(ex.failures)
         path = self.out / "student_acting.pt"  # what the sessions load: one file, no live model shared
         trainer.student.save(path)

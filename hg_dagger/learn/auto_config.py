@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from hg_dagger import config as cfgmod
 from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.control.run_config import RunConfig, load_run_config
@@ -152,8 +153,6 @@ class AutoConfig(StrictModel):
 
 
 def load_config(path: str | Path, **overrides: Any) -> AutoConfig:
-    from hg_dagger import config as cfgmod
-
     data = cfgmod.read_yaml(path)
     kind = data.pop("kind", "auto")
     if kind != "auto":

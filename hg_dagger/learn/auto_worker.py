@@ -7,8 +7,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.learn.auto_config import AutoConfig, reset_seed
 from hg_dagger.learn.collect import Collector, build_expert, rec_stats
+from hg_dagger.policy import Student
+from hg_dagger.policy.checkpoint import read_checkpoint
+from hg_dagger.store import EpisodeStore
 
 # ---------------------------------------------------------------------- what the process sends the learner
 
@@ -39,15 +43,11 @@ WorkerMessage = EpisodeCollected | CollectorStats | WorkerFailed
 
 def async_worker(cfg_dict: dict, store_url: str, snapshot: str, messages, stop) -> None:
     """dagger_async simulation process: env + expert + recorder; the policy comes only from snapshot files."""
+    # torch deferred: seconds to import; only the code that runs a model loads it
     import torch
 
     torch.set_num_threads(1)
     try:
-        from hg_dagger.envs import load_mapping, make_env
-        from hg_dagger.policy import Student
-        from hg_dagger.policy.checkpoint import read_checkpoint
-        from hg_dagger.store import EpisodeStore
-
         cfg = AutoConfig.model_validate(cfg_dict)
         mapping = load_mapping(cfg.task)
         expert = build_expert(cfg.expert, mapping, relabel=True)

@@ -8,14 +8,15 @@ here, so a student that succeeds only after the budget fails in both.
 
 from __future__ import annotations
 
+from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError
 
 
 def task_budget(task) -> int:
     """Steps an episode of ``task`` (a task id or a TaskMapping) has: the run config's ``max_episode_steps``,
     else the task's horizon."""
+    # deferred: it loads the run config; the CLI imports this module for every command (tests/learn/test_eval.py)
     from hg_dagger.control.run_config import load_run_config
-    from hg_dagger.envs import load_mapping
 
     mapping = load_mapping(task) if isinstance(task, str) else task
     steps = load_run_config(None, mapping.task_id).max_episode_steps

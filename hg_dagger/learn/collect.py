@@ -96,6 +96,7 @@ def rec_stats(rec) -> dict[str, Any]:
 
 def build_expert(spec, mapping, *, relabel: bool):
     """The expert of an auto run (``spec``: learn.auto_config.ExpertSpec)."""
+    # deferred: it loads the experts; importing this module stays free of them (tests/learn/test_eval.py: eval loads none)
     from hg_dagger.experts import make_expert
     from hg_dagger.experts.base import require_relabeler
 

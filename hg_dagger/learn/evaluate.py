@@ -24,6 +24,11 @@ from tqdm import tqdm
 
 from hg_dagger.contract import LabelMask
 from hg_dagger.contract.model import StrictModel
+from hg_dagger.control.engine import Engine, EpisodeRows, EvalStats, StudentOnly, TakeOver, Trace, task_safety
+from hg_dagger.control.safety import SafetyMonitor
+from hg_dagger.envs import load_mapping, make_env
+from hg_dagger.errors import ConfigError
+from hg_dagger.learn.budget import task_budget
 
 
 class EvalConfig(StrictModel):
@@ -43,9 +48,6 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
     whichever row is free: its result does not depend on how episodes are spread over rows or workers.
     ``trace`` (a list), when given, receives (obs, applied action) of every step, for audits and tests.
     """
-    from hg_dagger.control.engine import EvalStats, StudentOnly, Trace
-    from hg_dagger.learn.budget import task_budget
-
     seeds = [int(s) for s in seeds] if seeds is not None else [config.seed + k for k in range(config.episodes)]
     stats = EvalStats(env.num_envs, seeds)
     bar = tqdm(total=len(seeds), desc="eval", disable=not progress, leave=False)
@@ -62,9 +64,6 @@ def closed_loop(student, env, config: EvalConfig, *, progress: bool = False, tra
 def _rollout(student, env, arbiter, seeds: list[int], limit: int, safety, sinks: list) -> int:
     """The rollout engine over one episode per seed, every action through the task's safety monitor (``safety``: a
     SafetyConfig, default the task's); returns the ticks it stepped."""
-    from hg_dagger.control.engine import Engine, EpisodeRows, task_safety
-    from hg_dagger.control.safety import SafetyMonitor
-
     monitor = SafetyMonitor(safety if safety is not None else task_safety(env.mapping.task_id),
                             num_envs=env.num_envs, action_dim=env.mapping.action_dim)
     engine = Engine(env, student, arbiter, monitor, rows=EpisodeRows(env.num_envs, seeds=seeds, limit=limit),
@@ -83,8 +82,6 @@ def recoverability(student, expert, env, episodes: list[dict[str, Any]], *, max_
 
     Up to ``max_episodes`` failures are probed, the earliest seeds first; ``env`` should be the evaluation's env
     (the same rows, so the student's replayed steps match its evaluated ones)."""
-    from hg_dagger.control.engine import EvalStats, TakeOver
-
     failed = [e for e in episodes if not e["success"]]
     probed = sorted(failed, key=lambda e: e["index"])[:max(0, int(max_episodes))]
     out: dict[str, Any] = {"failed": len(failed), "probed": len(probed), "recovered": 0, "rate": None,
@@ -148,6 +145,7 @@ def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=
 
     Episodes in ``trained_on`` (the checkpoint's replay) are never scored, whatever their split.
     """
+    # deferred: learn.train and store.trainable import torch and zarr; the CLI lists its commands without them
     from hg_dagger.learn.train import training_episodes
     from hg_dagger.store.trainable import load_labels
 
@@ -182,6 +180,7 @@ def offline(student, store, mapping, *, holdout_fraction: float = 0.0, episodes=
 
 def write_report(result: dict[str, Any], out_dir: str | Path, *, title: str = "student-only evaluation") -> dict[str, Path]:
     """eval.json plus eval.png (success per scene bucket and episode-length histogram)."""
+    # matplotlib deferred: the app extra, optional
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,8 +235,7 @@ def evaluate(
     """`hg-dagger eval`: closed-loop policy-only rollouts (+ offline error on held-out windows of a store);
     with a Ray ``executor`` (learn.executor) the closed-loop episodes run on its workers, same seeds.
     ``checkpoint`` is any policy spec (policy.sources): a student checkpoint, ws://HOST:PORT or lerobot:DIR."""
-    from hg_dagger.envs import load_mapping, make_env
-    from hg_dagger.errors import ConfigError
+    # deferred: policy and store import torch and zarr; the CLI lists its commands without them
     from hg_dagger.policy import close_policy, open_policy, policy_source
 
     cfg = config or EvalConfig()

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from hg_dagger.errors import ConfigError
+from hg_dagger.learn.evaluate import summarize
 from hg_dagger.learn.executor_ray import RayExecutor
 from hg_dagger.learn.executor_worker import (  # noqa: F401 - importable from here
     CollectResult,
@@ -108,8 +109,6 @@ class LocalExecutor:
                              policy_versions=[out["policy_version"]])
 
     def evaluate(self, student, task: str, eval_cfg) -> dict[str, Any]:
-        from hg_dagger.learn.evaluate import summarize
-
         n = min(eval_cfg.num_envs, eval_cfg.episodes)
         seeds = episode_seeds(eval_cfg.seed, eval_cfg.episodes)
         out = self._worker.evaluate(task, student, eval_cfg, seeds, n)
@@ -119,6 +118,7 @@ class LocalExecutor:
         return self._worker.replay(store_url, list(episode_ids))
 
     def run_gated(self, cfg, store_url: str, *, student_path: str | None = None, progress: bool = True):
+        # deferred: it loads the operators, the run config, the session and zarr; the CLI imports this module for every command (tests/learn/test_eval.py)
         from hg_dagger.control.build import run_gated
 
         return run_gated(cfg, store_url, student_path=student_path, progress=progress)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from hg_dagger.contract.enums import INTERVENTION_SOURCES
 from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.learn.evaluate import summarize
 from hg_dagger.learn.executor_worker import (
     CollectResult,
     EnvWorker,
@@ -26,8 +31,6 @@ log = logging.getLogger(__name__)
 
 def _reachable(address: str, timeout_s: float = 10.0) -> None:
     """Refuse an unreachable HOST:PORT at once: Ray itself retries a missing head for minutes."""
-    import socket
-
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
@@ -133,6 +136,7 @@ class RayExecutor:
     def _snapshot(self, student) -> PolicySnapshot:
         """Checkpoint bytes in the object store, once per policy version: what every worker loads."""
         if self._snap is None or self._snap.version != student.version:
+            # deferred: policy.checkpoint imports torch; the CLI lists its commands without it
             from hg_dagger.policy.checkpoint import snapshot_bytes
 
             self._snap = PolicySnapshot(student.version, [self._ray.put(snapshot_bytes(student))])
@@ -193,8 +197,6 @@ class RayExecutor:
         return _RayCollect(self, calls, store_url, job, time.perf_counter())
 
     def evaluate(self, student, task: str, eval_cfg) -> dict[str, Any]:
-        from hg_dagger.learn.evaluate import summarize
-
         snap = self._snapshot(student)
         n = min(eval_cfg.num_envs, eval_cfg.episodes)  # the local batch width: same answers as local
         seeds = episode_seeds(eval_cfg.seed, eval_cfg.episodes)
@@ -217,6 +219,7 @@ class RayExecutor:
 
     def run_gated(self, cfg, store_url: str, *, student_path: str | None = None, progress: bool = True):
         """The run's episodes in contiguous seed blocks, one per worker (episode k keeps seed cfg.seed + k)."""
+        # deferred: it loads the operators, the run config, the session and zarr; the CLI imports this module for every command (tests/learn/test_eval.py)
         from hg_dagger.control.session import RunSummary
         from hg_dagger.store import EpisodeStore
 
@@ -308,10 +311,6 @@ class RayExecutor:
 
 def _run_summary_of(store, infos) -> dict[str, Any]:
     """RunSummary fields of committed episodes, read back from the store (a dead worker's own summary is lost)."""
-    import numpy as np
-
-    from hg_dagger.contract.enums import INTERVENTION_SOURCES
-
     human = 0
     windows = 0
     for info in infos:
@@ -334,6 +333,7 @@ class _RayCollect:
 
     def _lost(self, i: int, args: tuple):
         """Keep what the dead worker committed (the store says which), run its other episodes again."""
+        # deferred: store imports zarr; the CLI lists its commands without it
         from hg_dagger.store import EpisodeStore
 
         cfg, url, snap, job = args

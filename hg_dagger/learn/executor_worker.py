@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.envs.base import VecEnv
+from hg_dagger.learn.evaluate import closed_loop
+from hg_dagger.review.replay import replay_episode
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ def shares(count: int, width: int, workers: int) -> list[list[int]]:
 
 def merge_stats(parts: list) -> Any:
     """One CollectStats from several workers' (counts summed, lists concatenated)."""
+    # deferred: learn.collect imports zarr; the CLI lists its commands without it
     from hg_dagger.learn.collect import CollectStats
 
     out = CollectStats()
@@ -91,6 +95,7 @@ class EnvWorker:
     def __init__(self, index: int = 0, kind: str = "local"):
         self.index, self.kind = int(index), kind
         if kind != "local":
+            # torch deferred: seconds to import; only the code that runs a model loads it
             import torch
 
             torch.set_num_threads(1)  # one core per worker; the trainer keeps the driver's
@@ -109,8 +114,6 @@ class EnvWorker:
             self._env = self._env_key = None
 
     def _env_for(self, mapping, num_envs: int, seed: int):
-        from hg_dagger.envs import make_env
-
         key = (mapping.task_id, mapping.hash, int(num_envs), int(seed))
         if key != self._env_key:
             self.close()
@@ -123,6 +126,7 @@ class EnvWorker:
             return snap
         if self._student is not None and self._student.version == snap.version:
             return self._student
+        # deferred: policy.checkpoint imports torch, ray is an optional extra; the CLI lists its commands without them
         from hg_dagger.policy.checkpoint import load_student
 
         data = snap.data
@@ -135,7 +139,7 @@ class EnvWorker:
 
     def collect(self, cfg, store_url: str, snap, job: dict[str, Any], progress: bool = False) -> dict[str, Any]:
         """Collect the episodes ``job["seeds"]`` into the store; committed when this returns."""
-        from hg_dagger.envs import load_mapping
+        # deferred: learn.collect and store import zarr; the CLI lists its commands without it
         from hg_dagger.learn.collect import Collector, build_expert, rec_stats
         from hg_dagger.store import EpisodeStore
 
@@ -176,9 +180,6 @@ class EnvWorker:
 
     def evaluate(self, task: str, snap, eval_cfg, seeds: list[int], num_envs: int) -> dict[str, Any]:
         """Closed-loop episodes from ``seeds`` in an env of ``num_envs`` rows: (per-episode dicts, env steps)."""
-        from hg_dagger.envs import load_mapping
-        from hg_dagger.learn.evaluate import closed_loop
-
         mapping = load_mapping(task)
         student = self._student_for(snap, mapping)
         env = self._env_for(mapping, num_envs, eval_cfg.seed)
@@ -186,13 +187,14 @@ class EnvWorker:
         return {"episodes": res["per_episode"], "steps": res["env_steps"]}
 
     def replay(self, store_url: str, episode_ids: list[str]) -> list:
-        from hg_dagger.review.replay import replay_episode
+        # deferred: store imports zarr; the CLI lists its commands without it
         from hg_dagger.store import EpisodeStore
 
         store = EpisodeStore.open(store_url, mode="r")
         return [replay_episode(store, e) for e in episode_ids]
 
     def run_gated(self, cfg, store_url: str, student: bytes | None, extra: dict[str, Any]) -> dict[str, Any]:
+        # deferred: it loads the operators, the run config, the session and zarr; the CLI imports this module for every command (tests/learn/test_eval.py)
         from hg_dagger.control.build import run_gated
 
         extra = {**extra, "executor": self.kind, "worker": self.index, "worker_pid": os.getpid()}

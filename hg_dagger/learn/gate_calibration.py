@@ -8,6 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from hg_dagger.contract import ActionSource, CollectionMode
+from hg_dagger.control.gate_specs import ConfidenceGate
+from hg_dagger.control.gate_thresholds import CalibrationRefused, quantile_thresholds
+from hg_dagger.envs import load_mapping
+from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import flatten_td
+
 
 def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | None = None) -> dict[str, Any]:
     """Calibrate the confidence gate for a freshly trained student and store the thresholds in its checkpoint,
@@ -16,8 +23,7 @@ def calibrate_student(store: str, checkpoint: str, task: str, *, gates: str | No
     gate config's (the run config's ``gates``, else configs/gates/<task>.yaml). Returns what was stored and a
     one-line message; with too few samples, or samples that cannot set a gate, nothing is stored and a session
     falls back to its own start-up calibration."""
-    from hg_dagger.control.gate_specs import ConfidenceGate
-    from hg_dagger.control.gate_thresholds import CalibrationRefused, quantile_thresholds
+    # deferred: it loads the run config and torch; importing this module stays free of them (tests/learn/test_eval.py: eval loads none)
     from hg_dagger.control.run_config import load_gate_config, load_run_config
     from hg_dagger.policy.checkpoint import store_gate_thresholds
 
@@ -45,13 +51,8 @@ def autonomous_uncertainty(store: str, checkpoint: str, task: str, *, max_steps:
     """The student's uncertainty on the newest states where a policy acted on its own (human-gated
     episodes, action_source policy): the samples the confidence gate's quantile rule needs. With fewer
     than ``min_steps`` of those (an early round), the other recorded states of the task fill up."""
-    import numpy as np
-
-    from hg_dagger.contract import ActionSource, CollectionMode
-    from hg_dagger.envs import load_mapping
+    # deferred: policy imports torch; importing this module stays free of it
     from hg_dagger.policy import Student
-    from hg_dagger.store import EpisodeStore
-    from hg_dagger.store.trainable import flatten_td
 
     mapping = load_mapping(task)
     student = Student.load(checkpoint, mapping)

@@ -46,6 +46,7 @@ def write_curve_png(metrics_path: str | Path, png_path: str | Path) -> Path | No
     rows = read_metrics(metrics_path)
     if not rows:
         return None
+    # matplotlib deferred: the app extra, optional
     import matplotlib
 
     matplotlib.use("Agg")

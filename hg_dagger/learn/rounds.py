@@ -16,13 +16,19 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue
+import signal
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.envs import load_mapping, make_env
+from hg_dagger.errors import HgDaggerError
 from hg_dagger.learn.promotion import PromotionConfig
+from hg_dagger.review.qc import run_qc
+from hg_dagger.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +93,6 @@ class BackgroundJob:
 
     def wait(self, timeout: float) -> bool:
         """Block until done (scripts, tests); True when finished."""
-        import time
-
         deadline = time.monotonic() + timeout
         while not self.done and time.monotonic() < deadline:
             self.poll()
@@ -104,8 +108,6 @@ class BackgroundJob:
 
 
 def _child(fn, kwargs, q) -> None:
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the terminal reaches the app, which cancels the job
 
     def report(stage: str, fraction: float) -> None:
@@ -114,8 +116,6 @@ def _child(fn, kwargs, q) -> None:
     try:
         q.put(Finished(fn(report=report, **kwargs)))
     except Exception as exc:  # noqa: BLE001 - sent to the parent as text
-        from hg_dagger.errors import HgDaggerError
-
         msg = str(exc) if isinstance(exc, HgDaggerError) else f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         q.put(Failed(msg))
 
@@ -138,10 +138,10 @@ def train_round(*, store: str, task: str, out_dir: str, resume: str | None = Non
     operator's reviewed windows need nothing else. With ``promotion`` (a PromotionConfig's fields), the new
     student must then pass the held-out evaluation against the one at ``resume`` (learn.round_promotion): the
     result's ``promotion`` says whether it takes over."""
+    # deferred: learn.round_promotion and learn.train import torch; importing this module stays free of it
     import torch
 
     from hg_dagger.learn.train import TrainConfig, train_from_store
-    from hg_dagger.review.qc import run_qc
 
     torch.set_num_threads(1)
     report("quality checks", 0.0)
@@ -167,12 +167,11 @@ def bootstrap_student(*, task: str, store: str, out_dir: str, demos: int = 6, st
     """A first student: ``demos`` planner demonstrations recorded into ``store`` (expert_demo, BC-only),
     then behaviour cloning for ``steps`` gradient steps. Few of both on purpose: the student should
     reach the object but make mistakes the gates catch."""
+    # deferred: it loads the run config and torch; importing this module stays free of them (tests/learn/test_eval.py: eval loads none)
     import torch
 
-    from hg_dagger.envs import load_mapping, make_env
     from hg_dagger.learn.auto import Collector, ExpertSpec, build_expert
     from hg_dagger.policy import Student
-    from hg_dagger.store import EpisodeStore
 
     torch.set_num_threads(1)
     mapping = load_mapping(task)

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -24,13 +25,18 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
+from hg_dagger.contract import TrainingBlock
 from hg_dagger.contract.model import StrictModel
+from hg_dagger.datasets.read import episode_labels
+from hg_dagger.datasets.repository import default_root, load, record_training, root_of
+from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError, ContractError
 from hg_dagger.learn.aggregate import LabelBuffer, LabelBufferConfig, held_out
 from hg_dagger.learn.gate_calibration import calibrate_student
 from hg_dagger.policy import Student
-from hg_dagger.policy.checkpoint import read_checkpoint
-from hg_dagger.store.trainable import load_labels
+from hg_dagger.policy.checkpoint import read_checkpoint, save_checkpoint
+from hg_dagger.store import EpisodeStore
+from hg_dagger.store.trainable import load_labels, selection
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +261,6 @@ class Trainer:
         }
 
     def save(self, path: str | Path, **extra: Any) -> Path:
-        from hg_dagger.policy.checkpoint import save_checkpoint
-
         return save_checkpoint(path, self.student, train=self.state(), **extra)
 
     @classmethod
@@ -301,9 +305,6 @@ def training_episodes(store, mapping, *, holdout_fraction: float = 0.0, held: bo
 
 def selection_summary(store, episodes, rule) -> dict[str, Any]:
     """Labels of ``episodes`` that pass the training boundary and what stopped the rest, with the rule used."""
-    from hg_dagger.contract import TrainingBlock
-    from hg_dagger.store.trainable import selection
-
     total: dict[str, Any] = {"labels": 0, "allowed": 0, **{str(b.name).lower(): 0 for b in TrainingBlock}}
     for info in episodes:
         for k, v in selection(store, info, rule).counts().items():
@@ -314,8 +315,6 @@ def selection_summary(store, episodes, rule) -> dict[str, Any]:
 
 def describe_selection(counts: dict[str, Any]) -> str:
     """'120 of 300 labels allowed; 150 not_reviewed, 30 qc_not_run' from selection_summary."""
-    from hg_dagger.contract import TrainingBlock
-
     stops = [f"{counts[str(b.name).lower()]} {str(b.name).lower()}" for b in TrainingBlock if counts.get(str(b.name).lower())]
     text = f"{counts.get('allowed', 0)} of {counts.get('labels', 0)} labels allowed"
     return text + (f"; stopped: {', '.join(stops)}" if stops else "")
@@ -358,9 +357,6 @@ def train_from_store(
     ``dataset`` ('NAME@vN' under ``datasets_root``, default the folder beside the store, or a manifest file)
     trains on exactly that version's trainable samples instead, read from the label layers it names.
     ``on_step(done, total)`` is called after every gradient step (progress for a front end)."""
-    from hg_dagger.envs import load_mapping
-    from hg_dagger.store import EpisodeStore
-
     mapping = load_mapping(task)
     if dataset is not None:
         return _train_on_dataset(dataset, datasets_root, store_url, task, mapping, out_dir,
@@ -410,8 +406,6 @@ def train_from_store(
 
 def _episodes_note(store) -> str:
     """What the store holds instead: "the store holds no episode", or counts of complete episodes per task."""
-    from collections import Counter
-
     infos = store.episodes()
     if not infos:
         return "the store holds no episode"
@@ -441,9 +435,6 @@ def _train_on_dataset(ref, root, store_url, task, mapping, out_dir, *, student_c
     or by a reviewer off the roster - stops training in one line, ``read.refuse_void``); the dataset version is
     recorded in train.json, in the checkpoint and beside the manifest, and the student's calibrated gate
     thresholds are stored with it as `train --store` stores them (``_calibrate``)."""
-    from hg_dagger.datasets.read import episode_labels
-    from hg_dagger.datasets.repository import default_root, load, record_training, root_of
-
     root = root_of(ref) if root is None and store_url is None and str(ref).endswith(".json") else \
         default_root(root, [store_url] if store_url else [])
     manifest = load(root, ref)
