@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from hg_dagger.contract import (
     ActionSource,
@@ -275,8 +276,6 @@ def _same_content(parent: Manifest, new: Manifest) -> bool:
 
 def _assemble(name: str, version: int, urls: list[str], cfg: DatasetConfig, parent: Manifest | None,
               progress: bool) -> Manifest:
-    from tqdm import tqdm
-
     sel_cfg = cfg.selection
     refs: list[StoreRef] = list(parent.stores) if parent else []
     for u in urls:

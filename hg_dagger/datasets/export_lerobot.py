@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from hg_dagger.contract import SCHEMA_VERSION
 from hg_dagger.datasets.exporters import EXPORTERS, Exporter, ExportOption, ExportSummary, Training
@@ -156,8 +157,6 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress, trainable_on
     continuity = 0
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(desc="export", unit="ep", mininterval=1.0)
     for group in read_groups(items):
         cols_list, frames_list, pieces_meta = [], [], []

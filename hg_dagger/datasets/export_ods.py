@@ -18,6 +18,7 @@ action source and the trainable flag; ``segment_accepted`` is that flag, so
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from hg_dagger.contract import SCHEMA_VERSION
 from hg_dagger.datasets.exporters import EXPORTERS, Exporter, ExportOption, ExportSummary, Training
@@ -65,6 +67,7 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
     """Write the episodes of ``items`` (in that order) at ``out``, a new or empty folder: one row each
     (``layout="padded"``) or packed end to end into rows (``"ragged"``); written into a temporary sibling that is
     renamed into place at the end, so a failed export leaves nothing there."""
+    # torch, tensordict deferred: seconds to import; only the code that uses them loads them
     import torch
     from tensordict import TensorDict
 
@@ -107,8 +110,6 @@ def export_ods(items: Iterable[ExportItem], out: str | os.PathLike, *, fps: floa
         row_segments = [0] * n_rows  # segment ids already used in each row
         bar = None
         if progress:
-            from tqdm import tqdm
-
             bar = tqdm(total=n_rows, desc="export", unit="ep", mininterval=1.0)
         for ep in read_episodes(items, obs_keys=[n[4:] for n in specs]):
             fps = common_fps(ep, fps)
@@ -294,8 +295,6 @@ def _schema(specs, fps: float, a_dim: int) -> dict:
 
 def _source_id(rows: list[dict]) -> str:
     """A stable identity of the exported content: the same episodes in the same order give the same id."""
-    import hashlib
-
     h = hashlib.sha256()
     for r in rows:
         h.update(f"{r['store']}\0{r['episode_id']}\0{r['label_version']}\0{r['trainable_steps']}\n".encode())
@@ -305,6 +304,7 @@ def _source_id(rows: list[dict]) -> str:
 def load_ods(path: str | os.PathLike) -> tuple:
     """(TensorDict [episodes, steps] backed by the memory maps, metadata dict with "schema", "source_id",
     "language" and "episodes") of an export; the TensorDict and schema go straight into TensorDataSource."""
+    # tensordict deferred: it imports torch (seconds); only an ODS export loads it
     from tensordict import TensorDict
 
     root = Path(path)

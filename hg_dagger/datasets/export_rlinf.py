@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from hg_dagger.contract import SCHEMA_VERSION
 from hg_dagger.datasets.exporters import EXPORTERS, Exporter, ExportSummary, Training
@@ -79,8 +80,6 @@ def _write(pa, pq, items, root: Path, *, fps, robot_type, progress) -> ExportSum
     source_eps = 0
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(desc="export", unit="ep", mininterval=1.0)
     for group in read_groups(items):
         for ep in group:

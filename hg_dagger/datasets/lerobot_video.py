@@ -4,6 +4,7 @@ file per camera and episode."""
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +45,7 @@ class VideoWriter:
         self.fps = fps
 
     def write(self, col: str, episode: int, frames: np.ndarray, meta: dict[str, list]) -> None:
-        from fractions import Fraction
-
+        # av deferred: the export extra, optional
         import av
 
         os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration at info level

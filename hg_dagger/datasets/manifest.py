@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from hg_dagger import config as cfgmod
 from hg_dagger.contract import ReplayStatus, TrainingRule
 from hg_dagger.contract.enums import Usage
 from hg_dagger.contract.model import FrozenModel
@@ -63,8 +64,6 @@ class DatasetConfig(FrozenModel):
 
 
 def load_config(path: str | Path) -> DatasetConfig:
-    from hg_dagger import config as cfgmod
-
     data = cfgmod.read_yaml(path)
     kind = data.pop("kind", "dataset")
     if kind != "dataset":

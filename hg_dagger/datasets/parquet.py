@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from PIL import Image
 
 from hg_dagger.datasets.source import ExportError
 
@@ -25,15 +27,11 @@ def encode_pngs(frames: np.ndarray) -> list[bytes]:
     """PNG bytes of each frame, encoded on all cores (Pillow's encoder releases the GIL)."""
     if len(frames) < 64:
         return [_png(f) for f in frames]
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return list(pool.map(_png, frames, chunksize=16))
 
 
 def _png(frame: np.ndarray) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     img = Image.fromarray(frame if frame.shape[-1] != 1 else frame[..., 0])
     img.save(buf, format="PNG", compress_level=1)

@@ -14,6 +14,7 @@ from hg_dagger.contract.enums import Usage
 from hg_dagger.contract.labels import TrainingSelection, review_problem, window_operator
 from hg_dagger.datasets.manifest import DatasetError, Manifest, Sample
 from hg_dagger.datasets.sequences import cut_sequences
+from hg_dagger.datasets.source import ExportItem
 from hg_dagger.datasets.splits import Placed, leaks
 from hg_dagger.errors import ContractError, StoreError
 
@@ -28,6 +29,7 @@ class OpenStores:
         self.open: dict[str, Any] = {}
 
     def get(self, url: str):
+        # deferred: store imports zarr; the CLI lists its commands without it
         from hg_dagger.store import EpisodeStore
 
         if url not in self.open:
@@ -150,6 +152,7 @@ def episode_labels(manifest: Manifest, obs_keys: Sequence[str], *, task: str | N
     """The manifest's trainable samples as EpisodeLabels for a LabelBuffer: exactly the steps of their runs, with the
     target the label layer each sample names gives. A missing store or episode, or a step that layer does not
     make trainable, is an error naming the sample."""
+    # deferred: store.trainable imports zarr; the CLI lists its commands without it
     from hg_dagger.store.trainable import LABEL_FIELDS, extract_labels
 
     opened = OpenStores()
@@ -202,8 +205,6 @@ def export_items(manifest: Manifest, usages: Iterable[str] = (Usage.TRAINABLE,))
     ``trainable`` mask is the trainable samples' runs, the label layer the newest one those samples name. A
     trainable sample whose authorization counts for nothing now (an older version's self-approval, a reviewer
     off the roster) is refused as `train --dataset` refuses it: no export offers it as training data."""
-    from hg_dagger.datasets.source import ExportItem
-
     want = set(usages)
     opened = OpenStores()
     chosen: dict[tuple[str, str], list[Sample]] = {}

@@ -125,6 +125,7 @@ def dataset_report(manifest: Manifest, root) -> dict[str, Any]:
 
 def render_dataset_html(report: dict[str, Any]) -> str:
     """The store report's page with a section on the version: usage classes per split and per version."""
+    # deferred: review.report imports zarr; the CLI lists its commands without it
     from hg_dagger.review.report import render_html
 
     page = render_html(report)
