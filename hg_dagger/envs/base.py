@@ -167,6 +167,7 @@ def fault_flags(info: dict, key: str, num_envs: int) -> np.ndarray:
 
 def as_tensordict(obs: Obs):
     """A TensorDict view (shares memory) of a batched numpy observation."""
+    # torch, tensordict deferred: seconds to import; only the code that uses them loads them
     import torch
     from tensordict import TensorDict
 

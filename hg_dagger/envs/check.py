@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hg_dagger.contract.command import COMMAND_DIM
-from hg_dagger.envs import BACKENDS, backend_spec, make_env
+from hg_dagger.envs import BACKENDS, backend_spec, load_mapping, make_env
 from hg_dagger.envs.base import StepResult, VecEnv
 from hg_dagger.errors import EnvError
 
@@ -119,8 +119,6 @@ def _check_hold(env: VecEnv, hold: str, last_obs: dict[str, np.ndarray], log: Ca
 
 def _check_auto_reset(task: str, *, seed: int, log: Callable[[str], None]) -> None:
     """A 2-step-horizon copy of the task must end, deliver final_obs and mark the fresh row."""
-    from hg_dagger.envs import load_mapping
-
     mapping = load_mapping(task).model_copy(update={"horizon": 2})
     with make_env(mapping, num_envs=1, seed=seed) as env:
         zero = mapping.clip_raw(np.zeros((1, mapping.action_dim), np.float32))

@@ -18,7 +18,9 @@ every action through ``mapping.policy_to_raw`` - the same clip path every other 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,9 +45,6 @@ def _default_make(mapping: TaskMapping, num_envs: int, seed: int | None):
         from embodichain.lab.gym.utils.gym_utils import config_to_cfg
     except ImportError as exc:
         raise EnvError(f"{mapping.source}: {NEEDS} ({exc})") from None
-    import json
-    from pathlib import Path
-
     opts = mapping.backend_options
     path = Path(str(opts.get("gym_config", "")))
     if not path.is_file():
@@ -73,6 +72,7 @@ class EmbodiChainEnv(VecEnv):
         seed: int | None = None,
         make_fn: Callable[[TaskMapping, int, int | None], Any] | None = None,
     ):
+        # torch deferred: seconds to import; only the code that runs a model loads it
         import torch
 
         self._torch = torch
@@ -173,6 +173,7 @@ class LearningVecEnvAdapter:
     """
 
     def __init__(self, env: VecEnv, device: str | Any = "cpu"):
+        # gymnasium deferred: the sim extra, optional; torch deferred: seconds to import; only the code that runs a model loads it
         import gymnasium as gym
         import torch
 

@@ -11,6 +11,8 @@ the table or below, once per drop), collision_imminent (fingertips at the table 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from typing import Any, cast
 
@@ -35,9 +37,7 @@ class FetchVecEnv(MujocoRowsEnv):
     mocap_writer = "_set_action"
 
     def _make_row(self) -> Any:
-        import contextlib
-        import io
-
+        # gymnasium deferred: the sim extra, optional; gymnasium_robotics deferred: the sim extra, optional
         import gymnasium as gym
 
         with contextlib.redirect_stderr(io.StringIO()):  # an import-time notice about Adroit envs
@@ -54,6 +54,7 @@ class FetchVecEnv(MujocoRowsEnv):
     def _init_rows(self, seed: int | None) -> None:
         env = self.envs[0]
         m = env.model
+        # mujoco deferred: the sim extra, optional
         import mujoco
 
         self._has_object = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, OBJECT) >= 0

@@ -65,6 +65,7 @@ def _register_robotics() -> None:
 
 def find_spec(gym_id: str, *, where: str):
     """The Gymnasium EnvSpec of ``gym_id`` ("module:Id" imports the module first), or one EnvError line."""
+    # gymnasium deferred: the sim extra, optional
     import gymnasium as gym
 
     if not isinstance(gym_id, str) or not gym_id:
@@ -99,6 +100,7 @@ class GymnasiumVecEnv(VecEnv):
     _last_obs: Obs  # every row's observation after the last reset or step (set by the first reset)
 
     def __init__(self, mapping: TaskMapping, num_envs: int = 1, seed: int | None = None):
+        # gymnasium deferred: the sim extra, optional
         import gymnasium as gym
 
         self._gym = gym
@@ -257,6 +259,7 @@ class GymnasiumVecEnv(VecEnv):
         model = getattr(env, "model", None)
         if model is None:
             return name
+        # mujoco deferred: the sim extra, optional
         import mujoco
 
         mjb = np.empty(mujoco.mj_sizeModel(model), np.uint8)

@@ -39,6 +39,7 @@ class MetaWorldVecEnv(MujocoRowsEnv):
     def _make_row(self) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # metaworld deferred: the sim extra, optional
             from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE as envs
 
             name = f"{self.options.get('env_name')}-goal-observable"

@@ -83,6 +83,7 @@ MAX_SAG_CORRECTION = 0.005  # m (free-space corrections are 0-4 mm); a hand bloc
 def mocap_welds(model) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
     """(mocap id, welded body, rel_pos, rel_quat) per weld between a mocap body and a body: the weld is
     satisfied when the mocap pose = body pose * (rel_pos, rel_quat)."""
+    # mujoco deferred: the sim extra, optional
     import mujoco
 
     out = []
@@ -130,6 +131,7 @@ def pin_arm(model, data, settle_steps: int, brake: float | None = None) -> Pin |
        the opposite of where the hand went (twice: the correction moves the arm too), so the hand
        stays where it was measured, as a position controller with integral action keeps it. The
        real simulation does not advance; objects keep their state."""
+    # mujoco deferred: the sim extra, optional
     import mujoco
 
     welds = mocap_welds(model)
@@ -177,6 +179,7 @@ class LeanCamera:
     """128x128-class offscreen RGB with shadows, reflections, skybox and multisampling off."""
 
     def __init__(self, model, width: int, height: int, camera: str | dict[str, Any], flip: str = "none"):
+        # mujoco deferred: the sim extra, optional
         import mujoco
 
         self._mujoco = mujoco
@@ -372,6 +375,7 @@ class MujocoRowsEnv(VecEnv):
     @functools.cached_property
     def robot(self) -> str:
         """The simulator class and a hash of the compiled model (MJB bytes: bodies, geoms, meshes, parameters)."""
+        # mujoco deferred: the sim extra, optional
         import mujoco
 
         model = self.envs[0].model

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import selectors
+import signal
 import socket
 import ssl
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from hg_dagger.contract.clock import now_ns
+from hg_dagger.envs import make_env
 from hg_dagger.envs.base import VecEnv
 from hg_dagger.envs.bridge.protocol import (
     DEFAULT_HOST,
@@ -519,10 +521,6 @@ class BridgeServer:
 def serve(task: str, *, token: bytes, config: ServerConfig | None = None, num_envs: int = 1,
           seed: int | None = None, on_ready=None) -> None:
     """Build the task's env with make_env and serve it until SIGINT/SIGTERM."""
-    import signal
-
-    from hg_dagger.envs import make_env
-
     env = make_env(task, num_envs=num_envs, seed=seed)
     try:
         server = BridgeServer(env, token, config, seed=seed)
