@@ -69,6 +69,7 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
     rounds: dict[str, Counter] = defaultdict(Counter)
     round_infos: dict[str, list] = defaultdict(list)  # for gate recall per round
     buckets: dict[str, dict[str, Counter]] = {"operator": defaultdict(Counter), "scene": defaultdict(Counter)}
+    robots: dict[str, Counter] = defaultdict(Counter)  # fleet episodes (one person, several robots) by robot
     for info in tqdm(infos, desc="report", unit="ep", disable=not progress):
         layer = st.labels(info.episode_id)
         sel = selection(st, info, rule)
@@ -124,6 +125,8 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         round_infos[key].append(info)
         rounds[key].update(episodes=1, steps=n, labels_allowed=int(sel.allowed.sum()), human_steps=human,
                            successes=int(info.end.task_success))
+        if "fleet_size" in info.start.extra:
+            _robot_figures(robots[str(info.start.env_index)], info, human, len(layer.windows))
         for name, value in (("operator", info.start.operator or "(none)"), ("scene", info.start.task.scene_id or "-")):
             buckets[name][value].update(episodes=1, steps=n, human_steps=human, labels_allowed=int(sel.allowed.sum()),
                                         successes=int(info.end.task_success))
@@ -162,7 +165,32 @@ def build_report(store: EpisodeStore | str, *, rule: TrainingRule | None = None,
         "rounds": [{"round": k, **v} for k, v in sorted(rounds.items(), key=lambda kv: int(kv[0].split(":")[0]))],
         "buckets": {name: {k: dict(v) for k, v in sorted(b.items())} for name, b in buckets.items()},
         "windows": windows,
+        **({"robots": {k: _robot_row(v) for k, v in sorted(robots.items(), key=lambda kv: int(kv[0]))}}
+           if robots else {}),
     }
+
+
+def _robot_figures(c: Counter, info, human_steps: int, windows: int) -> None:
+    """One fleet episode's share of its robot's row: interventions, waits and successes (docs/fleet.md)."""
+    c.update(episodes=1, successes=int(info.end.task_success), human_steps=human_steps, interventions=windows)
+    for e in info.end.events:
+        if e.kind == EventKind.REQUEST_END:
+            c["requests"] += 1
+            c["requests_expired"] += int(e.values.get("outcome") == "expired")
+            c["wait_ticks"] += int(e.values.get("wait_ticks") or 0)
+            c["wait_ms"] += int(round(1000 * float(e.values.get("wait_s") or 0.0)))
+        elif e.kind == EventKind.NOTE and e.source == "fleet":
+            c["allocations"] += int(e.reason == "fleet:allocated")
+            c["long_waits_flagged"] += int(e.reason == "fleet:wait_flag")
+
+
+def _robot_row(c: Counter) -> dict[str, Any]:
+    row = {k: c.get(k, 0) for k in ("episodes", "successes", "interventions", "human_steps", "requests",
+                                   "requests_expired", "allocations", "long_waits_flagged")}
+    row["wait_s"] = round(c.get("wait_ms", 0) / 1000, 3)
+    row["success_rate"] = _ratio(c.get("successes", 0), c.get("episodes", 0))
+    row["wait_s_per_request"] = round(row["wait_s"] / row["requests"], 3) if row["requests"] else None
+    return row
 
 
 # ---------------------------------------------------------------------- HTML

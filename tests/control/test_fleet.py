@@ -10,6 +10,7 @@ from hg_dagger.contract.enums import ControlState, EventKind
 from hg_dagger.control.build import open_session
 from hg_dagger.control.fleet import FleetAllocator, FleetConfig, Request, rank
 from hg_dagger.control.run_config import load_run_config
+from hg_dagger.review.report import build_report
 from hg_dagger.store import EpisodeStore, validate_store
 
 REQUESTED = ControlState.HANDOVER_REQUESTED.code
@@ -107,6 +108,12 @@ def test_a_wait_limit_expires_queued_requests_and_the_store_records_it(tmp_path)
                if e.kind == EventKind.REQUEST_END and e.values["outcome"] == "expired" and e.reason == "wait_limit"]
     assert expired and all(e.values["wait_s"] >= 0.3 - 1e-9 for e in expired)
     assert any(e.reason == "fleet:wait_flag" for _, e in _fleet_events(st))
+    robots = build_report(st)["robots"]  # interventions, waits and successes by robot
+    assert sorted(robots) == ["0", "1", "2", "3"]
+    assert sum(r["episodes"] for r in robots.values()) == len([i for i in st.episodes() if i.complete])
+    assert sum(r["requests_expired"] for r in robots.values()) == s.summary.requests_expired
+    assert sum(r["successes"] for r in robots.values()) == s.summary.successes
+    assert sum(r["interventions"] for r in robots.values()) == s.summary.windows
 
 
 def test_the_human_paced_person_pays_a_context_switch_only_when_changing_robot(tmp_path):
