@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hg_dagger.errors import HgDaggerError
+from hg_dagger.review.decisions import open_store
+from hg_dagger.review.replay import NotReplayable, replay_plan, run_record
 
 FRAME_SIZE = 240
 """Side of a re-rendered frame in pixels: big enough to see the gripper and object, small enough that a
@@ -70,9 +72,6 @@ def render_episode(store, episode_id: str, *, size: int = FRAME_SIZE,
     """Re-run one committed episode from its recorded initial state with its applied actions and render every
     step's scene (``size`` x ``size`` RGB). NoScene (one line) when it cannot be re-run here; RenderCancelled
     when ``cancelled()`` turns true. ``progress(done, total)`` follows every frame."""
-    from hg_dagger.review.decisions import open_store
-    from hg_dagger.review.replay import NotReplayable, replay_plan, run_record
-
     st = open_store(store)
     info = st.info(episode_id)
     if not info.complete:
