@@ -42,6 +42,7 @@ RESTING_Z = 0.025  # object centre below this height: lying on the table, not he
 
 
 def policy_for(env_name: str):
+    # metaworld deferred: the sim extra, optional
     from metaworld.policies import ENV_POLICY_MAP
 
     # the bundled policies warn about their own gains on every call; the env clips actions anyway

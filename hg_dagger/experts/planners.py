@@ -22,7 +22,7 @@ from typing import Any
 from hg_dagger.envs.mapping import TaskMapping
 from hg_dagger.errors import ConfigError
 from hg_dagger.experts.fetch import FetchPlanner
-from hg_dagger.experts.metaworld import MetaWorldExpert
+from hg_dagger.experts.metaworld import MW_ENV_NAMES, MetaWorldExpert
 from hg_dagger.experts.toy import ToyIKExpert
 from hg_dagger.registry import Registry
 
@@ -81,8 +81,6 @@ def _metaworld(mapping: TaskMapping, **options: Any) -> MetaWorldExpert:
 def _metaworld_has_policy(mapping: TaskMapping) -> bool:
     """Meta-World bundles a scripted policy for this environment (checked without importing Meta-World when the
     name is one of ours)."""
-    from hg_dagger.experts.metaworld import MW_ENV_NAMES
-
     env_name = mapping.backend_options.get("env_name")
     if env_name in MW_ENV_NAMES.values():
         return True

@@ -26,6 +26,7 @@ class PolicyExpert:
     @classmethod
     def from_checkpoint(cls, path: str | Path, mapping) -> PolicyExpert:
         """Load a checkpoint; refuses one trained under another mapping (ContractError, ConfigError)."""
+        # deferred: policy imports torch; importing this module stays free of it
         from hg_dagger.policy import Student
 
         return cls(Student.load(path, mapping))
