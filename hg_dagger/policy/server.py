@@ -30,9 +30,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 
 from hg_dagger.errors import HgDaggerError
 from hg_dagger.policy.features import STATE, from_wire, task_features
+from hg_dagger.policy.student import to_policy_units
 from hg_dagger.policy.wire import PolicyError, packb, unpackb
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class PolicyServer:
     """Serves ``policy`` on ``host:port`` (0: any free port; ``address`` says which) until ``shutdown``."""
 
     def __init__(self, policy: ServedPolicy, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT):
+        # imported here: this module's own serve() takes the name at the top
         from websockets.sync.server import serve
 
         if not 0 <= int(port) <= 65535:
@@ -100,8 +104,6 @@ class PolicyServer:
         self.shutdown()
 
     def _handle(self, conn) -> None:
-        from websockets.exceptions import ConnectionClosed
-
         peer = conn.remote_address
         log.info("policy client %s connected", peer)
         self._open.add(conn)
@@ -139,8 +141,6 @@ class PolicyServer:
 
 
 def _refuse(conn, message: str) -> None:
-    from websockets.frames import CloseCode
-
     log.warning("request refused: %s", message)
     try:
         conn.send(message)
@@ -200,9 +200,8 @@ def student_chunk(student, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.n
     """The student's actions for the next steps from ``obs`` alone, raw units [N, H, A] (H = 1 but for a chunk
     head: then its members' mean chunk, without the temporal ensemble a local rollout adds), with its uncertainty
     and confidence [N]. For H = 1 this is ``student.act`` itself."""
+    # torch deferred: seconds to import; only the code that runs a model loads it
     import torch
-
-    from hg_dagger.policy.student import to_policy_units
 
     net = student.net
     if net.horizon <= 1:

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hg_dagger.errors import ConfigError
+from hg_dagger.policy.lerobot_served import read_config
 from hg_dagger.policy.remote import PolicyOptions, RemotePolicy
+from hg_dagger.policy.student import Student
 from hg_dagger.policy.wire import PolicyError
 from hg_dagger.registry import Registry
 
@@ -87,8 +89,6 @@ def close_policy(policy) -> None:
 
 
 def _open_student(spec: str, mapping, options: PolicyOptions):
-    from hg_dagger.policy.student import Student
-
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         raise ConfigError(f"{spec} is a folder with a config.json, not a student checkpoint: for a LeRobot "
@@ -188,8 +188,6 @@ def policy_python(options: PolicyOptions) -> str | None:
 
 
 def _open_lerobot(spec: str, mapping, options: PolicyOptions) -> RemotePolicy:
-    from hg_dagger.policy.lerobot_served import read_config
-
     folder = Path(spec.split(":", 1)[1]).expanduser().resolve()
     read_config(folder)  # a wrong folder fails here, before any process starts
     python = policy_python(options)
