@@ -58,6 +58,7 @@ def run_demo(
     seed: int = 0,
     progress: bool = True,
 ) -> DemoReport:
+    # deferred: it loads the operators, the run config, the session, torch and zarr; the CLI imports this module for every command (tests/learn/test_eval.py)
     from hg_dagger.control.build import run_gated
     from hg_dagger.control.run_config import load_run_config
     from hg_dagger.learn.auto import AutoConfig, AutoRun

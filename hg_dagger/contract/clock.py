@@ -6,6 +6,7 @@ alignment_error_ms. Wall-clock time is never used for ordering.
 
 from __future__ import annotations
 
+import datetime as _dt
 import time
 from dataclasses import dataclass
 
@@ -16,8 +17,6 @@ NO_TIME = -1  # sentinel for "did not happen" in int64 time arrays
 
 def wall_stamp() -> str:
     """UTC wall-clock time to the second, for records people read (created_wall, generated); never for ordering."""
-    import datetime as _dt
-
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
