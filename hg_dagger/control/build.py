@@ -13,11 +13,16 @@ from hg_dagger import safety_log
 from hg_dagger.control.fleet import FleetAllocator
 from hg_dagger.control.gates import GateEngine
 from hg_dagger.control.handover import HandoverMachine
+from hg_dagger.control.human_model import summarize
 from hg_dagger.control.operators import make_operator
 from hg_dagger.control.run_config import RunConfig, load_gate_config
 from hg_dagger.control.safety import SafetyMonitor
 from hg_dagger.control.session import RunSummary, Session
+from hg_dagger.envs import make_env
+from hg_dagger.envs.bridge import BridgeEnv, load_token
 from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.experts import make_expert
+from hg_dagger.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +31,7 @@ def make_run_env(cfg: RunConfig):
     """The run's env: the task's local simulator, or, when ``cfg.robot`` is set, the robot behind
     ``hg-dagger bridge serve`` (BridgeEnv refuses a robot serving another task or mapping)."""
     if cfg.robot is None:
-        from hg_dagger.envs import make_env
-
         return make_env(cfg.task, num_envs=cfg.num_envs, seed=cfg.seed)
-    from hg_dagger.envs.bridge import BridgeEnv, load_token
-
     rc = cfg.robot
     env = BridgeEnv(cfg.task, host=rc.host, port=rc.port, token=load_token(rc.token_file),
                     connect_timeout_s=rc.connect_timeout_s, request_timeout_s=rc.request_timeout_s,
@@ -52,8 +53,6 @@ def _follow_robot(cfg: RunConfig, env) -> RunConfig:
 
 def _robot_metadata(env) -> dict[str, Any]:
     """Which robot recorded the episode (stored in EpisodeStart.extra); empty for a local simulator."""
-    from hg_dagger.envs.bridge.client import BridgeEnv
-
     if not isinstance(env, BridgeEnv):
         return {}
     return {"robot_bridge": {"endpoint": f"{env.host}:{env.port}", "instance": env.status().get("instance", "")}}
@@ -76,8 +75,6 @@ def build_session(cfg: RunConfig, recorder, student, *, env=None, expert=None, o
     op = cfg.operator
     safety = SafetyMonitor(cfg.safety, num_envs=env.num_envs, action_dim=m.action_dim)
     if expert is None and op.type in ("synthetic", "expert", "human_model"):
-        from hg_dagger.experts import make_expert
-
         expert = make_expert(m.task_id, kind="policy" if cfg.expert_checkpoint else "planner", mapping=m,
                              checkpoint=cfg.expert_checkpoint)
     operator = make_operator(op, mapping=m, num_envs=env.num_envs, expert=expert, devices=operators, seed=cfg.seed)
@@ -109,8 +106,8 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
     student = None
     try:
         cfg = _follow_robot(cfg, env)
+        # deferred: policy imports torch; importing this module stays free of it
         from hg_dagger.policy import Student, open_policy
-        from hg_dagger.store import EpisodeStore
 
         student = open_policy(spec, env.mapping, policy_options) if spec else Student.create(env.mapping, seed=cfg.seed)
         try:
@@ -155,6 +152,7 @@ def _one_spec(policy: str | None, student_path: str | None) -> str | None:
 
 def _close_policy(policy) -> None:
     if policy is not None:
+        # deferred: policy imports torch; importing this module stays free of it
         from hg_dagger.policy import close_policy
 
         close_policy(policy)
@@ -163,8 +161,6 @@ def _close_policy(policy) -> None:
 def unused_seed(store_url: str) -> int:
     """One past the largest episode seed the store holds (0 for a new store): a sitting that starts its episodes
     here meets start states no earlier sitting, bootstrap demonstrations included, has met."""
-    from hg_dagger.store import EpisodeStore
-
     try:
         episodes = EpisodeStore.open(store_url).episodes()
     except HgDaggerError:
@@ -175,8 +171,6 @@ def unused_seed(store_url: str) -> int:
 
 def fleet_figures(session) -> dict[str, Any]:
     """The queue's figures of a fleet session, with the human-paced person's when it is one."""
-    from hg_dagger.control.human_model import summarize
-
     out = session.fleet.stats.as_dict()
     facts = getattr(session.operator, "facts", None)
     if facts is not None:
@@ -195,6 +189,7 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
     PolicyError."""
     spec = _one_spec(policy, student_path)
     if executor is not None and executor.kind != "local":
+        # deferred: policy imports torch; importing this module stays free of it
         from hg_dagger.policy import is_remote
 
         if is_remote(spec):

@@ -27,8 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hg_dagger import config as config_io
 from hg_dagger.contract.clock import NO_TIME, now_ns
-from hg_dagger.contract.enums import ActionSource, ControlState, StepFlag
+from hg_dagger.contract.enums import ActionSource, ControlState, EndReason, StepFlag
+from hg_dagger.control.safety import SafetyConfig
 from hg_dagger.envs.base import StepResult
 from hg_dagger.errors import EnvError
 
@@ -97,8 +99,6 @@ def end_reason(terminated: bool, success: bool):
     """How an episode the env ended (or the cut) ended, the same in every mode: a terminated episode succeeded or
     failed by the task's success condition; a truncated one (the horizon or the cut) timed out, whatever its
     success (recorded apart, as task_success), so a replay knows its last step was cut."""
-    from hg_dagger.contract.enums import EndReason
-
     if terminated:
         return EndReason.SUCCESS if success else EndReason.FAILURE
     return EndReason.TIMEOUT
@@ -108,9 +108,6 @@ def task_safety(task: str):
     """The safety monitor's config of a task: the ``safety`` section of its run config (configs/run/<task>.yaml),
     the one a session on the task applies; defaults (non-finite actions held) for a task without one. Read alone,
     so a student-only path loads no gate or operator."""
-    from hg_dagger import config as config_io
-    from hg_dagger.control.safety import SafetyConfig
-
     path = config_io.config_path("run", task)
     data = config_io.read_yaml(path).get("safety") if path.is_file() else None
     return config_io.validate(SafetyConfig, data or {}, source=f"{path}: safety")

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hg_dagger import __version__
 from hg_dagger.contract.enums import CollectionMode
 from hg_dagger.contract.schema import (
     CorrectionWindow,
@@ -46,8 +47,6 @@ def backend_versions(backend: str, robot: str = "") -> Versions:
     """Versions of what steps a task's backend here: simulator and env packages, and hg_dagger as the controller
     (the toy backend is hg_dagger's own numpy arm); ``robot`` is the env's own ``VecEnv.robot``. The packages are
     the backend record's (hg_dagger.envs.backends), so replay knows what made the episode."""
-    from hg_dagger import __version__
-
     spec = BACKENDS.get(backend) if backend in BACKENDS else None
     sim, env = (spec.simulator, spec.env) if spec is not None else ((), ())
     ours = f"hg_dagger {__version__}"

@@ -29,6 +29,8 @@ from typing import Literal
 import numpy as np
 
 from hg_dagger.contract.command import COMMAND_AXES, GRIPPER
+from hg_dagger.devices import load_device_config
+from hg_dagger.experts import make_expert, query_expert
 
 REQUESTED = "handover_requested"
 HUMAN = "human"
@@ -138,14 +140,10 @@ class HumanOperatorModel:
 
     def __init__(self, mapping, profile: HumanProfile | None = None, *, seed: int = 0, expert=None,
                  keyboard=None):
-        from hg_dagger.devices import load_device_config
-
         self.mapping = mapping
         self.profile = profile or HumanProfile()
         self.seed = int(seed)
         if expert is None:
-            from hg_dagger.experts import make_expert
-
             expert = make_expert(mapping.task_id, kind="planner", mapping=mapping)
         self.expert = expert
         self.keyboard = keyboard if keyboard is not None else load_device_config("keyboard")
@@ -348,8 +346,6 @@ class HumanOperatorModel:
 
     def _intent(self, snap) -> np.ndarray | None:
         """The planner's action for what the console shows, in raw action space (None: nothing to go by)."""
-        from hg_dagger.experts import query_expert
-
         obs = _rows(snap.observation)
         if obs is None:
             return None

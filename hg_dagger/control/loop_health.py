@@ -4,12 +4,14 @@ and the absolute-schedule sleep (control.loop)."""
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections import deque
 
 import numpy as np
 
 from hg_dagger.control import live
+from hg_dagger.store.shards import one_zarr_worker
 
 WINDOW = 256  # ticks in the health window
 
@@ -19,10 +21,6 @@ def control_process_settings() -> None:
     back quickly from the writer threads (a short switch interval), and zarr's I/O pool has one thread to compete
     with it for the cores. Together with steady_collector they halved the slowest 64-env ticks
     (docs/benchmarks.md)."""
-    import sys
-
-    from hg_dagger.store.shards import one_zarr_worker
-
     sys.setswitchinterval(0.0005)
     one_zarr_worker()
 

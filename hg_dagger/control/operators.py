@@ -31,7 +31,9 @@ from hg_dagger.control.human_model import (
     draw_correction_s,
     draw_switch_s,
 )
+from hg_dagger.devices import CommandPipelines, SyntheticConfig, SyntheticOperatorRows, make_device
 from hg_dagger.errors import ConfigError
+from hg_dagger.experts import query_expert
 
 
 @dataclass
@@ -227,8 +229,6 @@ class SyntheticOperators(Operator):
 
     def __init__(self, expert, mapping, num_envs: int, *, reaction_delay_steps: int = 5, noise_std: float = 0.0,
                  availability: float = 1.0, return_after_steps: int | None = None, seed: int = 0, name: str = ""):
-        from hg_dagger.devices import CommandPipelines, SyntheticConfig, SyntheticOperatorRows
-
         if expert is None:
             raise ConfigError("operator 'synthetic' needs the task's expert")
         super().__init__(num_envs, mapping, name)
@@ -431,8 +431,6 @@ class ExpertOperator(Operator):
 
 def _query(expert, obs, rows: np.ndarray, mapping) -> tuple[np.ndarray, np.ndarray]:
     """Expert labels for ``rows`` in raw space, as (action [N, A], valid [N]) indexed by env row."""
-    from hg_dagger.experts import query_expert
-
     n = len(next(iter(obs.values())))
     q = query_expert(expert, {k: v[rows] for k, v in obs.items()}, rows, mapping)
     return q.scatter(rows, n)
@@ -459,8 +457,6 @@ def make_operator(cfg, *, mapping, num_envs: int, expert=None, devices: list | N
         if cfg.certification == "planner_auto":
             op.certifier = type(expert).__name__
         return op
-    from hg_dagger.devices import make_device
-
     if num_envs != 1:
         raise ConfigError(f"a live device drives one env; the env has {num_envs}")
     if not cfg.device:

@@ -16,8 +16,11 @@ from hg_dagger.contract.enums import (
 from hg_dagger.control.handover import (
     REQUESTED,
 )
-from hg_dagger.control.operators import Operator
+from hg_dagger.control.live import DeviceState
+from hg_dagger.control.operators import DeviceOperator, Operator
+from hg_dagger.devices import make_device
 from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.experts import make_expert
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +137,11 @@ class SessionControls:
         except ValueError:
             raise HgDaggerError(f"unknown mode {mode!r}: expected one of {', '.join(SessionMode)}") from None
         if mode == SessionMode.EXPERT and self.expert is None:
-            from hg_dagger.experts import make_expert
-
             self.expert = make_expert(self.mapping.task_id, kind="planner", mapping=self.mapping)
         self._pending["mode"] = mode
 
     def set_device(self, name: str) -> None:
         """Switch the person's device (a name in configs/devices or a path) from the next episode on."""
-        from hg_dagger.control.operators import DeviceOperator
-        from hg_dagger.devices import make_device
-
         if self.n != 1:
             raise HgDaggerError(f"a live device drives one env; the env has {self.n}")
         dev = make_device(name)
@@ -168,8 +166,6 @@ class SessionControls:
             self.safety.request_estop(t.estop_by, "device e-stop button")
 
     def device_state(self):
-        from hg_dagger.control.live import DeviceState
-
         return DeviceState(**(self._pending.get("operator") or self.operator).device_state(0))
 
     def close_operators(self) -> None:

@@ -27,6 +27,8 @@ import numpy as np
 
 from hg_dagger.contract.enums import LabelMask
 from hg_dagger.errors import HgDaggerError
+from hg_dagger.review.decisions import flag_by_operator
+from hg_dagger.store import EpisodeStore
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,6 @@ class StoreActions:
         self._q.put(job)
 
     def _run(self) -> None:
-        from hg_dagger.store import EpisodeStore
-
         store = None
         waiting: list[_Job] = []
         closing = False
@@ -186,8 +186,6 @@ class StoreActions:
         return f"episode {eid[:12]}: discard undone, trainable as before (labels v{version})"
 
     def _flag(self, store, job: _Job) -> str:
-        from hg_dagger.review.decisions import flag_by_operator
-
         flag_by_operator(store, job.key, self.operator, job.reason)
         return f"correction {job.key[:12]} flagged as bad by {self.operator}: it will never be trained on"
 
