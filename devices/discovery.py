@@ -88,6 +88,7 @@ class DeviceScanner:
         return [d for k, d in after.items() if k not in before], [d for k, d in before.items() if k not in after]
 
     def _scan_gamepads(self) -> list[DeviceInfo]:
+        # deferred: devices.gamepad imports pygame; importing this module stays free of it
         from hg_dagger.devices.gamepad import (
             JOY_EVENTS,
             SDL_LOCK,

@@ -92,6 +92,7 @@ class SpaceMouseParser:
 
 def find_spacemice(vendor_ids, product_ids) -> list[dict]:
     """hidapi's entries for connected 6-DoF 3Dconnexion devices."""
+    # hid deferred: the app extra (hidapi), optional
     import hid
 
     wanted = set(product_ids)
@@ -142,6 +143,7 @@ class SpaceMouse(Device):
         self._connected = True
 
     def _open(self) -> tuple[HidHandle, str]:
+        # hid deferred: the app extra (hidapi), optional
         import hid
 
         cfg = self.config

@@ -10,12 +10,11 @@ import numpy as np
 
 from hg_dagger.devices.base import Device, DeviceError, make_device
 from hg_dagger.devices.configs import DeviceConfig
+from hg_dagger.devices.discovery import DeviceScanner
 
 
 def connected_devices() -> list[str]:
     """One line per gamepad SDL sees and per 3Dconnexion device hidapi sees (with the map that would be used)."""
-    from hg_dagger.devices.discovery import DeviceScanner
-
     scanner = DeviceScanner()
     lines = [d.describe() for d in scanner.scan() if d.kind != "keyboard"]
     return lines + scanner.problems

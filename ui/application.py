@@ -20,12 +20,19 @@ from PyQt6 import QtCore, QtWidgets, sip
 
 from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
+from hg_dagger.control.build import open_session, unused_seed
 from hg_dagger.control.loop import ControlLoop, ControlProcess
-from hg_dagger.control.run_config import task_name
+from hg_dagger.control.run_config import load_run_config, parse_endpoint, task_name
+from hg_dagger.envs import load_mapping
+from hg_dagger.experts import planner_spec
 from hg_dagger.learn.promotion import promotion_line
+from hg_dagger.learn.rounds import BackgroundJob, bootstrap_student, train_round
+from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.lifetime import close_on_signals, delete_now
+from hg_dagger.ui.main_window import MainWindow
 from hg_dagger.ui.rounds import read_training_summary, training_summary
+from hg_dagger.ui.start_dialog import StartDialog
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +77,6 @@ class AppOptions:
 def first_student_impossible(task: str) -> str:
     """Why no first student can be made for ``task`` ("" when its planner can): the first student learns from
     planner demonstrations, and a task of the user's may have no planner."""
-    from hg_dagger.envs import load_mapping
-    from hg_dagger.experts import planner_spec
-
     mapping = load_mapping(task)
     if planner_spec(mapping) is not None:
         return ""
@@ -89,9 +93,6 @@ def newest_student(opts: AppOptions) -> str:
 
 def build_session(opts: AppOptions, student_path: str):
     """The session the options describe (called in the control thread): `hg-dagger run`'s own wiring."""
-    from hg_dagger.control.build import open_session, unused_seed
-    from hg_dagger.control.run_config import load_run_config, parse_endpoint
-
     # each sitting continues the store's seeds: a restarted app does not repeat yesterday's start states
     overrides: dict[str, Any] = {"operator.type": "expert" if opts.mode == SessionMode.EXPERT else opts.operator,
                                  "operator.name": opts.name or None, "seed": opts.seed + unused_seed(opts.store_url),
@@ -158,8 +159,6 @@ class OperatorApp(QtCore.QObject):
         if no_planner:
             self._finish(2, no_planner)
             return
-        from hg_dagger.learn.rounds import BackgroundJob, bootstrap_student
-
         log.info("no student for %s yet: a first one from %d planner demonstrations", opts.task, opts.bootstrap_demos)
         self.job = BackgroundJob(bootstrap_student, task=opts.task, store=opts.store_url,
                                  out_dir=str(opts.task_dir / "students" / "round-00"), demos=opts.bootstrap_demos,
@@ -183,8 +182,6 @@ class OperatorApp(QtCore.QObject):
         if o.quit_when_done or (o.name and o.task):
             return replace(o, task=o.task or s.data.start.task or "fetch_pick_place",
                            name=o.name or o.operator)
-        from hg_dagger.ui.start_dialog import StartDialog
-
         choices = StartDialog.ask(settings=s, task=o.task)  # a task given on the command line wins
         if choices is None:
             return None
@@ -199,8 +196,6 @@ class OperatorApp(QtCore.QObject):
         self._finish(1, "cancelled before the first student was ready")
 
     def _launch(self) -> None:
-        from hg_dagger.ui.main_window import MainWindow
-
         o, path = self.opts, self.student_path
         kind = ControlProcess if o.control_process else ControlLoop
         self.loop = kind(functools.partial(build_session, o, path), rate_hz=o.rate_hz, view_size=o.view_size,
@@ -276,8 +271,6 @@ class OperatorApp(QtCore.QObject):
                 f"{sm.get('human_steps', 0)} operator steps, recorded in {self.opts.store_url}")
         if not self.opts.quit_when_done:
             return 0, line
-        from hg_dagger.store import EpisodeStore, validate_store
-
         bad = [str(v) for v in validate_store(EpisodeStore.open(self.opts.store_url))]
         if bad:
             return 1, line + f"\nvalidate: {len(bad)} violation(s)\n  " + "\n  ".join(bad[:20])
@@ -336,6 +329,7 @@ class OperatorApp(QtCore.QObject):
 
     def _trained_elsewhere(self) -> bool:
         """A policy from elsewhere (a server) is trained by its own trainer, not by a round here: say how."""
+        # deferred: policy imports torch; importing this module stays free of it
         from hg_dagger.policy import is_remote
 
         if not is_remote(self.student_path):
@@ -348,8 +342,6 @@ class OperatorApp(QtCore.QObject):
 
     def train_next(self, keep_running: bool = True) -> None:
         """Train the next student on the store's trainable labels in a background process."""
-        from hg_dagger.learn.rounds import BackgroundJob, train_round
-
         if self.job is not None or self._trained_elsewhere():
             return
         o = self.opts

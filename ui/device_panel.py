@@ -29,7 +29,11 @@ from PyQt6.QtWidgets import (
 
 from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.control.live import CommandQueue, DeviceState, SetDevice, Snapshot
+from hg_dagger.devices import DeviceError, make_device
+from hg_dagger.devices.discovery import DeviceScanner
+from hg_dagger.devices.wizard import CalibrationWizard
 from hg_dagger.ui import style
+from hg_dagger.ui.keymap import device_keys_line, task_key_rows
 
 SCAN_MS = 2000
 
@@ -82,8 +86,6 @@ class AxisBar(QWidget):
 
 def default_scan() -> Callable[[], list]:
     """The devices package's scanner (keyboard first, then gamepads and SpaceMice)."""
-    from hg_dagger.devices.discovery import DeviceScanner
-
     return DeviceScanner().scan
 
 
@@ -199,8 +201,6 @@ class DevicePanel(QGroupBox):
 
     def set_keymap(self, task: str, kind: str) -> None:
         """One bar per action dimension of ``task`` with the control of device ``kind`` that moves it."""
-        from hg_dagger.ui.keymap import device_keys_line, task_key_rows
-
         self._keymap = (task, kind)
         rows = []
         if task:
@@ -250,9 +250,6 @@ class DevicePanel(QGroupBox):
     # ---- calibration --------------------------------------------------------------------------
     def open_calibration(self) -> None:
         """Build the chosen device, connect it, and run its calibration wizard in a dialog."""
-        from hg_dagger.devices import DeviceError, make_device
-        from hg_dagger.devices.wizard import CalibrationWizard
-
         info = self.selected()
         if info is None:
             return

@@ -7,6 +7,7 @@ from hg_dagger.errors import HgDaggerError
 
 def ask_reviewer(parent=None) -> str | None:
     """Ask for the reviewer's pseudonym until one is given; None when the dialog is cancelled."""
+    # Qt deferred: the app extra, optional
     from PyQt6.QtWidgets import QInputDialog
 
     while True:
@@ -19,6 +20,7 @@ def ask_reviewer(parent=None) -> str | None:
 
 def run_review(stores: list[str], reviewer: str | None) -> int:
     """Open the workspace on ``stores`` and run until it is closed; 2 when no reviewer is given."""
+    # Qt deferred: the app extra, optional; the CLI imports this module to list its commands, without Qt or zarr
     from PyQt6 import QtWidgets
     from PyQt6.QtGui import QKeySequence, QShortcut
 

@@ -4,7 +4,9 @@ student, and the status line at the bottom of the window."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
@@ -54,9 +56,6 @@ def training_summary(selection: dict | None) -> str:
 def read_training_summary(checkpoint: str) -> str:
     """``training_summary`` of the train.json beside a student checkpoint ("" when there is none or it is
     unreadable: a first student made elsewhere has none)."""
-    import json
-    from pathlib import Path
-
     try:
         data = json.loads((Path(checkpoint).parent / "train.json").read_text())
     except (OSError, ValueError):
