@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from hg_dagger import config as config_io
 from hg_dagger.cli import policy as policy_cli
 from hg_dagger.errors import ConfigError, StoreError
 from hg_dagger.learn import executor
+from hg_dagger.learn.progress import RoundReporter
 
 
 def register(sub) -> None:
@@ -67,6 +70,8 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
+    # deferred: these load the session, run config, devices, experts, torch and zarr; every command imports this
+    # module, so `--help` loads no torch or zarr and eval no session, run config, device or expert (test_eval.py)
     from hg_dagger.control.build import run_gated
     from hg_dagger.control.run_config import gates_for, load_run_config, parse_endpoint
     from hg_dagger.store.layout import local_path
@@ -155,12 +160,9 @@ def _run(args) -> int:
 
 def _rounds(args, cfg) -> int:
     """`run --rounds N`: `auto` in mode human_gated around this run config."""
-    from pathlib import Path
-
-    from hg_dagger import config as config_io
+    # deferred: these load the run config, torch and zarr; every command imports this module (see _run)
     from hg_dagger.control.run_config import task_name
     from hg_dagger.learn.auto import AutoConfig, AutoRun, load_config
-    from hg_dagger.learn.progress import RoundReporter
 
     if args.rounds < 1:
         raise ConfigError(f"--rounds {args.rounds}: give at least 1")
