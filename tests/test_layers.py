@@ -203,6 +203,7 @@ def test_long_modules_are_found(tmp_path):
 STEPPERS = {  # the modules that may call a VecEnv's step (docs/architecture.md): the engine and the env's own seams
     "hg_dagger.control.engine", "hg_dagger.review.replay", "hg_dagger.envs.check", "hg_dagger.envs.bridge.robot",
     "hg_dagger.envs.embodichain",  # wraps EmbodiChain's own env
+    "hg_dagger.envs.rewind",  # re-runs an episode's recorded actions in one row, as replay does (rewind and correct)
 }
 
 

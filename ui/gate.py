@@ -25,7 +25,7 @@ from hg_dagger.contract.clock import now_ns
 from hg_dagger.control.gate_types import operator_words
 from hg_dagger.control.live import Snapshot
 from hg_dagger.ui import style
-from hg_dagger.ui.keymap import DECLINE_KEY, handback_hint, takeover_hint, task_key_rows
+from hg_dagger.ui.keymap import DECLINE_KEY, REWIND_S, handback_hint, takeover_hint, task_key_rows
 from hg_dagger.ui.keys import typing_in_dialog
 
 HANDOVER_REQUESTED = "handover_requested"
@@ -132,6 +132,7 @@ class HandoverBanner(QFrame):
 
     alerted = pyqtSignal()
     declined = pyqtSignal()
+    rewound = pyqtSignal()
     FLASH_MS = 300
     COLOURS = (style.REQUEST, style.REQUEST_DARK)
     HEADLINE_PT = 20
@@ -153,9 +154,17 @@ class HandoverBanner(QFrame):
         self.decline.setToolTip("Decline this request: the student keeps driving (the gate may ask again later)")
         self.decline.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.decline.clicked.connect(self.declined)
-        keep = self.decline.sizePolicy()
-        keep.setRetainSizeWhenHidden(True)  # hiding it must not move the text either
-        self.decline.setSizePolicy(keep)
+        self.rewind = QPushButton(f"Rewind {REWIND_S:g} s (Backspace)")
+        self.rewind.setObjectName("rewind")
+        self.rewind.setToolTip(f"Go back {REWIND_S:g} s before this request and correct from there (a new episode "
+                               "branched from this one; the simulator waits for you)")
+        self.rewind.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.rewind.clicked.connect(self.rewound)
+        self.rewindable = False  # the snapshot says whether the session can rewind (a simulator that replays)
+        for button in (self.decline, self.rewind):
+            keep = button.sizePolicy()
+            keep.setRetainSizeWhenHidden(True)  # hiding it must not move the text either
+            button.setSizePolicy(keep)
         text = QVBoxLayout()
         text.setSpacing(0)
         text.addWidget(self.label)
@@ -163,6 +172,7 @@ class HandoverBanner(QFrame):
         lay = QHBoxLayout(self)
         lay.setContentsMargins(12, 4, 12, 4)
         lay.addLayout(text, 1)
+        lay.addWidget(self.rewind)
         lay.addWidget(self.decline)
         self._fonts()
         self.flash = QTimer(self)
@@ -197,6 +207,9 @@ class HandoverBanner(QFrame):
 
     def show_snapshot(self, snap: Snapshot) -> None:
         self.device_kind = snap.device.kind or self.device_kind
+        if snap.rewindable != self.rewindable:
+            self.rewindable = snap.rewindable
+            self.rewind.setVisible(self.look == "request" and self.rewindable)
         if (snap.task, self.device_kind) != self._keymap:
             self._set_keymap(snap.task, self.device_kind)
         if snap.control_state == HANDOVER_REQUESTED and snap.estop is None:
@@ -263,7 +276,8 @@ class HandoverBanner(QFrame):
         if self.device_kind == "keyboard" and typing_in_dialog(self.window()):
             return f"typing in a dialog: Tab out of the field, then {how} to take control   ·   " \
                 "the robot holds while it waits"
-        return (f"{how} to take control   ·   {DECLINE_KEY.upper()} or the button: let the student go on   ·   "
+        back = f"Backspace: rewind {REWIND_S:g} s   ·   " if self.rewindable else ""
+        return (f"{how} to take control   ·   {DECLINE_KEY.upper()} or the button: let the student go on   ·   {back}"
                 "the robot holds while it waits")
 
     def _set_look(self, look: str, snap: Snapshot | None = None) -> None:
@@ -285,6 +299,7 @@ class HandoverBanner(QFrame):
             return
         self.look = look
         self.decline.setVisible(look == "request")
+        self.rewind.setVisible(look == "request" and self.rewindable)
         self._paint()
 
     def _text(self, headline: str, hint: str) -> None:

@@ -17,6 +17,8 @@ from hg_dagger.devices import operator_config
 from hg_dagger.devices.configs import key_label
 
 DECLINE_KEY = "n"  # the window's key for "let the student go on" (not a keyboard-device key)
+REWIND_KEY = "backspace"  # the window's key for "rewind and correct" while a request waits (simulation)
+REWIND_S = 2.0  # how far a rewind goes back before the request
 ESTOP_KEY = "Esc"  # the window's e-stop key (in the console, never in a dialog: there Esc closes the dialog)
 
 

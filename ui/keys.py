@@ -3,7 +3,7 @@
 Names follow configs/devices/keyboard.yaml (letters lower case, "space", "enter", "up"/"down"/
 "left"/"right", "shift", ...). Esc in the console is the emergency stop and never a motion key; Esc in
 one of the window's dialogs (or its help) closes that dialog and stops nothing. N lets the student go on
-while a request waits. Auto-repeat is not a new press. When the window loses focus every held key is
+while a request waits; Backspace rewinds it (simulation) to correct from before it. Auto-repeat is not a new press. When the window loses focus every held key is
 let go (ReleaseKeys), so a key released elsewhere cannot leave the robot moving.
 
 In the window's own dialogs (a question about an episode, the help) the keys are the robot's as in the
@@ -34,8 +34,8 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, KeyEvent, ReleaseKeys
-from hg_dagger.ui.keymap import DECLINE_KEY
+from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, KeyEvent, ReleaseKeys, Rewind
+from hg_dagger.ui.keymap import DECLINE_KEY, REWIND_KEY, REWIND_S
 
 K = Qt.Key
 _NAMED = {
@@ -99,7 +99,7 @@ class KeyboardBridge(QObject):
 
     Install with ``QApplication.instance().installEventFilter(bridge)``; keys typed into text inputs
     (spin boxes, line edits) stay text. Mapped keys are consumed, so Space never clicks a focused button.
-    The window sets ``request_pending`` (N declines then), ``robot_keys`` (keys in its dialogs drive the robot
+    The window sets ``request_pending`` (N declines then; Backspace rewinds where ``rewindable``), ``robot_keys`` (keys in its dialogs drive the robot
     then) and ``driving`` (in their text fields too) from each snapshot.
     """
 
@@ -110,6 +110,7 @@ class KeyboardBridge(QObject):
         self.held: set[str] = set()
         self.enabled = True
         self.request_pending = False
+        self.rewindable = False  # a request can be rewound (Backspace): the task runs in a simulator that replays
         self.robot_keys = False
         self._driving = False
         self._drove_until = 0.0  # monotonic seconds: a person's drive reaches this far in a dialog's keys
@@ -181,6 +182,10 @@ class KeyboardBridge(QObject):
         if name == DECLINE_KEY and self.request_pending and name not in self.held:
             if down:
                 self.commands.put(DeclineRequest())
+            return True
+        if name == REWIND_KEY and self.request_pending and self.rewindable and name not in self.held:
+            if down:
+                self.commands.put(Rewind(seconds=REWIND_S))
             return True
         if down:
             self.held.add(name)

@@ -34,13 +34,13 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, LatestSlot, Quit, Snapshot
+from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, LatestSlot, Quit, Rewind, Snapshot
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
 from hg_dagger.ui.device_panel import DevicePanel
 from hg_dagger.ui.gate import GateLight, HandoverBanner
 from hg_dagger.ui.health import LoopHealthPanel
-from hg_dagger.ui.keymap import DECLINE_KEY, ESTOP_KEY
+from hg_dagger.ui.keymap import DECLINE_KEY, ESTOP_KEY, REWIND_S
 from hg_dagger.ui.keys import KeyboardBridge
 from hg_dagger.ui.plots import PlotsPanel
 from hg_dagger.ui.review import ReviewWorkspace
@@ -50,7 +50,8 @@ from hg_dagger.ui.view import LiveView
 
 NOT_A_PERSON = ("", "none", "synthetic", "expert")  # device kinds that answer a gate without the operator
 WINDOW_SHORTCUTS = ((ESTOP_KEY, "emergency stop (in the console; in a dialog or this help Esc closes it)"),
-                    (DECLINE_KEY.upper(), "let the student go on (while a request waits)"), ("F1", "this help"),
+                    (DECLINE_KEY.upper(), "let the student go on (while a request waits)"),
+                    ("Backspace", f"rewind {REWIND_S:g} s and correct from there (while a request waits; simulation)"), ("F1", "this help"),
                     ("Ctrl+Q", "quit (open episodes end as operator aborts)"))
 
 
@@ -134,6 +135,7 @@ class MainWindow(QMainWindow):
         sound = self.settings.data.ui.sound
         self.banner = HandoverBanner(sound_enabled=sound)
         self.banner.declined.connect(lambda: self.commands.put(DeclineRequest()))
+        self.banner.rewound.connect(lambda: self.commands.put(Rewind(seconds=REWIND_S)))
         self.gate = GateLight()
         self.estop = EStopPanel(commands)
         self.view = LiveView()
@@ -276,6 +278,7 @@ class MainWindow(QMainWindow):
         person = snap.device.kind not in NOT_A_PERSON
         requested = snap.control_state == "handover_requested" and snap.estop is None and snap.phase == "running"
         self.keys.request_pending = requested and person
+        self.keys.rewindable = snap.rewindable
         self.keys.robot_keys = person and snap.device.kind == "keyboard" and snap.phase == "running" and (
             requested or snap.control_state == "human")
         self.keys.driving = self.keys.robot_keys and snap.control_state == "human"

@@ -150,7 +150,7 @@ def _run(args) -> int:
         print(f"{args.store}: {d['episodes']} episodes ({d['successes']} successful), {d['steps']} steps, "
               f"{d['windows']} correction windows, {d['human_steps']} operator steps, "
               f"{d['safety_clamps']} safety clamps" + (f"; stopped by {d['stopped_by']}" if d["stopped_by"] else ""))
-        if "fleet" in d:
+        if "fleet" in d and cfg.fleet is not None:
             fl = d["fleet"]
             print(f"fleet of {cfg.num_envs} ({cfg.fleet.allocation}): {fl['allocations']} allocations, "
                   f"{fl['context_switches']} context switches, queue up to {fl['queue_max']}, "

@@ -130,6 +130,9 @@ def open_session(cfg: RunConfig, store_url: str, *, student_path: str | None = N
         elif cfg.calibrate_steps and not getattr(student, "reports_uncertainty", True):
             log.info("confidence gate not calibrated: policy %s reports no uncertainty (the gate cannot fire; the "
                      "other gates ask for help)", student.version)
+        elif cfg.calibrate_steps and not session.calibrates:
+            log.info("no start-up calibration: the gates of this session have no confidence gate with a "
+                     "'calibration' section")
         elif cfg.calibrate_steps:
             cal = session.calibrate(cfg.calibrate_steps)
             if cal is None:

@@ -214,6 +214,13 @@ class HandoverMachine:
             self._apply_pending.append((int(r), w, "start"))
             self.state[int(r)] = self._in_control
 
+    def request(self, rows, *, step: int, t_ns: int, reason: str) -> None:
+        """A request no gate raised (a rewind): the rows wait for the operator from ``step``, as after a trigger."""
+        for r in np.asarray(rows, np.int64).tolist():
+            self.open[r] = _Open(int(step), reason, int(t_ns), int(t_ns), self.open_source())
+            self._request(r, int(step), int(t_ns))
+            self.state[r] = REQUESTED
+
     def in_correction(self, row: int) -> bool:
         w = self.open[row]
         return w is not None and w.start >= 0

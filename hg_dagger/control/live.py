@@ -119,6 +119,15 @@ class DeclineRequest(Command):
 
 
 @dataclass(frozen=True)
+class Rewind(Command):
+    """Take the named running episode (None: the watched one) back ``seconds`` before its request (or now) and let
+    the person correct from there, in a branch episode (control.session_rewind; simulation only)."""
+
+    episode_id: str | None = None
+    seconds: float = 2.0
+
+
+@dataclass(frozen=True)
 class HoldStarts(Command):
     """While a per-episode dialog is open in the window, new episodes wait to begin (``hold=True``)
     so the episode the dialog names stays the latest one. A running episode goes on, and a request
@@ -333,6 +342,7 @@ class Snapshot:
     store: str = ""
     operator: str = ""
     rounds: tuple[dict[str, Any], ...] = ()  # one dict per finished round (success, intervention rate, labels)
+    rewindable: bool = False  # a request can be rewound to before it (Rewind: a simulator that replays)
 
 
 class LatestSlot:

@@ -62,6 +62,7 @@ class ControlLoop:
         self._message = ""
         self._episode_gap_s = episode_gap_s  # None: the run config's, else DEFAULT_EPISODE_GAP_S
         self._discards: list[str] = []  # episodes discarded in this sitting, oldest first (UndoDiscard takes back)
+        self._rewindable = False  # the session's env can rewind a row (a simulator that replays)
         self.actions = None  # StoreActions: the label layers per-episode commands write, off the control thread
         self._per_version: dict[str, dict[str, int]] = {}  # policy_version -> what it did, in order of first use
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
@@ -96,6 +97,7 @@ class ControlLoop:
         self.slot.publish(replace(_loading(self.store), seq=self._seq))
         try:
             self.session = self._build()
+            self._rewindable = self.session.rewindable() == ""
         except Exception as exc:  # noqa: BLE001 - shown to the operator, the thread ends
             self.error = _describe(exc)
             log.error("could not start the session: %s", self.error)
@@ -244,6 +246,13 @@ class ControlLoop:
                 case live.DeclineRequest():
                     if not s.decline():
                         raise HgDaggerError("no request is waiting for the person")
+                case live.Rewind(episode_id=eid, seconds=sec):
+                    row = self._row_of(eid)
+                    if row is None:
+                        raise HgDaggerError("no running episode to rewind" if eid is None else
+                                            f"episode {eid[:12]} has already ended; only a running one rewinds")
+                    step = s.rewind(row, sec)
+                    self._message = f"rewound {sec:g} s to step {step}: take over to correct from there"
                 case live.HoldStarts(hold=h):
                     s.hold_starts(h)
                 case live.FlagCorrection(window_id=wid, reason=why):
@@ -416,7 +425,7 @@ class ControlLoop:
             rounds=tuple(self.rounds()), observation=_row_obs(s), request_wait_s=s.request_wait_s(0),
             ended_episode_id=s.ended_ids[0], last_window_id=s.last_window_id,
             discarded_this_sitting=tuple(self._discards), starts_held=s.starts_held,
-            next_start_in_s=s.next_start_in_s(), **kw)
+            next_start_in_s=s.next_start_in_s(), rewindable=self._rewindable, **kw)
         self.slot.publish(snap)
 
 

@@ -69,6 +69,7 @@ from hg_dagger.control.safety import SafetyMonitor
 from hg_dagger.control.session_controls import BUTTONS, SessionControls  # noqa: F401 - importable here
 from hg_dagger.control.session_episodes import SessionEpisodes
 from hg_dagger.control.session_events import SessionEvents
+from hg_dagger.control.session_rewind import ActionHistory, SessionRewind
 from hg_dagger.errors import ConfigError, HgDaggerError
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class RunSummary:
         return d
 
 
-class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
+class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Arbiter):
     """Runs a student on a VecEnv with gates, handover, an operator and the safety monitor, and records
     every step, event and correction window to a store recorder."""
 
@@ -142,6 +143,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
         # against the limit (the cut)
         self.rows = EpisodeRows(self.n, base_seed=seed, limit=self.step_limit)
         self.engine = Engine(env, student, self, safety, rows=self.rows, on_clamp=self._on_clamp, copy_obs=False)
+        self.history = ActionHistory(self.n)  # what each row's open episode applied (a rewind re-runs it)
         self.live_episode_gap_s = episode_gap_s  # the run config's pause between episodes for live front ends
         self.episode_gap_s = 0.0  # in force: a live front end sets it (ControlLoop); a headless run never waits
         self.starts_held = False  # a per-episode dialog is open: queued episodes wait (hold_starts)
@@ -262,6 +264,12 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
     @property
     def student_has_thresholds(self) -> bool:
         return bool((getattr(self.student, "gate_thresholds", None) or {}).get("confidence"))
+
+    @property
+    def calibrates(self) -> bool:
+        """The gates have a confidence gate with a 'calibration' section (what start-up calibration sets)."""
+        conf = self.gates.confidence
+        return conf is not None and getattr(conf.spec, "calibration", None) is not None
 
     def calibrate(self, steps: int) -> dict[str, float] | None:
         """Run the student alone for ``steps`` env steps through the rollout engine (not recorded; the safety
@@ -388,6 +396,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, Arbiter):
         """Record the step and publish it."""
         self._after_step(tick)
         self._record(tick)
+        self.history.append(tick.active, tick.applied)
         step, op, d, g = self._tick_parts
         self._view(step, tick.policy, tick.t_policy, op, d, g, tick.applied, tick.env.t_action_apply, tick.source)
 

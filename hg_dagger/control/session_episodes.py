@@ -70,10 +70,11 @@ class SessionEpisodes:
         self.succeeding[rows] = False
         self._env_info = info
 
-    def _begin_rows(self, rows: list[int]) -> None:
+    def _begin_rows(self, rows: list[int], branch: dict[int, tuple[str, int, int | None]] | None = None) -> None:
         """Begin the next episode in each of ``rows``, in order, each with a seed of its own (``seed`` + its
         number in the run). What the episodes share (pending changes, the gate config, the resets of the
-        student, handover and gate state) is done once for all of them."""
+        student, handover and gate state) is done once for all of them. ``branch``: row -> (parent episode,
+        its step, its seed) for an episode that continues another from that step (a rewind)."""
         quota = max(0, self._target - self._started)
         for r in rows[quota:]:  # past the run's target: the row stays without an episode
             self.writer.vacate(r)
@@ -96,9 +97,15 @@ class SessionEpisodes:
         mode = CollectionMode.EVAL if self.mode == SessionMode.STUDENT_ONLY else CollectionMode.HUMAN_GATED
         for r in rows:
             _, seed = self.rows.take(r)
+            link = {}
+            if branch is not None and r in branch:
+                parent, step, seed = branch[r]
+                link = {"parent_episode_id": parent, "parent_step_id": step}
+                self.rows.steps[r] = step  # the branch continues its parent's attempt: the cut counts from there
             self.writer.begin(r, mode=mode, policy_version=self.student.version, seed=seed,
                               scene=self.scene, operator=self.operator.name, gate_config=gate_config,
-                              iteration=self.iteration, extra=dict(self.episode_extra))
+                              iteration=self.iteration, extra=dict(self.episode_extra), **link)
+            self.history.start(r, seed)
             self.summary.episode_ids.append(self.eids[r])
         self.student.reset_rows(rows, self.n)
         self.machine.reset(rows)
@@ -285,4 +292,5 @@ class SessionEpisodes:
         self.summary.windows += len(windows)
         self.ended_ids[r] = eid
         self.rows.free(r)
+        self.history.stop(r)
         self.operator.release(r)

@@ -243,6 +243,23 @@ def replay_plan(info) -> ReplayPlan:
     return ReplayPlan(mapping=mapping, seed=int(seed), images=images)
 
 
+def branch_actions(store, episode_id: str) -> np.ndarray:
+    """The applied actions that lead from the seed's reset to the first step of a branch episode (one that
+    continues another from a step of it: a rewind), its parents' in order; none for an episode of its own."""
+    chain = []
+    start = store.info(episode_id).start
+    while start.parent_episode_id is not None:
+        parent, step = start.parent_episode_id, int(start.parent_step_id or 0)
+        try:
+            acts = store.read_steps(parent, ["applied_action"])["applied_action"][:step]
+        except HgDaggerError as exc:
+            raise NotReplayable(f"branch of episode {parent}, which cannot be read: {exc}") from None
+        chain.append(np.asarray(acts, np.float32))
+        start = store.info(parent).start
+    chain.reverse()
+    return np.concatenate(chain) if chain else np.zeros((0, 0), np.float32)
+
+
 def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb: Mapping[int, Any] | None = None,
                *, view: Callable[[int, Any], None] | None = None):
     """Step a fresh one-row env through the record; (step, key, error, reason) of the first divergence or None,
@@ -293,6 +310,8 @@ def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb
 
     try:
         obs, _ = env.reset(seed=[seed], env_ids=[0])
+        for action in branch_actions(store, episode_id):  # a branch begins where its parents left off
+            obs = env.step(action[None]).obs
         for t in range(n):
             if view is not None:
                 view(t, env)

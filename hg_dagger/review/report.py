@@ -185,7 +185,7 @@ def _robot_figures(c: Counter, info, human_steps: int, windows: int) -> None:
 
 
 def _robot_row(c: Counter) -> dict[str, Any]:
-    row = {k: c.get(k, 0) for k in ("episodes", "successes", "interventions", "human_steps", "requests",
+    row: dict[str, Any] = {k: c.get(k, 0) for k in ("episodes", "successes", "interventions", "human_steps", "requests",
                                    "requests_expired", "allocations", "long_waits_flagged")}
     row["wait_s"] = round(c.get("wait_ms", 0) / 1000, 3)
     row["success_rate"] = _ratio(c.get("successes", 0), c.get("episodes", 0))
