@@ -81,6 +81,7 @@ class WindowRow:
     problem: str = ""  # why its current decision authorizes nothing although it says so (review_problem)
     trainable_steps: int = -1  # its steps the latest label mask keeps trainable (0: a decision trains nothing)
     excluded_why: str = ""  # with no trainable step: the label layer's note (an operator's discard reason)
+    branch_of: str = ""  # a branch episode's parent and step ("<episode id>@<step>": a rewind), else ""
 
     @property
     def short_id(self) -> str:
@@ -101,7 +102,8 @@ class WindowRow:
                 "handover_start": self.handover_start, "handover_end": self.handover_end, "source": self.source,
                 "outcome": self.outcome, "status": self.status.value, "authorized": self.authorized,
                 "reviewer": self.reviewer, "label_version": self.label_version, "certified": self.certified,
-                "problem": self.problem, "trainable_steps": self.trainable_steps, "excluded_why": self.excluded_why}
+                "problem": self.problem, "trainable_steps": self.trainable_steps, "excluded_why": self.excluded_why,
+                "branch_of": self.branch_of}
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,9 @@ def window_row(info, layer: LabelLayer, w: CorrectionWindow, certified: set[str]
         outcome=w.outcome.value, status=d.status if d else ReviewStatus.PENDING,
         authorized=bool(d and d.replay_training_authorized) and not problem, reviewer=d.reviewer if d else "",
         label_version=layer.version, certified=w.window_id in certified, problem=problem,
-        trainable_steps=trainable, excluded_why=layer.note if trainable == 0 else "")
+        trainable_steps=trainable, excluded_why=layer.note if trainable == 0 else "",
+        branch_of=(f"{info.start.parent_episode_id}@{info.start.parent_step_id}"
+                   if info.start.parent_episode_id is not None else ""))
 
 
 @overload

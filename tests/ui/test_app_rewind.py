@@ -12,9 +12,12 @@ from hg_dagger.contract import ActionSource, EndReason
 from hg_dagger.envs import load_mapping
 from hg_dagger.policy import Student
 from hg_dagger.policy.checkpoint import save_checkpoint
+from hg_dagger.review.decisions import list_windows
 from hg_dagger.review.replay import replay_store
 from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui.application import AppOptions, OperatorApp
+from hg_dagger.ui.review.browser import CELLS
+from hg_dagger.ui.review.model import ReviewRow
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.app]
 
@@ -68,5 +71,9 @@ def test_backspace_rewinds_a_request_and_the_person_corrects_the_branch(qtbot, t
     assert window.gate_reason == "rewind" and window.handover_start == 0 and window.handover_end >= 10
     src = st.read_steps(branch.episode_id)["action_source"]
     assert (src[:10] == ActionSource.HUMAN.code).all()
+    # the review lists the branch's window with the attempt and step it went back into
+    (row,) = [r for r in list_windows(store) if r.window_id == window.window_id]
+    assert row.branch_of == f"{parent}@{back}"
+    assert CELLS["branch of"](ReviewRow(store=store, window=row))[0] == f"{parent[:12]} step {back}"
     report = replay_store(store, progress=False)
     assert report.counts()["replay_mismatch"] == 0

@@ -29,6 +29,13 @@ FILTERS = (("task", "task"), ("operator", "operator"), ("mode", "mode"), ("gate_
 FILTERS_PER_ROW = 6
 
 
+def _branch(branch_of: str) -> str:
+    if not branch_of:
+        return "-"
+    parent, step = branch_of.rsplit("@", 1)
+    return f"{parent[:12]} step {step}"
+
+
 def _flags(r: ReviewRow) -> str:
     return ", ".join(r.qc_flags)
 
@@ -54,6 +61,8 @@ CELLS: dict[str, Callable[[ReviewRow], tuple[Any, Any]]] = {
     "policy": lambda r: (r.policy_version or "-", r.policy_version),
     "date": lambda r: (r.date, r.date),
     "episode": lambda r: (r.window.episode_id[:12], r.window.episode_id),
+    # a branch (a rewind): the attempt it went back into and the step it started from
+    "branch of": lambda r: (_branch(r.window.branch_of), r.window.branch_of),
     "store": lambda r: (r.store, r.store),
     "privacy": lambda r: (r.privacy, r.privacy),
 }
