@@ -108,12 +108,18 @@ class GateLight(QFrame):
             self.reason.setText(text)
 
 
+REQUEST_WORDS = {  # requests that no gate raised, in a person's words
+    "rewind": "you went back to before the request: correct from here",
+    "device_lost": "the device was lost while you were in control",
+}
+
+
 def gate_words(reason: str) -> str:
     """'confidence+progress_stall' -> 'the student is unsure here; no progress for a while (confidence,
     progress_stall)': the words are each gate type's own (gate_types.GATES, a plugin's included); a gate named in a
     config of one's own reads as its name."""
     names = [n for n in reason.split("+") if n]
-    words = [operator_words(n) for n in names]
+    words = [REQUEST_WORDS.get(n) or operator_words(n) for n in names]
     if not any(words):
         return reason
     return f"{'; '.join(w or n for w, n in zip(words, names, strict=True))} ({', '.join(names)})"

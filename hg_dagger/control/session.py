@@ -559,6 +559,8 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         reasons = [""] * n
         for r in np.flatnonzero(g.level) if g.level.any() else ():
             reasons[r] = self.gates.trip[r].get("reason", "")
+        for r in np.flatnonzero(d.state == REQUESTED) if (d.state == REQUESTED).any() else ():
+            reasons[r] = reasons[r] or self.machine.request_reason[r]  # a request no gate raised (a rewind)
         t_request = np.full(n, NO_TIME, np.int64)
         t_handover = np.full(n, NO_TIME, np.int64)
         windows = self.machine.open

@@ -53,6 +53,8 @@ def test_backspace_rewinds_a_request_and_the_person_corrects_the_branch(qtbot, t
     branch = wait_snap(qtbot, op, lambda s: s.episode_id not in (None, parent)
                        and s.control_state == "handover_requested")
     assert "rewound" in branch.message and branch.episode_step == 0  # it waits for the person before any step
+    assert branch.gate_reason == "rewind"
+    qtbot.waitUntil(lambda: "went back" in win.gate.reason.text(), timeout=10_000)  # the light says why it asks
     qtbot.keyPress(win, Qt.Key.Key_Space)
     qtbot.keyPress(win, Qt.Key.Key_W)
     wait_snap(qtbot, op, lambda s: s.control_state == "human" and s.episode_step >= 10)
