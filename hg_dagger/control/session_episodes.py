@@ -5,7 +5,7 @@ control.session.Session, whose state they read and change."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,11 +26,102 @@ from hg_dagger.control.operators import ExpertOperator, NoOperator
 from hg_dagger.envs.base import fault_flags
 from hg_dagger.errors import EnvError, HgDaggerError
 
+if TYPE_CHECKING:
+    from hg_dagger.control.engine import EpisodeRows
+    from hg_dagger.control.episodes import EpisodeWriter
+    from hg_dagger.control.gates import GateEngine
+    from hg_dagger.control.handover import HandoverConfig, RequestEnd
+    from hg_dagger.control.operators import Operator
+    from hg_dagger.control.safety import SafetyMonitor
+    from hg_dagger.control.session import RunSummary
+    from hg_dagger.control.session_rewind import ActionHistory
+
 log = logging.getLogger(__name__)
 
 
 class SessionEpisodes:
     """Episode begin and end of a Session (control.session); the state they use is the session's."""
+
+    # the session's state these methods use (set by Session.__init__): declared for the type checker only
+    env: Any
+    mapping: Any
+    n: int
+    gates: GateEngine
+    machine: HandoverMachine
+    operator: Operator
+    safety: SafetyMonitor
+    summary: RunSummary
+    writer: EpisodeWriter
+    rows: EpisodeRows
+    history: ActionHistory
+    expert: Any
+    mode: SessionMode
+    scene: str
+    iteration: int
+    step_limit: int | None
+    episode_extra: dict[str, Any]
+    gate_config_extra: dict[str, Any]
+    episode_gap_s: float
+    starts_held: bool
+    threshold_source: str
+    ended_ids: list[str | None]
+    robot_hold: str
+    succeeding: np.ndarray
+    signals: dict[str, np.ndarray]
+    t_obs_align_ms: np.ndarray | None
+    _base_handover: HandoverConfig
+    _world_clock: Any
+    _env_info: dict[str, Any]
+    _gating: bool
+    _target: int
+    _queued: dict[int, int]
+    _pending: dict[str, Any]
+    _person: Operator | None
+
+    if TYPE_CHECKING:
+        @property
+        def eids(self) -> list[str | None]: ...
+
+        @property
+        def ep_step(self) -> np.ndarray: ...
+
+        @property
+        def _started(self) -> int: ...
+
+        @property
+        def person_available(self) -> bool: ...
+
+        @property
+        def running(self) -> bool: ...
+
+        @property
+        def student(self) -> Any: ...
+
+        @student.setter
+        def student(self, policy: Any) -> None: ...
+
+        @property
+        def obs(self) -> dict[str, np.ndarray] | None: ...
+
+        @obs.setter
+        def obs(self, obs: dict[str, np.ndarray] | None) -> None: ...
+
+        @property
+        def t_obs(self) -> np.ndarray: ...
+
+        @t_obs.setter
+        def t_obs(self, t: np.ndarray) -> None: ...
+
+        def _adopt_student_thresholds(self) -> bool: ...
+
+        def _event(self, r: int, kind: EventKind, t_ns: int, reason: str = "", source: str = "",
+                   values: dict[str, Any] | None = None) -> None: ...
+
+        def _request_events(self, ended: list[RequestEnd], t_ns: int) -> None: ...
+
+        def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None: ...
+
+        def poll_idle(self) -> None: ...
 
     def refresh_obs(self) -> bool:
         """Sample the observation again just before a tick (live loops): over the bridge, the robot's state
@@ -95,6 +186,7 @@ class SessionEpisodes:
         if self.mode in (SessionMode.STUDENT_ONLY, SessionMode.TELEOP):
             gate_config["session_mode"] = self.mode.value
         mode = CollectionMode.EVAL if self.mode == SessionMode.STUDENT_ONLY else CollectionMode.HUMAN_GATED
+        seed: int | None
         for r in rows:
             _, seed = self.rows.take(r)
             link = {}
@@ -106,10 +198,13 @@ class SessionEpisodes:
                               scene=self.scene, operator=self.operator.name, gate_config=gate_config,
                               iteration=self.iteration, extra=dict(self.episode_extra), **link)
             self.history.start(r, seed)
-            self.summary.episode_ids.append(self.eids[r])
+            eid = self.eids[r]
+            assert eid is not None  # the episode just began
+            self.summary.episode_ids.append(eid)
         self.student.reset_rows(rows, self.n)
         self.machine.reset(rows)
         self.gates.rearm(rows, grace="reset", step=0)
+        assert self.obs is not None  # the rows' resets observed
         for r in rows:
             self.operator.begin(r, {k: v[r : r + 1] for k, v in self.obs.items()})
         if self.mode == SessionMode.TELEOP:  # a person drives from the first step: one window over the episode
@@ -278,6 +373,7 @@ class SessionEpisodes:
 
     def _end(self, r: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None:
         eid = self.eids[r]
+        assert eid is not None  # only a row with an open episode ends one
         num = int(self.ep_step[r])
         windows, outcome = self.machine.finish(r, episode_id=eid, num_steps=num, success=success, end_reason=reason)
         self._window_events(None, num_steps=num)

@@ -4,7 +4,7 @@ whose state they read."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,9 +14,34 @@ from hg_dagger.contract.enums import ControlState, EventKind
 from hg_dagger.contract.schema import Event
 from hg_dagger.control.handover import EXPERT, HUMAN, SAFE_STOP, RequestEnd
 
+if TYPE_CHECKING:
+    from hg_dagger.control.episodes import EpisodeWriter
+    from hg_dagger.control.handover import HandoverMachine
+    from hg_dagger.control.operators import Operator
+    from hg_dagger.control.safety import SafetyMonitor
+    from hg_dagger.control.session import RunSummary
+
 
 class SessionEvents:
     """Events of a Session (control.session); the state they use is the session's."""
+
+    # the session's state these methods use (set by Session.__init__): declared for the type checker only
+    mapping: Any
+    machine: HandoverMachine
+    operator: Operator
+    safety: SafetyMonitor
+    summary: RunSummary
+    writer: EpisodeWriter
+    window_episode: dict[str, str]
+    last_window_id: str | None
+    _prev_device_ok: np.ndarray
+
+    if TYPE_CHECKING:
+        @property
+        def eids(self) -> list[str | None]: ...
+
+        @property
+        def ep_step(self) -> np.ndarray: ...
 
     def _request_events(self, ended: list[RequestEnd], t_ns: int) -> None:
         """One REQUEST_END event per request that ended: how (answered, declined, expired) and how long it waited."""
@@ -32,11 +57,12 @@ class SessionEvents:
         """Each window as it closes becomes a WINDOW_CLOSED event: a run killed before the episode's commit still
         leaves its corrections' bounds and ids in the log (auditable, never trainable)."""
         for r, w in self.machine.take_closed():
-            if self.eids[r] is None:
+            eid = self.eids[r]
+            if eid is None:
                 continue
             if self.machine.operator == "human":
                 self.last_window_id = w.window_id
-                self.window_episode[w.window_id] = self.eids[r]
+                self.window_episode[w.window_id] = eid
             values = w.values(num_steps)
             t_ns = w.t_return if w.t_return != NO_TIME else (int(t_apply[r]) if t_apply is not None else now_ns())
             self.writer.event(r, Event(kind=EventKind.WINDOW_CLOSED, step=values["handover_end"], t_ns=int(t_ns),
@@ -50,7 +76,7 @@ class SessionEvents:
         safety_log.event(kind, r, int(self.ep_step[r]), reason, source, values, self.eids[r])  # the incident file
 
     def _device_events(self, device_ok: np.ndarray, t_ns: int) -> None:
-        changed = [] if device_ok is self._prev_device_ok else np.flatnonzero(device_ok != self._prev_device_ok)
+        changed: list[int] | np.ndarray = [] if device_ok is self._prev_device_ok else np.flatnonzero(device_ok != self._prev_device_ok)
         for r in changed:  # nothing changed when the operator handed out its shared read-only idle answer again
             r = int(r)
             kind = EventKind.DEVICE_CONNECT if device_ok[r] else EventKind.DEVICE_DISCONNECT

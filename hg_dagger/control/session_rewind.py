@@ -10,12 +10,19 @@ actions, so it verifies like any other episode. Mixed into control.session.Sessi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import EndReason, EventKind
 from hg_dagger.envs.rewind import restore_row, why_not_rewindable
 from hg_dagger.errors import EnvError, HgDaggerError
+
+if TYPE_CHECKING:
+    from hg_dagger.control.handover import HandoverMachine
+    from hg_dagger.control.operators import Operator
+    from hg_dagger.control.safety import SafetyMonitor
 
 REWOUND = "rewound"  # EpisodeEnd.quality_flags entry of an attempt a person rewound
 
@@ -52,7 +59,8 @@ class ActionHistory:
     def until(self, row: int, step: int) -> np.ndarray:
         """The actions that lead to the open episode's ``step`` (its parents' included), [k, A]."""
         own = [a[row] for a, stepped in self._ticks[self._first[row] - self._dropped:] if stepped[row]][:step]
-        parts = ([self._before[row]] if self._before[row] is not None else []) + ([np.stack(own)] if own else [])
+        before = self._before[row]
+        parts = ([before] if before is not None else []) + ([np.stack(own)] if own else [])
         return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
     def _trim(self) -> None:
@@ -66,6 +74,52 @@ class ActionHistory:
 
 class SessionRewind:
     """Rewind of a Session (control.session); the state it uses is the session's."""
+
+    # the session's state these methods use (set by Session.__init__): declared for the type checker only
+    env: Any
+    mapping: Any
+    n: int
+    machine: HandoverMachine
+    operator: Operator
+    safety: SafetyMonitor
+    history: ActionHistory
+    robot_hold: str
+    succeeding: np.ndarray
+    _target: int
+
+    if TYPE_CHECKING:
+        @property
+        def eids(self) -> list[str | None]: ...
+
+        @property
+        def ep_step(self) -> np.ndarray: ...
+
+        @property
+        def obs(self) -> dict[str, np.ndarray] | None: ...
+
+        @obs.setter
+        def obs(self, obs: dict[str, np.ndarray] | None) -> None: ...
+
+        @property
+        def t_obs(self) -> np.ndarray: ...
+
+        @t_obs.setter
+        def t_obs(self, t: np.ndarray) -> None: ...
+
+        def _event(self, r: int, kind: EventKind, t_ns: int, reason: str = "", source: str = "",
+                   values: dict[str, Any] | None = None) -> None: ...
+
+        def _end(self, r: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None: ...
+
+        def _restart(self, ended: list[int], obs: Any, info: Any, restarted: np.ndarray, *,
+                     wait: bool = True) -> None: ...
+
+        def _take_obs(self, obs: Any, info: Any, rows: np.ndarray) -> None: ...
+
+        def _begin_rows(self, rows: list[int],
+                        branch: dict[int, tuple[str, int, int | None]] | None = None) -> None: ...
+
+        def _info_now(self) -> dict[str, Any]: ...
 
     def rewindable(self) -> str:
         """Why this session cannot rewind ("" when it can)."""
@@ -96,6 +150,7 @@ class SessionRewind:
                     {"rewind_to_step": back, "from_step": at, "rewind_s": float(seconds)})
         self._target += 1  # the branch is one more episode of the run, not one of its fresh starts
         self._end(row, EndReason.OPERATOR_ABORT, False, flags=[REWOUND])
+        assert seed is not None  # an open episode's row has the seed of its reset
         try:
             obs, info = restore_row(self.env, row, seed, actions)
         except EnvError as exc:  # the branch never began: the run goes on with a fresh episode in the row
@@ -103,6 +158,7 @@ class SessionRewind:
             raise HgDaggerError(f"could not rewind episode {eid}: {exc}") from None
         mask = np.zeros(self.n, bool)
         mask[row] = True
+        assert self.obs is not None  # an episode is open in the row: there is an observation
         merged = {k: np.where(mask.reshape(-1, *([1] * (v.ndim - 1))), obs[k], v) for k, v in self.obs.items()}
         t_obs = np.where(mask, np.asarray(info["t_obs"], np.int64), self.t_obs)
         self._take_obs(merged, {**info, "t_obs": t_obs, "success": self.succeeding & ~mask}, mask)
