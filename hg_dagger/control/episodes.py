@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -134,8 +135,8 @@ class EpisodeWriter:
         if self.eids[row] is not None:
             self.rec.event(self.eids[row], event)
 
-    def end(self, row: int, end: EpisodeEnd, windows: list[CorrectionWindow] = (),
-            certifications: list[ExpertCertification] = ()) -> str:
+    def end(self, row: int, end: EpisodeEnd, windows: Sequence[CorrectionWindow] = (),
+            certifications: Sequence[ExpertCertification] = ()) -> str | None:
         """Commit the row's episode; returns its id."""
         eid = self.eids[row]
         self.rec.end_episode(eid, end, windows=list(windows), certifications=list(certifications))

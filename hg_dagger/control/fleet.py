@@ -152,8 +152,8 @@ class FleetAllocator:
                 self._events.append((r, "fleet:queued", {"queue_length": len(queued), "policy": self.cfg.allocation,
                                                          "serving": self.serving}))
         st.waiting_row_ticks += int(waiting.sum())
-        for r in np.flatnonzero(waiting):
-            self._robot(int(r))["wait_ticks"] += 1
+        for row in np.flatnonzero(waiting):
+            self._robot(int(row))["wait_ticks"] += 1
         if self.cfg.flag_wait_s is not None:
             for r in queued:
                 if r not in self._flagged and wait_ticks[r] * self.step_dt >= self.cfg.flag_wait_s:

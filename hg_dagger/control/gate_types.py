@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
@@ -27,6 +27,8 @@ class GateSpecBase(StrictModel):
     trigger: float
     hysteresis: float = Field(default=0.1, ge=0.0, lt=1.0, description="fraction of a threshold to fall below it to clear")
     debounce_ticks: int = Field(default=1, ge=1, description="consecutive ticks a rise must hold")
+    if TYPE_CHECKING:  # for the type checker only (no field here): each type's spec model declares its own
+        type: str
 
     @model_validator(mode="after")
     def _order(self):
@@ -65,6 +67,7 @@ def gate_spec(item: Any) -> GateSpecBase:
     """One item of a gate file's ``gates`` (a mapping, or a spec model already built), read with the spec model of
     the type it names; a bad or unknown type is one line naming the gate, the type and the registered types (the
     item's index is the error's key, ``gates.<i>``)."""
+    name: str | None
     if isinstance(item, GateSpecBase):
         kind, name = getattr(item, "type", None), item.name
     elif isinstance(item, Mapping):

@@ -74,7 +74,7 @@ class GateEngine:
         self.level = np.zeros(num_envs, np.uint8)
         self.t_warn = np.full(num_envs, NO_TIME, np.int64)
         self.t_gate = np.full(num_envs, NO_TIME, np.int64)
-        self.trip = [dict() for _ in range(num_envs)]  # row -> the values of the last rising edge
+        self.trip: list[dict[str, Any]] = [dict() for _ in range(num_envs)]  # row -> the values of the last rising edge
         self.confidence = next((g for g in self.gates if isinstance(g, ConfidenceScorer)), None)
         self._scores = np.zeros((k, num_envs), np.float32)
         self._thresholds()
@@ -144,13 +144,13 @@ class GateEngine:
                 done[g.name] = {"trigger": g.trigger, "warn": g.warn}
         return done or None
 
-    def calibrate_gate(self, name: str, scores: np.ndarray) -> dict[str, float] | None:
+    def calibrate_gate(self, name: str, scores: np.ndarray) -> dict[str, Any] | None:
         """The quantile rule for any gate with a 'calibration' section (e.g. a risk gate): its trigger becomes
         the (1 - target_rate) quantile of ``scores`` (the gate's scores on autonomous states), so about
         target_rate of such states would ask for a person. None when there are too few samples."""
         g = next((x for x in self.gates if x.name == name), None)
         cal = getattr(g.spec, "calibration", None) if g is not None else None
-        if cal is None:
+        if g is None or cal is None:
             raise ConfigError(f"gate {name!r}: calibration needs a gate with a 'calibration' section "
                               f"(gates: {', '.join(x.name for x in self.gates)})")
         u = np.asarray(scores, np.float32)

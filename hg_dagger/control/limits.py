@@ -53,7 +53,7 @@ class ActionLimits(StrictModel):
     def _shapes(self) -> ActionLimits:
         if (self.low is None) != (self.high is None):
             raise ValueError("give both low and high, or neither")
-        if self.low is not None and (len(self.low) != len(self.high) or any(lo >= hi for lo, hi in zip(self.low, self.high, strict=True))):
+        if self.low is not None and self.high is not None and (len(self.low) != len(self.high) or any(lo >= hi for lo, hi in zip(self.low, self.high, strict=True))):
             raise ValueError("low and high need the same length and every low below its high")
         if self.max_delta is not None and any(d <= 0 for d in self.max_delta):
             raise ValueError("max_delta values must be > 0")
@@ -84,7 +84,7 @@ class CompiledLimits:
             for b in limits.boxes
         ]
         self.action_dim = action_dim
-        if self.low is not None:
+        if self.low is not None and self.high is not None:  # both or neither (ActionLimits)
             self._mid = (self.high + self.low) / 2
             self._inv_half = 2 / (self.high - self.low)
         if self.max_delta is not None:
@@ -163,7 +163,7 @@ class CompiledLimits:
             lim = np.minimum(np.maximum(sub, (lo - s) / gain), (hi - s) / gain)
             hits.append((b.name, (lim != sub).any(axis=1)))
             out[:, aidx] = lim
-        if self.low is not None:
+        if self.low is not None and self.high is not None:  # both or neither (ActionLimits)
             lim = np.minimum(np.maximum(out, self.low), self.high)
             hits.append(("action_bounds", (lim != out).any(axis=1)))
             out = lim

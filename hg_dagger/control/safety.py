@@ -94,6 +94,7 @@ class SafetyMonitor:
         bad = None if finite.all() else ~finite.all(axis=1)  # the common tick: every command finite
         if bad is not None:
             command = np.where(bad[:, None], self.hold(), command)
+        reasons: list[tuple[str, np.ndarray]]
         if not self.config.enabled:
             applied, changed, reasons = command.copy(), np.zeros(len(command), bool) if bad is None else bad.copy(), []
         else:

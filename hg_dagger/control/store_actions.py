@@ -125,7 +125,7 @@ class StoreActions:
                         self._done(job, f"{job.kind} {job.key[:12]} not recorded: {type(exc).__name__}: {exc}")
                     return
                 continue
-            later = []
+            later: list[_Job] = []
             for job in waiting:  # in order: an undo never overtakes its discard
                 ready = not job.episode_id or self._committed(store, job.episode_id)
                 if not ready and not closing and time.monotonic() < job.deadline and not _blocked(job, later):
