@@ -46,6 +46,9 @@ test-fuzz: install-dev
 # embodichain --no-deps as in the dev environment (its data pipeline needs tensordict and scipy). hg-dagger itself
 # goes in editable with --no-deps and its core dependencies (no Qt, no simulators), for `policy serve`.
 INTEROP_VENV ?= .venv-interop
+# openpi's own client package pins numpy < 2: a small environment of its own talks to `hg-dagger policy serve`
+# (tests/interop/test_openpi_client.py). typing_extensions: the client imports it without declaring it.
+OPENPI_VENV ?= .venv-openpi
 INTEROP_PY := $(INTEROP_VENV)/bin/python
 INTEROP_PACKAGES := datasets==5.2.0 huggingface-hub==2.4.0 accelerate==1.15.0 av==15.1.0 \
 	opencv-python-headless==5.0.0.93 jsonlines==4.0.0 packaging==26.4 draccus==0.10.0 gymnasium==1.4.0 \
@@ -55,8 +58,14 @@ INTEROP_CORE_PACKAGES := zarr==3.1.6 numcodecs==0.16.6 google-crc32c==1.9.0 pyda
 	websockets==15.0.1
 INTEROP_SYSTEM_PACKAGES := libavcodec59 libavformat59 libavutil57 libavdevice59 libavfilter8 libswscale6 libswresample4
 
-test-interop: install-dev $(INTEROP_VENV)/.installed
-	QT_QPA_PLATFORM=offscreen HG_DAGGER_PYTHON=$(abspath $(PY)) $(INTEROP_PY) -m pytest -q -s -p no:cacheprovider tests/interop
+test-interop: install-dev $(INTEROP_VENV)/.installed $(OPENPI_VENV)/.installed
+	QT_QPA_PLATFORM=offscreen HG_DAGGER_PYTHON=$(abspath $(PY)) OPENPI_PYTHON=$(abspath $(OPENPI_VENV))/bin/python \
+		$(INTEROP_PY) -m pytest -q -s -p no:cacheprovider tests/interop
+
+$(OPENPI_VENV)/.installed: Makefile
+	@test -x $(OPENPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENPI_VENV)
+	$(OPENPI_VENV)/bin/python -m pip install -q openpi-client==0.1.2 typing_extensions
+	touch $@
 
 $(INTEROP_VENV)/.installed: Makefile
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
