@@ -8,6 +8,7 @@ normalized to [-1, 1]. The task mapping turns ``motion`` into the raw robot acti
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
@@ -18,7 +19,7 @@ COMMAND_AXES = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
 TAKEOVER = "takeover"  # operator-initiated takeover (a gate event)
 RETURN = "return"  # hand control back to the policy
 ESTOP = "estop"  # emergency stop -> SAFE_STOP
-GRIPPER = "gripper"  # toggle/close gripper
+GRIPPER: Final = "gripper"  # toggle/close gripper
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,14 +245,14 @@ class HandoverMachine:
             st[r] = to
 
         # SAFE_STOP from any state
-        for r in np.flatnonzero(x.estop & (st != SAFE_STOP)):
+        for r in np.flatnonzero(x.estop & (st != SAFE_STOP)).tolist():
             self._close(int(r), x, "estop")
             go(int(r), SAFE_STOP, "estop")
 
         # policy in control: follow the gate level
         armed = (st == AUTO) | (st == WARNING)
         lvl = x.gate_level
-        for r in np.flatnonzero(armed & (lvl >= _GATE_TRIGGER)):
+        for r in np.flatnonzero(armed & (lvl >= _GATE_TRIGGER)).tolist():
             r = int(r)
             trip = (x.gate_trip[r] if x.gate_trip else None) or {}
             t_gate = int(x.t_gate[r]) if x.t_gate is not None else x.t_ns
@@ -262,16 +262,16 @@ class HandoverMachine:
             go(r, REQUESTED, f"gate:{trip.get('reason', 'gate')}")
         warn_rows = armed & (lvl == _GATE_WARN) & (st == AUTO)
         ok_rows = armed & (lvl == 0) & (st == WARNING)
-        for r in np.flatnonzero(warn_rows):
+        for r in np.flatnonzero(warn_rows).tolist():
             go(int(r), WARNING, "gate_warning")
-        for r in np.flatnonzero(ok_rows):
+        for r in np.flatnonzero(ok_rows).tolist():
             go(int(r), AUTO, "gate_clear")
 
         # operator in control: device loss, return button / release, auto-return
         ctl = st == self._in_control
         ctl_old = ctl & (before == self._in_control)
         lost = ctl_old & ~x.device_ok
-        for r in np.flatnonzero(lost):
+        for r in np.flatnonzero(lost).tolist():
             r = int(r)
             device_lost[r] = True
             self._close(r, x, "device_lost")
@@ -287,7 +287,7 @@ class HandoverMachine:
         self.agree_count = np.where(ctl_old & good, self.agree_count + 1, 0).astype(np.int32)
         released = ~x.engaged if (self.cfg.return_on_release and self.operator == "human") else np.zeros(self.n, bool)
         want_back = ctl_old & ~lost & (x.return_button | released | (ar.enabled & (self.agree_count >= ar.agree_ticks)))
-        for r in np.flatnonzero(want_back):
+        for r in np.flatnonzero(want_back).tolist():
             r = int(r)
             why = "return_button" if x.return_button[r] else ("release" if released[r] else "auto_return")
             self._close(r, x, why)
@@ -300,7 +300,7 @@ class HandoverMachine:
 
         # waiting for the operator (including rows that started waiting this tick)
         if x.decline is not None:  # the person lets the student go on: the request ends, nothing was corrected
-            for r in np.flatnonzero((st == REQUESTED) & x.decline):
+            for r in np.flatnonzero((st == REQUESTED) & x.decline).tolist():
                 r = int(r)
                 self.open[r] = None
                 self.force_hold[r] = False
@@ -308,9 +308,10 @@ class HandoverMachine:
         waiting = st == REQUESTED
         take = waiting & x.engaged & x.device_ok
         take &= ~device_lost  # a device lost this tick cannot take over in the same tick
-        for r in np.flatnonzero(take):
+        for r in np.flatnonzero(take).tolist():
             r = int(r)
             w = self.open[r]
+            assert w is not None  # a waiting row has its open request
             w.start = int(x.step[r])
             self._apply_pending.append((r, w, "start"))
             self.force_hold[r] = False
@@ -324,7 +325,7 @@ class HandoverMachine:
             self.paused_ticks[still] += 1
         if self.cfg.wait_timeout_s is not None:
             late = (st == REQUESTED) & (self.wait_ticks * self.step_dt >= self.cfg.wait_timeout_s)
-            for r in np.flatnonzero(late):
+            for r in np.flatnonzero(late).tolist():
                 r = int(r)
                 self.open[r] = None
                 self.force_hold[r] = False
@@ -335,7 +336,7 @@ class HandoverMachine:
 
         # a finished return blend hands over to the policy fully
         done = (before == RETURNING) & (st == RETURNING) & (self.trans_left <= 0)
-        for r in np.flatnonzero(done):
+        for r in np.flatnonzero(done).tolist():
             go(int(r), AUTO, "returned")
         rearm = np.array([r for r, f, t, _ in transitions if t == AUTO and f in (RETURNING, HUMAN, EXPERT, REQUESTED)],
                          np.int64)

@@ -24,13 +24,16 @@ k-th request does not depend on how many snapshots arrived before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
 from hg_dagger.contract.command import COMMAND_AXES, GRIPPER
 from hg_dagger.devices import load_device_config
 from hg_dagger.experts import make_expert, query_expert
+
+if TYPE_CHECKING:
+    from hg_dagger.devices import KeyboardConfig
 
 REQUESTED = "handover_requested"
 HUMAN = "human"
@@ -95,11 +98,12 @@ class RequestFact:
     robot: int = 0
 
 
-def draw_answer(p: HumanProfile, rng: np.random.Generator) -> tuple[float, str, float]:
+def draw_answer(p: HumanProfile, rng: np.random.Generator
+                ) -> tuple[float, Literal["take_over", "decline"], float]:
     """(look-away s, take_over | decline, reaction s) for one request: one home for these draws, shared by the
     keyboard model and the headless one (control.operators.HumanPacedOperator)."""
     look = float(rng.uniform(*p.look_away_s)) if rng.random() < p.look_away_p else 0.0
-    answer = "decline" if rng.random() < p.decline_p else "take_over"
+    answer: Literal["take_over", "decline"] = "decline" if rng.random() < p.decline_p else "take_over"
     reaction = _lognormal(rng, p.reaction_median_s, p.reaction_sigma, p.reaction_min_s, p.reaction_max_s)
     return look, answer, reaction
 
@@ -146,7 +150,8 @@ class HumanOperatorModel:
         if expert is None:
             expert = make_expert(mapping.task_id, kind="planner", mapping=mapping)
         self.expert = expert
-        self.keyboard = keyboard if keyboard is not None else load_device_config("keyboard")
+        self.keyboard: KeyboardConfig = keyboard if keyboard is not None else cast(
+            "KeyboardConfig", load_device_config("keyboard"))
         cfg = self.keyboard
         if not cfg.hold_key:
             raise ValueError("the human operator model steers with a hold-to-intervene key: keyboard.hold_key is unset")
@@ -254,6 +259,7 @@ class HumanOperatorModel:
 
     def _steer(self, snap, now: float) -> None:
         c = self._control
+        assert c is not None  # called while the person is in control
         p = self.profile
         if c.releasing_at is not None:
             if now >= c.releasing_at:
@@ -282,6 +288,7 @@ class HumanOperatorModel:
     def _beat(self, snap, now: float) -> None:
         """Re-decide which keys to hold for the next beat, from the intent on what the console shows."""
         c, p = self._control, self.profile
+        assert c is not None  # called while the person is in control
         beat = float(c.rng.uniform(*p.beat_s))
         c.next_beat = now + beat
         raw = self._intent(snap)
@@ -312,6 +319,7 @@ class HumanOperatorModel:
 
     def _grip(self, snap, raw: np.ndarray, now: float) -> None:
         c, p = self._control, self.profile
+        assert c is not None and self._gripper is not None  # in control, with a gripper key
         dim, key = self._gripper
         if now - c.last_gripper_tap < p.gripper_settle_s or key in self._held:
             return
@@ -333,6 +341,7 @@ class HumanOperatorModel:
     def _hand_back(self, now: float) -> None:
         """Motion keys up now; the hold key after the person's release delay."""
         c = self._control
+        assert c is not None  # called while the person is in control
         for k in [k for k in self._held if k != self.hold_key]:
             self._release(k, now)
         c.releasing_at = now + float(c.rng.uniform(*self.profile.release_delay_s))
@@ -393,7 +402,7 @@ def summarize(facts: list[RequestFact]) -> dict[str, float]:
     """Shares and times over the person's requests (for benchmarks and reports)."""
     n = len(facts)
     took = [f for f in facts if f.outcome == "took_over"]
-    waits = np.array([f.acted_at - f.seen_at for f in took], np.float64)
+    waits = np.array([f.acted_at - f.seen_at for f in took if f.acted_at is not None], np.float64)  # a take-over acted
     return {
         "requests": n,
         "took_over": len(took),

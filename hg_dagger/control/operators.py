@@ -352,6 +352,7 @@ class HumanPacedOperator(Operator):
                 return tick
             r = self._notice(int(asked[0]))
         f = self._fact
+        assert f is not None  # a row is served: its request's fact (_notice)
         if self._until is None:
             if self.t < f.due_at:
                 return tick
@@ -368,7 +369,7 @@ class HumanPacedOperator(Operator):
             f.outcome = "took_over"
             f.control_s += self.mapping.dt
         action, valid = _query(self.expert, obs, np.array([r]), self.mapping) if obs else (None, None)
-        if valid is not None and valid[r]:
+        if action is not None and valid is not None and valid[r]:  # both or neither
             self._last_action[r] = action[r]
         motion = np.asarray(self.mapping.raw_to_human(self._last_action[r : r + 1]), np.float32)
         tick.action[r] = self._last_action[r]

@@ -45,7 +45,7 @@ class ExpertQuery:
     def invalid_reason(self) -> dict[int, str]:
         return self.metadata.get("invalid_reason", {})
 
-    def scatter(self, env_ids: Sequence[int], num_envs: int) -> tuple[np.ndarray, np.ndarray]:
+    def scatter(self, env_ids: Sequence[int] | np.ndarray, num_envs: int) -> tuple[np.ndarray, np.ndarray]:
         """This answer for rows ``env_ids`` spread over the whole batch: (action [num_envs, A] with NaN
         where not asked, valid [num_envs] False where not asked)."""
         action = np.full((num_envs, self.action.shape[1]), np.nan, dtype=np.float32)
