@@ -247,7 +247,6 @@ _QT = "loads Qt (the app extra)"
 _EVAL = "loads the run config, session, operators, experts or devices, which eval must not (tests/learn/test_eval.py)"
 _PYGAME = "loads pygame (the app extra)"
 _HID = "loads hid (the app extra); without it there is no SpaceMouse, not an error"
-_NOT_YET = "not moved yet: the module was being edited when the imports moved up (issue section 4)"
 
 DEFERRED_IMPORTS = {  # "importer -> imported": why it stays inside a function
     "hg_dagger.cli.app -> hg_dagger.control.run_config": _EVAL,
@@ -275,7 +274,6 @@ DEFERRED_IMPORTS = {  # "importer -> imported": why it stays inside a function
     "hg_dagger.cli.store -> hg_dagger.store": _ZARR_CLI,
     "hg_dagger.control.build -> hg_dagger.policy": _TORCH,
     "hg_dagger.control.engine -> hg_dagger.experts": "student-only rollouts never import the experts",
-    "hg_dagger.control.loop -> hg_dagger.control.store_actions": _NOT_YET,
     "hg_dagger.control.loop -> hg_dagger.policy": _TORCH,
     "hg_dagger.datasets.read -> hg_dagger.store": _ZARR_CLI,
     "hg_dagger.datasets.read -> hg_dagger.store.trainable": _ZARR_CLI,
@@ -310,12 +308,8 @@ DEFERRED_IMPORTS = {  # "importer -> imported": why it stays inside a function
     "hg_dagger.learn.rounds -> hg_dagger.learn.round_promotion": _TORCH,
     "hg_dagger.learn.rounds -> hg_dagger.learn.train": _TORCH,
     "hg_dagger.learn.rounds -> hg_dagger.policy": _TORCH,
-    "hg_dagger.review.replay -> hg_dagger.envs": _NOT_YET,
-    "hg_dagger.review.replay -> hg_dagger.store": _NOT_YET,
+    "hg_dagger.review.replay -> hg_dagger.store": _ZARR_CLI,
     "hg_dagger.ui.application -> hg_dagger.policy": _TORCH,
-    "hg_dagger.ui.keymap -> hg_dagger.envs": _NOT_YET,
-    "hg_dagger.ui.main_window -> hg_dagger.devices": _NOT_YET,
-    "hg_dagger.ui.main_window -> hg_dagger.devices.keyboard": _NOT_YET,
     "hg_dagger.ui.review_main -> hg_dagger.review.decisions": _ZARR_CLI,
     "hg_dagger.ui.review_main -> hg_dagger.ui.lifetime": _QT,
     "hg_dagger.ui.review_main -> hg_dagger.ui.review": _QT,

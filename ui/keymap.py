@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from hg_dagger.contract.command import COMMAND_AXES
 from hg_dagger.devices import operator_config
 from hg_dagger.devices.configs import key_label
+from hg_dagger.envs import load_mapping
 
 DECLINE_KEY = "n"  # the window's key for "let the student go on" (not a keyboard-device key)
 REWIND_KEY = "backspace"  # the window's key for "rewind and correct" while a request waits (simulation)
@@ -45,8 +46,6 @@ def _device_config(kind: str):
 
 @functools.lru_cache(maxsize=32)
 def _human_axes(task: str) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
-    from hg_dagger.envs import load_mapping
-
     m = load_mapping(task)
     return tuple(m.action.names), tuple(m.human.axes)
 

@@ -35,6 +35,8 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, LatestSlot, Quit, Rewind, Snapshot
+from hg_dagger.devices import load_device_config
+from hg_dagger.devices.keyboard import key_layout
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
 from hg_dagger.ui.device_panel import DevicePanel
@@ -59,9 +61,6 @@ def shortcut_rows() -> list[tuple[str, str]]:
     """Window shortcuts, then the in-window keyboard device's keys (from configs/devices/keyboard.yaml)."""
     rows = list(WINDOW_SHORTCUTS)
     try:
-        from hg_dagger.devices import load_device_config
-        from hg_dagger.devices.keyboard import key_layout
-
         window_keys = {k for k, _ in WINDOW_SHORTCUTS}
         rows += [r for r in key_layout(load_device_config("keyboard")) if r[0] not in window_keys]
     except Exception as exc:  # a broken keyboard config must not stop the help from opening

@@ -199,6 +199,7 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
             raise ConfigError(f"--executor {executor.kind} ships the built-in student to its workers; --policy {spec} "
                               "runs with --executor local")
         return executor.run_gated(cfg, store_url, student_path=spec, progress=progress)
+    # deferred: policy imports torch; importing this module stays free of it
     from hg_dagger.policy import PolicyError
 
     session = open_session(cfg, store_url, policy=spec, policy_options=policy_options, extra=extra)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,12 @@ class Rewind(Command):
 
     episode_id: str | None = None
     seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy(Command):
+    """Open the policy again from the spec it came from (its server went away and is back); it acts from the next
+    episode."""
 
 
 @dataclass(frozen=True)
@@ -343,6 +350,7 @@ class Snapshot:
     operator: str = ""
     rounds: tuple[dict[str, Any], ...] = ()  # one dict per finished round (success, intervention rate, labels)
     rewindable: bool = False  # a request can be rewound to before it (Rewind: a simulator that replays)
+    policy_lost: str = ""  # why the policy stopped answering (its open episodes ended); ReconnectPolicy reopens it
 
 
 class LatestSlot:
@@ -365,8 +373,6 @@ class LatestSlot:
 
     def wait_for(self, predicate, timeout: float) -> Snapshot | None:
         """Block (not for GUI threads) until a published snapshot satisfies ``predicate``; tests and scripts."""
-        import time
-
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:

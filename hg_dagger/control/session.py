@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import (
@@ -292,8 +293,6 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
 
     def run(self, episodes: int, *, progress: bool = True) -> RunSummary:
         """Record ``episodes`` complete episodes (or fewer if an e-stop ends the run)."""
-        from tqdm import tqdm
-
         done_before = self.summary.episodes
         self.start(episodes)
         bar = tqdm(total=episodes, desc=f"run {self.mapping.task_id}", unit="ep", disable=not progress, leave=False)

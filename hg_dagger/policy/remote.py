@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from hg_dagger.errors import ConfigError
 from hg_dagger.policy.features import (
@@ -96,8 +98,6 @@ class RemotePolicy:
 
     def __init__(self, url: str, mapping, options: PolicyOptions | None = None, *,
                  on_close: Callable[[], None] | None = None, label: str | None = None):
-        from websockets.sync.client import connect
-
         self.url = url
         self.label = label or url  # how errors name the policy
         self.mapping = mapping
@@ -264,8 +264,6 @@ class RemotePolicy:
     def _request(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self._ws is None:
             raise PolicyError(f"policy server {self.label}: the connection is closed")
-        from websockets.exceptions import ConnectionClosed
-
         try:
             self._ws.send(packb(msg))
             raw = self._ws.recv(timeout=self.options.timeout_s)

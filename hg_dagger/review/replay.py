@@ -25,6 +25,7 @@ from tqdm import tqdm
 from hg_dagger.contract.clock import wall_stamp
 from hg_dagger.contract.enums import EndReason, ReplayStatus, StepFlag
 from hg_dagger.contract.schema import ReplayCheck
+from hg_dagger.envs import make_env
 from hg_dagger.envs.backends import BACKENDS
 from hg_dagger.envs.mapping import ReplayTolerance, TaskMapping, known_tasks, load_mapping
 from hg_dagger.errors import ContractError, HgDaggerError, StoreError
@@ -94,6 +95,7 @@ def replay_store(
     and, with ``write``, record each verdict in a new label layer by ``author``. Incomplete episodes are
     skipped when the whole store is replayed and refused when named. With a Ray ``executor``
     (learn.executor) the workers replay and this process alone writes the verdicts."""
+    # deferred: the store loads zarr, and the CLI imports this module to list its commands
     from hg_dagger.store import EpisodeStore
 
     if not isinstance(store, EpisodeStore):
@@ -270,8 +272,6 @@ def run_record(store, episode_id, mapping, seed: int, images: list[str], perturb
     reviewer sees the scene of every step), unless the simulator ended the episode early. An episode the
     collector cut (end reason timeout, e.g. a run's max_episode_steps) records a truncation at its last step
     that the simulator, with its own horizon, does not reproduce: that one is the cut, not a divergence."""
-    from hg_dagger.envs import make_env
-
     obs_keys = [k.name for k in mapping.observation]
     fields = store.fields(episode_id)
     wanted = ["applied_action", "valid", "step_flags", *(f"obs/{k}" for k in obs_keys), *OUTCOMES]

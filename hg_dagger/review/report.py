@@ -203,7 +203,7 @@ def _png(fig) -> str:
 
 
 def _plots(report: dict[str, Any]) -> list[tuple[str, str]]:
-    import matplotlib
+    import matplotlib  # deferred: heavy and optional (the app extra); only the HTML report draws plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
