@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from hg_dagger.contract.enums import ActionSource, ControlState, EndReason, Step
 from hg_dagger.control.safety import SafetyConfig
 from hg_dagger.envs.base import StepResult
 from hg_dagger.errors import EnvError
+
+if TYPE_CHECKING:
+    from hg_dagger.experts.base import ExpertQuery
 
 SRC_POLICY = ActionSource.POLICY.code
 SRC_EXPERT = ActionSource.EXPERT.code
@@ -82,6 +85,7 @@ def safety_stage(safety, mapping, tick: Tick, on_clamp: Callable[[int, str, Tick
     tick.clamped = res.changed
     if not res.changed.any():
         return
+    assert tick.source is not None and tick.flags is not None  # the arbiter decided; the tick began with flags
     tick.source = np.where(res.changed, np.uint8(SRC_SAFETY), tick.source).astype(np.uint8)
     tick.flags = tick.flags | np.where(res.changed, StepFlag.CLAMPED, 0).astype(np.uint16)
     if on_clamp is not None:
@@ -91,6 +95,7 @@ def safety_stage(safety, mapping, tick: Tick, on_clamp: Callable[[int, str, Tick
 
 def clamp_values(tick: Tick, row: int, command_source: np.ndarray) -> dict[str, Any]:
     """The values of a SAFETY_CLAMP event (the same in every mode): the command, what was applied, whose it was."""
+    assert tick.command is not None and tick.applied is not None  # after the safety stage
     return {"command": np.asarray(tick.command[row], np.float32).tolist(), "applied": tick.applied[row].tolist(),
             "command_source": ActionSource.from_code(int(command_source[row])).value}
 
@@ -189,7 +194,7 @@ class BetaMix(Arbiter):
         self._query = query_expert
         self.expert, self.mapping, self.seed, self.beta, self.timeout_s = expert, mapping, int(seed), beta, timeout_s
         self.coins: dict[int, np.random.Generator] = {}
-        self.last = None  # the last ExpertQuery (latency, invalid rows)
+        self.last: ExpertQuery | None = None  # the last ExpertQuery (latency, invalid rows)
 
     def seed_row(self, row: int, episode_seed: int) -> None:
         self.coins[row] = np.random.default_rng([self.seed, int(episode_seed)])
@@ -272,6 +277,7 @@ class Trace:
         pass
 
     def step(self, tick: Tick) -> None:
+        assert tick.applied is not None  # a sink sees a stepped tick
         self.out.append(({k: v.copy() for k, v in tick.obs.items()}, tick.applied.copy()))
 
     def end(self, row, tick, *, complete) -> None:
@@ -316,6 +322,7 @@ class EvalStats:
         self._info = info
 
     def step(self, tick: Tick) -> None:
+        assert tick.env is not None  # a sink sees a stepped tick
         prog = tick.env.info.get("signals", {}).get("progress")
         if prog is not None:
             for i in np.flatnonzero(tick.active).tolist():
@@ -407,10 +414,11 @@ class Engine:
             self.info = info
             self.safety.reset(np.arange(n))
         elif starting:
+            assert self.obs is not None and self.t_obs is not None  # the first reset observed every row
             ids = np.asarray(starting, np.int64)
             obs, info = env.reset(seed=[plan[r][1] for r in starting], env_ids=ids)
-            for k in self.obs:
-                self.obs[k][ids] = obs[k][ids]
+            for key in self.obs:
+                self.obs[key][ids] = obs[key][ids]
             self.t_obs[ids] = np.asarray(info.get("t_obs", np.full(n, now_ns())), np.int64)[ids]
             self.safety.reset(ids)
             for s in self.sinks:  # the reset's info (scene ids) for the sinks that read it
@@ -432,6 +440,7 @@ class Engine:
                 self.arbiter.seed_row(r, seed)
             for s in self.sinks:
                 s.begin(r, seed, k)
+        assert self.obs is not None  # reset above
         self.arbiter.begin(starting, {k: v[starting] for k, v in self.obs.items()}, self.info)
 
     # -------------------------------------------------------------- one tick
@@ -441,6 +450,7 @@ class Engine:
         if not self.arbiter.ready():
             return None
         n = self.n
+        assert self.obs is not None and self.t_obs is not None  # the rows began (_begin) before any tick
         # the sinks own what they are handed (an arbiter that copies its observations itself says copy_obs=False)
         obs = {k: np.array(v) for k, v in self.obs.items()} if self.copy_obs else self.obs
         active = self.rows.active
@@ -455,9 +465,11 @@ class Engine:
                 return None
             tick.active = active = active & ~paused
         command_source = tick.source
+        assert command_source is not None  # the arbiter decided whose command each row runs
         report = self.on_clamp  # (row, clamp names, tick, whose command it was)
         on_clamp = None if report is None else (lambda r, names, t: report(r, names, t, command_source))
         safety_stage(self.safety, self.mapping, tick, on_clamp)
+        assert tick.applied is not None and tick.clamped is not None  # filled by the safety stage
         if tick.expert_used is not None and tick.clamped.any():
             tick.expert_used = tick.expert_used & ~tick.clamped
         try:
@@ -498,7 +510,7 @@ class Engine:
         first = True
         try:
             while not (stop is not None and stop()):
-                starting = []
+                starting: list[int] = []
                 for r in range(self.n):
                     if self.rows.index[r] is not None:
                         continue

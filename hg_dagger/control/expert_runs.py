@@ -91,6 +91,7 @@ class PerturbedExpert(ExpertOnly):
 
     def decide(self, tick: Tick) -> None:
         super().decide(tick)
+        assert tick.command is not None and tick.expert_used is not None  # the expert's decision, just made
         for r in np.flatnonzero(tick.active).tolist():
             self.steps[r] += 1
             if self.steps[r] > self.first[r]:
@@ -115,6 +116,7 @@ class _Measure:
 
     def step(self, tick: Tick) -> None:
         q, rep = self.arbiter.last, self.report
+        assert q is not None  # the arbiter asked the expert this tick
         rep.queries += len(q.valid)
         rep.invalid_rows += int((~q.valid).sum())
         rep.invalid_reasons.update(q.invalid_reason.values())
@@ -125,6 +127,7 @@ class _Measure:
         if not complete:
             return
         rep, q = self.report, self.arbiter.last
+        assert q is not None and tick.env is not None  # a completed episode ended on a stepped tick
         rep.episodes += 1
         ok = bool(tick.env.success[row])
         rep.successes += ok
