@@ -26,3 +26,8 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror + (f": {exc.filename}" if exc.filename else "")
     return f"{type(exc).__name__}: {exc}"
+
+
+class PolicyError(HgDaggerError):
+    """A policy cannot be opened, or stopped answering: a server that is unreachable, died, stalled, answered
+    with an error or with an unusable action. The message names the policy (its server's address)."""

@@ -39,6 +39,7 @@ from hg_dagger.control.live import (
     HoldStarts,
     MarkOutcome,
     Pause,
+    ReconnectPolicy,
     ResetEpisode,
     Resume,
     SetMode,
@@ -287,6 +288,9 @@ class EpisodeControls(QGroupBox):
         self.take_over = _button("Take over", "Take control from the policy (T)")
         self.hand_back = _button("Hand back", "Give control back to the policy (Enter)")
         self.resume_robot = _button("Resume robot", RESUME_TIP)
+        self.reconnect = _button("Reconnect policy", "The policy's server stopped answering: once it runs again, "
+                                 "connect to it again (it acts from the next episode)")
+        self.reconnect.setVisible(False)  # offered only while the policy is lost
         self.operator = "operator"  # who resumes a held robot is recorded
         self.take_over.setStyleSheet(f"QPushButton:enabled {{ color: {style.HUMAN}; font-weight: bold; }}")
         self.hand_back.setStyleSheet(f"QPushButton:enabled {{ color: {style.POLICY}; font-weight: bold; }}")
@@ -319,6 +323,7 @@ class EpisodeControls(QGroupBox):
         self.take_over.clicked.connect(lambda: self.commands.put(TakeOver()))
         self.hand_back.clicked.connect(lambda: self.commands.put(HandBack()))
         self.resume_robot.clicked.connect(lambda: self.commands.put(Resume(by=self.operator)))
+        self.reconnect.clicked.connect(lambda: self.commands.put(ReconnectPolicy()))
         self.mode.activated.connect(lambda i: self.commands.put(SetMode(self.mode.itemData(i))))
 
         grid = QGridLayout(self)
@@ -338,7 +343,8 @@ class EpisodeControls(QGroupBox):
         grid.addWidget(self.resume_robot, 4, 2)
         grid.addWidget(QLabel("Mode:"), 4, 0)
         grid.addWidget(self.mode, 4, 1)
-        grid.addWidget(self.phase_label, 5, 0, 1, 3)
+        grid.addWidget(self.phase_label, 5, 0, 1, 2)
+        grid.addWidget(self.reconnect, 5, 2)
         self.show_snapshot(Snapshot())
 
     def show_snapshot(self, snap: Snapshot) -> None:
@@ -373,6 +379,8 @@ class EpisodeControls(QGroupBox):
         self.take_over.setEnabled(can_take)
         self.hand_back.setEnabled(running and snap.control_state == "human")
         self.resume_robot.setEnabled(phase == "held")
+        if self.reconnect.isVisible() != bool(snap.policy_lost):
+            self.reconnect.setVisible(bool(snap.policy_lost))
         self.resume_robot.setToolTip(f"{RESUME_TIP}.\n{snap.message}" if phase == "held" and snap.message else RESUME_TIP)
         self.operator = snap.operator or self.operator
         i = self.mode.findData(snap.next_mode)  # what the person chose, before its episode begins too

@@ -129,6 +129,12 @@ class Rewind(Command):
 
 
 @dataclass(frozen=True)
+class ReconnectPolicy(Command):
+    """Open the policy again from the spec it came from (its server went away and is back); it acts from the next
+    episode."""
+
+
+@dataclass(frozen=True)
 class HoldStarts(Command):
     """While a per-episode dialog is open in the window, new episodes wait to begin (``hold=True``)
     so the episode the dialog names stays the latest one. A running episode goes on, and a request
@@ -344,6 +350,7 @@ class Snapshot:
     operator: str = ""
     rounds: tuple[dict[str, Any], ...] = ()  # one dict per finished round (success, intervention rate, labels)
     rewindable: bool = False  # a request can be rewound to before it (Rewind: a simulator that replays)
+    policy_lost: str = ""  # why the policy stopped answering (its open episodes ended); ReconnectPolicy reopens it
 
 
 class LatestSlot:

@@ -33,7 +33,7 @@ from hg_dagger.control.loop_health import (
     steady_collector,
 )
 from hg_dagger.control.store_actions import StoreActions
-from hg_dagger.errors import HgDaggerError
+from hg_dagger.errors import HgDaggerError, PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class ControlLoop:
         self._episode_gap_s = episode_gap_s  # None: the run config's, else DEFAULT_EPISODE_GAP_S
         self._discards: list[str] = []  # episodes discarded in this sitting, oldest first (UndoDiscard takes back)
         self._rewindable = False  # the session's env can rewind a row (a simulator that replays)
+        self._policy_lost = ""  # why the policy stopped answering, until it is reconnected
         self.actions = None  # StoreActions: the label layers per-episode commands write, off the control thread
         self._per_version: dict[str, dict[str, int]] = {}  # policy_version -> what it did, in order of first use
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
@@ -169,7 +170,10 @@ class ControlLoop:
                 return
         if s.running and not self._paused:
             s.refresh_obs()  # decide on a sample taken now, not at the end of the last tick
-            s.tick()
+            try:
+                s.tick()
+            except PolicyError as exc:  # its server died or stalled: the episodes end, the app offers to reconnect
+                self._lose_policy(str(exc))
             last = s.last
             if last is not None and not last.paused:
                 lat = (int(last.t_action_apply[0]) - int(last.t_obs[0])) / 1e6
@@ -279,6 +283,8 @@ class ControlLoop:
                     s.set_mode(mode)
                 case live.SetDevice(device=name):
                     s.set_device(name)
+                case live.ReconnectPolicy():
+                    self._reconnect_policy()
                 case live.SwapStudent(checkpoint=path, calibration=unc):
                     self._swap_student(path, unc)
                 case _:
@@ -325,6 +331,30 @@ class ControlLoop:
         self._discards.remove(episode_id)
         self.actions.undo(episode_id)
         self._message = f"undoing the discard of episode {episode_id[:12]}..."
+
+    def _lose_policy(self, why: str) -> None:
+        """The policy stopped answering: each open episode records why and ends as a safety stop (nothing recorded
+        is lost); the window offers to reconnect (ReconnectPolicy) once its server is back."""
+        self.session.policy_lost(why)
+        self._policy_lost = why
+        self._message = f"{why}; the open episodes ended as safety stops. Start the server again, then Reconnect policy"
+        log.warning("policy lost: %s", why)
+
+    def _reconnect_policy(self) -> None:
+        """Open the policy again from its spec; it acts from the next episode."""
+        s = self.session
+        opened = getattr(s.student, "opened_from", None)
+        if opened is None or not self._policy_lost:
+            raise HgDaggerError("the policy answers; there is nothing to reconnect")
+        # deferred: policy loads torch; the app's window process needs none
+        from hg_dagger.policy import close_policy, open_policy
+
+        spec, options = opened
+        policy = open_policy(spec, s.mapping, options)  # a PolicyError says why, and the offer stays
+        close_policy(s.student)
+        s.set_student(policy)
+        self._policy_lost = ""
+        self._message = f"reconnected to {spec}: policy {policy.version} acts from the next episode"
 
     def _swap_student(self, path: str, calibration: tuple[float, ...]) -> None:
         """A new student from the next episode on (closing the previous student's round), with the
@@ -427,7 +457,7 @@ class ControlLoop:
             rounds=tuple(self.rounds()), observation=_row_obs(s), request_wait_s=s.request_wait_s(0),
             ended_episode_id=s.ended_ids[0], last_window_id=s.last_window_id,
             discarded_this_sitting=tuple(self._discards), starts_held=s.starts_held,
-            next_start_in_s=s.next_start_in_s(), rewindable=self._rewindable, **kw)
+            next_start_in_s=s.next_start_in_s(), rewindable=self._rewindable, policy_lost=self._policy_lost, **kw)
         self.slot.publish(snap)
 
 

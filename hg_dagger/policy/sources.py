@@ -74,8 +74,12 @@ def is_remote(spec: str | None) -> bool:
 
 
 def open_policy(spec: str, mapping, options: PolicyOptions | None = None):
-    """The policy ``spec`` names, bound to ``mapping`` (refused in one line when it does not fit the task)."""
-    return policy_source(spec).open(str(spec), mapping, options or PolicyOptions())
+    """The policy ``spec`` names, bound to ``mapping`` (refused in one line when it does not fit the task). It
+    keeps ``spec`` and ``options`` (``opened_from``), so a policy whose server went away can be opened again."""
+    options = options or PolicyOptions()
+    policy = policy_source(spec).open(str(spec), mapping, options)
+    policy.opened_from = (str(spec), options)
+    return policy
 
 
 def close_policy(policy) -> None:

@@ -15,16 +15,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from hg_dagger.errors import HgDaggerError
+from hg_dagger.errors import PolicyError  # noqa: F401 - importable here, its home is hg_dagger.errors
 
 _ARRAY = b"__ndarray__"
 _SCALAR = b"__npgeneric__"
 _REFUSED_KINDS = "VOc"  # void (structured), object, complex: not part of the protocol
-
-
-class PolicyError(HgDaggerError):
-    """A policy cannot be opened, or stopped answering: a server that is unreachable, died, stalled, answered
-    with an error or with an unusable action. The message names the policy (its server's address)."""
 
 
 def _encode(obj: Any) -> Any:
