@@ -87,7 +87,7 @@ class Operator:
         """Certifications recorded with an episode's windows: planner_auto ones when a run config asked for them."""
         return planner_certifications(episode_id, windows, self.certifier) if self.certifier else []
 
-    def poll(self, obs: dict[str, np.ndarray], state: np.ndarray, active: np.ndarray) -> OperatorTick:
+    def poll(self, obs: dict[str, np.ndarray] | None, state: np.ndarray, active: np.ndarray) -> OperatorTick:
         """This tick's answer per row; ``state`` is the handover state before the tick, ``active`` the
         rows with an open episode."""
         tick = OperatorTick.empty(self.n, self.mapping.action_dim)

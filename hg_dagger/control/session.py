@@ -202,7 +202,9 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
 
     @property
     def t_obs(self) -> np.ndarray:
-        return self.engine.t_obs
+        t = self.engine.t_obs
+        assert t is not None  # set in __init__
+        return t
 
     @t_obs.setter
     def t_obs(self, t: np.ndarray) -> None:
@@ -393,6 +395,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
 
     def stepped(self, tick: Tick) -> None:
         """Record the step and publish it."""
+        assert tick.env is not None and tick.applied is not None  # a stepped tick
         self._after_step(tick)
         self._record(tick)
         self.history.append(tick.active, tick.applied)
@@ -402,6 +405,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
     def after(self, tick: Tick, ended: list[int]) -> bool:
         """End the ended rows' episodes, reset their rows with fresh seeds and begin the next ones."""
         result = tick.env
+        assert result is not None and tick.stop is not None  # a stepped tick, decided (decide sets stop)
         for r in ended:
             reason = EndReason.SAFETY_STOP if tick.stop[r] else end_reason(bool(result.terminated[r]),
                                                                             bool(result.success[r]))
@@ -436,6 +440,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
     def _gates(self, out, op: OperatorTick, armed, active, t_ns: int):
         """Gates run only where the policy is in control; a takeover (button or grab) is the operator gate."""
         unc = np.asarray(out.uncertainty, np.float32)
+        assert self.obs is not None  # the rows began: there is an observation
         gate_in = GateInputs(step=self.ep_step, t_ns=t_ns, action=np.asarray(out.action, np.float32), uncertainty=unc,
                              obs=self.obs, signals=self.signals, takeover=op.takeover,
                              prev_applied=self.safety.prev, prev_ok=self.safety.prev_ok, succeeding=self.succeeding,
@@ -484,6 +489,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         applies the controller's mix of the last applied action and the policy's, not the policy's action, so it
         is recorded as the controller's (context only, never a label); a lost device, and a person in control
         whose device sent no command, are flagged."""
+        assert tick.source is not None and tick.flags is not None  # set by decide just before
         tick.source[((tick.flags & StepFlag.INTERPOLATED) != 0) & (tick.source == SRC_POLICY)] = SRC_HOLD
         tick.flags = tick.flags | np.where(d.device_lost, StepFlag.DEVICE_LOST, 0).astype(np.uint16)
         person = d.state == HUMAN
@@ -499,6 +505,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         """Flag late steps, and steps whose observation the env reported stale or missing (info "sensor_loss" of
         the reply that delivered it); both are excluded from labels."""
         result = tick.env
+        assert result is not None and tick.flags is not None  # a stepped tick
         t_apply = result.t_action_apply
         self.machine.note_applied(t_apply)
         self._window_events(t_apply)
@@ -518,13 +525,14 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
     def _record(self, tick: Tick) -> None:
         """The episode writer's sink: one step per active row."""
         env, op, source = tick.env, tick.operator, tick.source
+        assert env is not None and source is not None  # a stepped, decided tick
         out = tick.policy
         align = env.info.get("alignment_error_ms")
         transport = env.info.get("transport_ns")
         human_cmd = (source == SRC_HUMAN) | (tick.control_state == HUMAN)
         if human_cmd.any():  # the common tick: nobody commands, nothing more to look at
             human_cmd &= np.isfinite(op.raw).all(axis=1)
-        cols = {
+        cols: dict[str, Any] = {
             "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply,
             "policy_action": np.asarray(out.action, np.float32),
             "policy_confidence": np.asarray(out.confidence, np.float32),
@@ -556,9 +564,9 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         """Publish the tick as ``last`` (reusing the tick's arrays)."""
         n = self.n
         reasons = [""] * n
-        for r in np.flatnonzero(g.level) if g.level.any() else ():
+        for r in np.flatnonzero(g.level).tolist() if g.level.any() else ():
             reasons[r] = self.gates.trip[r].get("reason", "")
-        for r in np.flatnonzero(d.state == REQUESTED) if (d.state == REQUESTED).any() else ():
+        for r in np.flatnonzero(d.state == REQUESTED).tolist() if (d.state == REQUESTED).any() else ():
             reasons[r] = reasons[r] or self.machine.request_reason[r]  # a request no gate raised (a rewind)
         t_request = np.full(n, NO_TIME, np.int64)
         t_handover = np.full(n, NO_TIME, np.int64)
