@@ -27,6 +27,8 @@ def add_arguments(p, *, spec: bool = True) -> None:
                    "environment, which runs the policy server (default: environment variable HG_DAGGER_POLICY_PYTHON)")
     g.add_argument("--policy-action-steps", type=int, metavar="N", help="actions of each chunk executed before the "
                    "policy is asked again (default: the server's n_action_steps, else the whole chunk)")
+    g.add_argument("--policy-temporal-ensemble", action="store_true", help="ask the policy every tick and act on the "
+                   "weighted mean of what its recent chunks said about that tick (ACT's temporal ensembling)")
     g.add_argument("--policy-timeout", type=float, metavar="SECONDS", default=30.0,
                    help="a policy server that takes longer to answer counts as stalled and stops the run (default 30)")
 
@@ -58,6 +60,7 @@ def policy_options(args):
 
     return PolicyOptions(python=getattr(args, "policy_python", None),
                          action_steps=getattr(args, "policy_action_steps", None),
+                         temporal_ensemble=bool(getattr(args, "policy_temporal_ensemble", False)),
                          timeout_s=getattr(args, "policy_timeout", None) or 30.0)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from hg_dagger.policy.features import (
     task_text,
     wire_obs,
 )
+from hg_dagger.policy.heads import CHUNK_DECAY
 from hg_dagger.policy.student import PolicyOutput
 from hg_dagger.policy.wire import PolicyError, packb, plain, unpackb
 
@@ -61,6 +63,7 @@ class PolicyOptions:
     connect_timeout_s: float = 10.0  # opening the connection and receiving the metadata
     start_timeout_s: float = 300.0  # a server we start ourselves (lerobot:DIR): until it listens
     batch: bool | None = None  # one request for all rows that need a chunk (None: when the server says it can)
+    temporal_ensemble: bool = False  # ask every tick; act on the weighted mean of what the recent chunks said about it
 
     def __post_init__(self):
         if self.action_steps is not None and self.action_steps < 1:
@@ -132,7 +135,9 @@ class RemotePolicy:
         self._feats = task_features(mapping)
         self._task = task_text(mapping)
         self.version = metadata_version(self.metadata)
-        self.action_steps = opts.action_steps or _positive_int(self.metadata, "n_action_steps")
+        # with temporal ensembling every tick asks for a chunk, and a step's action averages the chunks that cover it
+        self.action_steps = 1 if opts.temporal_ensemble else (
+            opts.action_steps or _positive_int(self.metadata, "n_action_steps"))
         self.batch = bool(self.metadata.get("batch")) if opts.batch is None else bool(opts.batch)
         self.server_uncertainty = bool(self.metadata.get("uncertainty"))
         horizon = _positive_int(self.metadata, "chunk_size")
@@ -148,6 +153,7 @@ class RemotePolicy:
         self._span = np.where(np.isfinite(span) & (span > 0), span, 1.0).astype(np.float32)
         self._n = 0
         self._queue: list[np.ndarray | None] = []  # per row: the actions left of its chunk [k, A]
+        self._recent: list[list[list]] = []  # per row, temporal ensembling: [chunk, its age in ticks], oldest first
         self._tail: list[np.ndarray | None] = []  # per row: its chunk's actions past the queue (predicted, not run)
         self.chunk_disagreement = np.zeros(0, np.float32)  # per row: its chunk against its predecessor (NaN: none)
         self._unc = np.zeros(0, np.float32)
@@ -178,6 +184,7 @@ class RemotePolicy:
         self._n = n
         self._queue = [None] * n
         self._tail = [None] * n
+        self._recent = [[] for _ in range(n)]
         self.chunk_disagreement = np.full(n, np.nan, np.float32)
         self._unc = np.full(n, np.nan, np.float32)
         self._conf = np.full(n, np.nan, np.float32)
@@ -197,6 +204,7 @@ class RemotePolicy:
             if 0 <= int(r) < self._n:
                 self._queue[int(r)] = None
                 self._tail[int(r)] = None
+                self._recent[int(r)] = []
                 self.chunk_disagreement[int(r)] = np.nan
                 if not self.server_uncertainty:
                     self._unc[int(r)] = np.nan
@@ -215,12 +223,24 @@ class RemotePolicy:
         for r in range(n):
             q = self._queue[r]
             assert q is not None  # filled above
-            action[r] = q[0]
+            action[r] = q[0] if not self.options.temporal_ensemble else self._ensembled(r)
             self._queue[r] = q[1:]
         self.chunk_index += 1
         return PolicyOutput(action=action, uncertainty=self._unc.copy(), confidence=self._conf.copy(),
                             inference_ns=time.perf_counter_ns() - t0,
                             policy_action=np.asarray(self.mapping.raw_to_policy(action), np.float32))
+
+    def _ensembled(self, r: int) -> np.ndarray:
+        """ACT's temporal ensemble: the weighted mean of what each recent chunk of the row predicted for this tick, a
+        prediction made ``age`` ticks ago weighing exp(CHUNK_DECAY * age) (older a little heavier); then every chunk
+        ages a tick, and one that has no prediction left is dropped."""
+        live = [(chunk[age], math.exp(CHUNK_DECAY * age)) for chunk, age in self._recent[r] if age < len(chunk)]
+        weights = np.array([w for _, w in live], np.float32)
+        action = (np.stack([a for a, _ in live]) * weights[:, None]).sum(0) / weights.sum()
+        for entry in self._recent[r]:
+            entry[1] += 1
+        self._recent[r] = [e for e in self._recent[r] if e[1] < len(e[0])]
+        return action.astype(np.float32)
 
     def _fill(self, obs: dict[str, np.ndarray], rows: list[int]) -> None:
         if self.batch:
@@ -242,6 +262,8 @@ class RemotePolicy:
         self.chunk_disagreement[r] = self._disagreement(self._tail[r], chunk)
         self._queue[r] = chunk[:steps]
         self._tail[r] = chunk[steps:] if steps < len(chunk) else None
+        if self.options.temporal_ensemble:
+            self._recent[r].append([chunk, 0])
         self._chunks += 1
         self.chunk_id[r] = self._chunks
         self.chunk_index[r] = -1  # act() counts it to 0 for the chunk's first action
