@@ -67,7 +67,7 @@ class ControlLoop:
         self._discards: list[str] = []  # episodes discarded in this sitting, oldest first (UndoDiscard takes back)
         self._rewindable = False  # the session's env can rewind a row (a simulator that replays)
         self._policy_lost = ""  # why the policy stopped answering, until it is reconnected
-        self.actions: StoreActions | None = None  # the label layers per-episode commands write, off the control thread
+        self.actions: Any = None  # StoreActions (run() sets it up): the label layers commands write, off-thread
         self._per_version: dict[str, dict[str, int]] = {}  # policy_version -> what it did, in order of first use
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
 
@@ -160,7 +160,6 @@ class ControlLoop:
 
     def _one_tick(self) -> None:
         s = self.session
-        assert self.actions is not None and self.health is not None  # set up by run() before the first tick
         for line in self.actions.take_messages():
             self._message = line
         version, before = s.student.version, self._counts()  # the student acting now (a swap waits)
@@ -176,7 +175,7 @@ class ControlLoop:
             except PolicyError as exc:  # its server died or stalled: the episodes end, the app offers to reconnect
                 self._lose_policy(str(exc))
             last = s.last
-            if last is not None and not last.paused:
+            if last is not None and not last.paused and self.health is not None:  # health: set up by run()
                 lat = (int(last.t_action_apply[0]) - int(last.t_obs[0])) / 1e6
                 if last.t_action_apply[0] != NO_TIME and last.t_obs[0] != NO_TIME:
                     self.health.latency.append(lat)
@@ -264,7 +263,6 @@ class ControlLoop:
                 case live.FlagCorrection(window_id=wid, reason=why):
                     if not wid:
                         raise HgDaggerError("no correction to flag yet")
-                    assert self.actions is not None  # set up by run() before any command
                     self.actions.flag(wid, why or "flagged by the operator", s.window_episode.get(wid, ""))
                     self._message = f"flagging correction {wid[:12]} as bad..."
                 case live.EStop(source=src, reason=why):
@@ -324,7 +322,6 @@ class ControlLoop:
         if episode_id in self._discards:
             raise HgDaggerError(f"episode {episode_id[:12]} is already discarded")
         self._discards.append(episode_id)
-        assert self.actions is not None  # set up by run() before any command
         self.actions.discard(episode_id, reason or "discarded")
         self._message = f"discarding episode {episode_id[:12]}..."
 
@@ -332,7 +329,6 @@ class ControlLoop:
         if episode_id not in self._discards:
             raise HgDaggerError(f"episode {episode_id[:12]} was not discarded in this sitting; nothing to undo")
         self._discards.remove(episode_id)
-        assert self.actions is not None  # set up by run() before any command
         self.actions.undo(episode_id)
         self._message = f"undoing the discard of episode {episode_id[:12]}..."
 

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from hg_dagger.control.episodes import EpisodeWriter
     from hg_dagger.control.handover import HandoverMachine
     from hg_dagger.control.safety import SafetyMonitor
-    from hg_dagger.control.session import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ class SessionControls:
     machine: HandoverMachine
     operator: Operator
     safety: SafetyMonitor
-    summary: RunSummary
+    summary: Any  # the session's RunSummary (control.session imports this module: not imported back)
     writer: EpisodeWriter
     expert: Any
     mode: SessionMode

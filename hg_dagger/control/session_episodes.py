@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from hg_dagger.control.handover import HandoverConfig, RequestEnd
     from hg_dagger.control.operators import Operator
     from hg_dagger.control.safety import SafetyMonitor
-    from hg_dagger.control.session import RunSummary
     from hg_dagger.control.session_rewind import ActionHistory
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class SessionEpisodes:
     machine: HandoverMachine
     operator: Operator
     safety: SafetyMonitor
-    summary: RunSummary
+    summary: Any  # the session's RunSummary (control.session imports this module: not imported back)
     writer: EpisodeWriter
     rows: EpisodeRows
     history: ActionHistory

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from hg_dagger.control.handover import HandoverMachine
     from hg_dagger.control.operators import Operator
     from hg_dagger.control.safety import SafetyMonitor
-    from hg_dagger.control.session import RunSummary
 
 
 class SessionEvents:
@@ -30,7 +29,7 @@ class SessionEvents:
     machine: HandoverMachine
     operator: Operator
     safety: SafetyMonitor
-    summary: RunSummary
+    summary: Any  # the session's RunSummary (control.session imports this module: not imported back)
     writer: EpisodeWriter
     window_episode: dict[str, str]
     last_window_id: str | None
