@@ -230,6 +230,8 @@ class ControlLoop:
                 case live.Quit():
                     self._stop.set()
                 case live.StartEpisodes(episodes=n):
+                    if self._policy_lost:  # starting means reconnecting first; a server still down refuses the start
+                        self._reconnect_policy()
                     if s.running:
                         s.add_episodes(n)
                     else:

@@ -46,12 +46,15 @@ def test_a_dead_server_ends_the_episode_and_the_loop_offers_to_reconnect(tmp_pat
         loop.commands.put(live.ReconnectPolicy())  # still down: refused in one line, the offer stays
         refused = wait(loop, lambda s: "cannot reach" in s.message)
         assert refused.policy_lost
+        loop.commands.put(live.StartEpisodes(1))  # Start reconnects first: still down, so nothing starts
+        time.sleep(0.5)
+        still = wait(loop, lambda s: "cannot reach" in s.message and s.seq > refused.seq + 3)
+        assert still.policy_lost and still.episode_id is None
 
         again = serve_process(student_pt, "--task", "toy_reach", "--port", port)
         assert again.url == server.url
-        loop.commands.put(live.ReconnectPolicy())
+        loop.commands.put(live.StartEpisodes(1))  # reconnects, then starts
         back = wait(loop, lambda s: not s.policy_lost and "reconnected" in s.message)
-        loop.commands.put(live.StartEpisodes(1))
         wait(loop, lambda s: s.phase == "running" and s.episode_id not in (None, first.episode_id)
              and s.episode_step >= 5)
         assert back.policy_version == first.policy_version  # the same student behind the same address
