@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -41,7 +41,7 @@ def device_class(type_name: str) -> type[Device]:
     return cls
 
 
-def make_device(cfg: DeviceConfig | dict[str, Any] | str | Path, **kwargs) -> Device:
+def make_device(cfg: DeviceConfig | dict[str, Any] | str | Path, **kwargs: Any) -> Device:
     """Build (not connect) the device a config describes: a config object, a dict, or a YAML file path.
 
     Extra keyword arguments go to the device class (the synthetic operator needs ``command_fn``).
@@ -63,10 +63,10 @@ class Device(ABC):
         self.pipeline = CommandPipeline(config.processing, extra_scale=self._extra_scale())
 
     @classmethod
-    def from_config(cls, config: DeviceConfig, **kwargs) -> Device:
+    def from_config(cls, config: DeviceConfig, **kwargs: Any) -> Device:
         return cls(config, **kwargs)
 
-    def _extra_scale(self):
+    def _extra_scale(self) -> float | np.ndarray:
         return 1.0
 
     @property
@@ -82,11 +82,16 @@ class Device(ABC):
     def connect(self) -> None:
         """Open the device; raises DeviceError with a hint when none is found."""
 
-    def calibrator(self, **options) -> Calibrator | None:
+    def calibrator(self, **options: Any) -> Calibrator | None:
         """This device's calibration as phases (see devices/wizard.py); None for devices that need none."""
         return None
 
-    def calibrate(self, *, prompt: Callable[[str], None] = print, **options) -> Any:
+    def _refuse_options(self, options: dict[str, Any]) -> None:
+        """What Python raises for a keyword a subclass's ``calibrator`` does not name (it takes ``**options``, as here)."""
+        if options:
+            raise TypeError(f"{type(self).__name__}.calibrator() got an unexpected keyword argument {next(iter(options))!r}")
+
+    def calibrate(self, *, prompt: Callable[[str], None] = print, **options: Any) -> Any:
         """Measure and save the calibration now, blocking (None for devices that need none)."""
         return CalibrationWizard(self, **options).run(prompt=prompt)
 
@@ -123,11 +128,11 @@ class Device(ABC):
         motion, engaged = self.pipeline.process(raw, hold=hold, t_ns=t)
         return HumanCommand(t_device=t, raw=raw, motion=motion, engaged=engaged, buttons=buttons, device_id=self.device_id)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self.connect()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

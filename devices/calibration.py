@@ -14,14 +14,18 @@ import os
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import ValidationError
 
 from hg_dagger.config import config_home
 from hg_dagger.contract.model import StrictModel
 from hg_dagger.devices.errors import DeviceError
+
+if TYPE_CHECKING:
+    from hg_dagger.contract.command import HumanCommand
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +153,7 @@ class Calibrator(ABC):
     def sample(self, phase: str) -> None: ...
 
     @abstractmethod
-    def feed(self, phase: str, values) -> None: ...
+    def feed(self, phase: str, values: HumanCommand | npt.ArrayLike) -> None: ...
 
     @abstractmethod
     def finish(self) -> tuple[Calibration, Path]: ...

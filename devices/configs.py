@@ -13,10 +13,10 @@ import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 from pydantic import Field, RootModel, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from hg_dagger import config as config_io
 from hg_dagger.contract.command import COMMAND_AXES, ESTOP, GRIPPER, RETURN, TAKEOVER
@@ -27,8 +27,8 @@ from hg_dagger.registry import Registry, RegistryError
 
 ButtonName = Literal["takeover", "return", "estop", "gripper"]
 AxisName = Literal["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
-assert set(ButtonName.__args__) == {TAKEOVER, RETURN, ESTOP, GRIPPER}  # the contract's names
-assert AxisName.__args__ == COMMAND_AXES
+assert set(get_args(ButtonName)) == {TAKEOVER, RETURN, ESTOP, GRIPPER}  # the contract's names
+assert get_args(AxisName) == COMMAND_AXES
 
 
 class DeviceConfig(StrictModel):
@@ -126,10 +126,12 @@ class GamepadConfig(DeviceConfig):
 
     def button_label(self, index: int | None) -> str:
         """What is printed on button ``index`` of the default map's pad ("LB"), else "button <index>"."""
+        if index is None:
+            return f"button {index}"
         return _PAD_BUTTONS.get(self.default_map, {}).get(index, f"button {index}")
 
     def axis_control(self, axis: str) -> str:
-        src = self.maps[self.default_map].axes.get(axis)
+        src = self.maps[self.default_map].axes.get(cast(AxisName, axis))  # a name that is no axis: None
         if src is None:
             return "-"
         if src.axis is not None:
@@ -228,7 +230,7 @@ class KeyboardConfig(DeviceConfig):
 
     @field_validator("buttons", mode="before")
     @classmethod
-    def _one_or_more(cls, v):
+    def _one_or_more(cls, v: Any) -> Any:
         if isinstance(v, dict):
             return {b: (keys,) if isinstance(keys, str) else keys for b, keys in v.items()}
         return v
@@ -342,7 +344,8 @@ class DeviceFile(RootModel[DeviceConfig]):
         try:
             return cls.model_construct(config_class.model_validate(obj, *args, **kwargs))
         except ValidationError as err:
-            errors = [{**e, "loc": (name, *e["loc"])} for e in err.errors(include_url=False)]
+            # each ErrorDetails also carries msg, which from_exception_data does not read
+            errors = cast(list[InitErrorDetails], [{**e, "loc": (name, *e["loc"])} for e in err.errors(include_url=False)])
             raise ValidationError.from_exception_data(cls.__name__, errors) from None
 
 
@@ -352,7 +355,7 @@ def _file_error(got: Any, message: str) -> ValidationError:
     return ValidationError.from_exception_data("DeviceFile", [{"type": error, "loc": ("type",), "input": got}])
 
 
-def parse_device_config(data: dict, *, source: str) -> DeviceConfig:
+def parse_device_config(data: dict[str, Any], *, source: str) -> DeviceConfig:
     data = {k: v for k, v in data.items() if k != "kind"}
     return config_io.validate(DeviceFile, data, source=source).root
 
@@ -376,7 +379,8 @@ def operator_config(type_name: str) -> DeviceConfig | None:
     except ConfigError:
         pass
     try:
-        return DEVICE_TYPES.get(type_name).config()
+        # the type's defaults: validated from no keys (a type's config class may require some)
+        return DEVICE_TYPES.get(type_name).config.model_validate({})
     except ValidationError:  # a type whose config has required keys, and no file of that name
         return None
 

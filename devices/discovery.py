@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from hg_dagger.devices.configs import DeviceConfig, GamepadConfig, SpaceMouseConfig, load_device_config
 
@@ -67,7 +68,7 @@ class DeviceScanner:
     devices: list[DeviceInfo] = field(default_factory=list)  # the last scan
     problems: list[str] = field(default_factory=list)  # why a kind could not be listed in the last scan
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._pad_cfg: GamepadConfig | None = None
         self._mouse_cfg: SpaceMouseConfig | None = None
 
@@ -99,7 +100,8 @@ class DeviceScanner:
         )
 
         if self._pad_cfg is None:
-            self._pad_cfg = load_device_config(self.gamepad_config)
+            # the gamepad file names type gamepad (a file of another type fails at cfg.maps, as untyped)
+            self._pad_cfg = cast(GamepadConfig, load_device_config(self.gamepad_config))
         cfg = self._pad_cfg
         out = []
         with SDL_LOCK:
@@ -125,7 +127,8 @@ class DeviceScanner:
             problems.append(f"spacemouse: hidapi is not available ({exc})")
             return []
         if self._mouse_cfg is None:
-            self._mouse_cfg = load_device_config(self.spacemouse_config)
+            # the SpaceMouse file names type spacemouse (a file of another type fails at cfg.vendor_ids)
+            self._mouse_cfg = cast(SpaceMouseConfig, load_device_config(self.spacemouse_config))
         cfg = self._mouse_cfg
         try:
             infos = find_spacemice(cfg.vendor_ids, cfg.product_ids)

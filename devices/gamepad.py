@@ -19,8 +19,10 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import COMMAND_AXES, HumanCommand
@@ -33,11 +35,11 @@ from hg_dagger.devices.calibration import (
     default_calibration_dir,
     fit_axes,
 )
-from hg_dagger.devices.configs import GamepadConfig, GamepadMap
+from hg_dagger.devices.configs import AxisName, GamepadConfig, GamepadMap
 from hg_dagger.devices.processing import AxisNormalizer
 
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-import pygame  # noqa: E402
+import pygame as pygame  # noqa: E402  (re-exported: devices.discovery reaches pygame through here)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ class Gamepad(Device):
     def __init__(self, config: GamepadConfig):
         super().__init__(config)
         self.config: GamepadConfig = config
-        self._joy = None
+        self._joy: pygame.joystick.JoystickType | None = None
         self._instance_id: int | None = None
         self._guid = ""
         self._name = ""
@@ -111,10 +113,10 @@ class Gamepad(Device):
         self.map_name = config.default_map
         self.calibration: Calibration | None = None
         self._axes: list[float] = []
-        self._plan: tuple = ()
-        self._named_buttons: tuple = ()
+        self._plan: tuple[tuple[int, str, int, int], ...] = ()  # (slot, 'axis' | 'hat' | 'buttons', index, index)
+        self._named_buttons: tuple[tuple[str, int], ...] = ()
         self._hold_button: int | None = None
-        self._hats: dict[int, tuple[int, int]] = {}
+        self._hats: dict[int, tuple[float, ...]] = {}
         self._held: set[int] = set()
         self._pressed: set[int] = set()  # pressed since the last poll, so a short tap is never lost
 
@@ -191,7 +193,7 @@ class Gamepad(Device):
             raise DeviceError(f"gamepad index {index} requested, but SDL lists only {count} joystick(s)")
         return index
 
-    def _check_map(self, joy) -> None:
+    def _check_map(self, joy: pygame.joystick.JoystickType) -> None:
         m = self.mapping
         counts = {"axis": joy.get_numaxes(), "hat": joy.get_numhats(), "button": joy.get_numbuttons()}
         used = [("axis", s.axis) for s in m.axes.values() if s.axis is not None]
@@ -219,7 +221,7 @@ class Gamepad(Device):
         sign = np.ones(7)
         cal = self.calibration
         for slot, axis_name in enumerate(COMMAND_AXES):
-            src = self.mapping.axes.get(axis_name)
+            src = self.mapping.axes.get(cast(AxisName, axis_name))  # COMMAND_AXES are the AxisNames
             if src is None:
                 continue
             sign[slot] = -1.0 if src.invert else 1.0
@@ -234,12 +236,13 @@ class Gamepad(Device):
                 neg[slot], pos[slot] = ac.center - ac.min, ac.max - ac.center
         self.set_normalizer(AxisNormalizer(center, neg, pos, sign))
 
-    def calibrator(self, *, center_s: float = 2.0, range_s: float = 6.0) -> GamepadCalibrator:
+    def calibrator(self, *, center_s: float = 2.0, range_s: float = 6.0, **options: Any) -> GamepadCalibrator:
         """Two phases: hands off (centers), then every stick and trigger through its full travel (ranges).
 
         ``calibrate()`` runs them blocking; finishing saves ``gamepad_<guid>.json`` in the calibration dir
         and uses it at once.
         """
+        self._refuse_options(options)
         if not self._connected:
             raise DeviceError("calibration needs a connected gamepad: call connect() first")
         return GamepadCalibrator(self, center_s=center_s, range_s=range_s)
@@ -256,7 +259,7 @@ class Gamepad(Device):
         """Every physical axis as last read (calibration is stored per physical axis)."""
         return np.array(self._axes, np.float64)
 
-    def _handle(self, event) -> None:
+    def _handle(self, event: pygame.event.Event) -> None:
         t = event.type
         if t == pygame.JOYDEVICEADDED:
             return  # a new joystick is not ours until connect() picks it
@@ -280,7 +283,7 @@ class Gamepad(Device):
         """Where each command slot is read from, resolved once per connect (poll runs every tick)."""
         plan = []
         for slot, axis_name in enumerate(COMMAND_AXES):
-            src = self.mapping.axes.get(axis_name)
+            src = self.mapping.axes.get(cast(AxisName, axis_name))  # COMMAND_AXES are the AxisNames
             if src is None:
                 continue
             if src.axis is not None:
@@ -288,6 +291,7 @@ class Gamepad(Device):
             elif src.hat is not None:
                 plan.append((slot, "hat", src.hat, 0 if src.hat_dir == "x" else 1))
             else:
+                assert src.buttons is not None  # an AxisSource has exactly one of axis, hat, buttons
                 plan.append((slot, "buttons", *src.buttons))
         self._plan = tuple(plan)
         m = self.mapping
@@ -311,7 +315,7 @@ class Gamepad(Device):
             return None
         for event in pygame.event.get(eventtype=JOY_EVENTS):
             self._handle(event)
-        if not self._connected:
+        if not self.connected:  # the property: an event above may have closed it (the pad removed)
             return None
         down = self._held | self._pressed if self._pressed else self._held
         self._pressed = set()
@@ -346,7 +350,7 @@ class GamepadCalibrator(Calibrator):
             raise DeviceError(f"gamepad {self.pad.name!r} was unplugged during calibration; nothing saved")
         self.feed(phase, self.pad.axis_values())
 
-    def feed(self, phase: str, values) -> None:
+    def feed(self, phase: str, values: HumanCommand | npt.ArrayLike) -> None:
         if isinstance(values, HumanCommand):  # polled elsewhere: the pad's state is what that poll read
             values = self.pad.axis_values()
         values = np.asarray(values, np.float64)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Literal
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BeforeValidator, Field, model_validator
 
 from hg_dagger.contract.command import COMMAND_AXES, COMMAND_DIM
@@ -23,7 +24,7 @@ from hg_dagger.contract.model import StrictModel
 N_AXES = COMMAND_DIM
 
 
-def per_axis(value, *, allow_none: bool = False) -> tuple:
+def per_axis(value: object, *, allow_none: bool = False) -> tuple[float | None, ...]:
     """A per-axis setting: one number for all axes, a list of 7, or {axis_name: value, default: value}."""
     if value is None and allow_none:
         return (None,) * N_AXES
@@ -42,7 +43,7 @@ def per_axis(value, *, allow_none: bool = False) -> tuple:
     raise ValueError("expected a number, a list of 7 numbers, or a mapping of axis name to number")
 
 
-def _num(v, allow_none: bool):
+def _num(v: object, allow_none: bool) -> float | None:
     if v is None and allow_none:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -136,7 +137,8 @@ class AxisNormalizer:
     calibration file and axis map.
     """
 
-    def __init__(self, center=0.0, neg_span=1.0, pos_span=1.0, sign=1.0):
+    def __init__(self, center: npt.ArrayLike = 0.0, neg_span: npt.ArrayLike = 1.0, pos_span: npt.ArrayLike = 1.0,
+                 sign: npt.ArrayLike = 1.0) -> None:
         self.center = np.broadcast_to(np.asarray(center, np.float64), (N_AXES,)).copy()
         self.neg_span = np.maximum(np.broadcast_to(np.asarray(neg_span, np.float64), (N_AXES,)), 1e-6)
         self.pos_span = np.maximum(np.broadcast_to(np.asarray(pos_span, np.float64), (N_AXES,)), 1e-6)
@@ -166,7 +168,7 @@ class CommandPipeline:
     Runs on plain Python floats: one tick costs a few microseconds instead of tens with numpy calls.
     """
 
-    def __init__(self, cfg: ProcessingConfig, normalizer: AxisNormalizer | None = None, extra_scale=1.0):
+    def __init__(self, cfg: ProcessingConfig, normalizer: AxisNormalizer | None = None, extra_scale: npt.ArrayLike = 1.0):
         self.cfg = cfg
         self.normalizer = normalizer or AxisNormalizer()
         scale = np.asarray(cfg.scale) * np.broadcast_to(np.asarray(extra_scale, np.float64), (N_AXES,))
@@ -194,7 +196,7 @@ class CommandPipeline:
             return
         self._set_frame(np.asarray(ee_rotation, np.float64).T @ self._device_to_base)
 
-    def _shape(self, raw) -> list[float]:
+    def _shape(self, raw: np.ndarray | Sequence[float]) -> list[float]:
         x = self.normalizer.values(raw.tolist() if isinstance(raw, np.ndarray) else [float(v) for v in raw])
         for i, (dz, expo, scale) in enumerate(self._axes):
             v = x[i]
@@ -269,7 +271,7 @@ class CommandPipelines:
         self._last_active_ns = np.zeros(num_rows, np.int64)
         self._was_active = np.zeros(num_rows, bool)
 
-    def reset(self, rows) -> None:
+    def reset(self, rows: int | slice | Sequence[int] | np.ndarray) -> None:
         self._prev[rows] = 0.0
         self._was_active[rows] = False
 

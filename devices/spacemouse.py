@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import GRIPPER, HumanCommand
@@ -90,7 +92,7 @@ class SpaceMouseParser:
         return bool(self.buttons >> bit & 1)
 
 
-def find_spacemice(vendor_ids, product_ids) -> list[dict]:
+def find_spacemice(vendor_ids: Iterable[int], product_ids: Iterable[int]) -> list[dict[str, Any]]:
     """hidapi's entries for connected 6-DoF 3Dconnexion devices."""
     # hid deferred: the app extra (hidapi), optional
     import hid
@@ -121,7 +123,7 @@ class SpaceMouse(Device):
         self._pressed_bits = 0  # bits pressed since the last poll
         self.calibration: Calibration | None = None
 
-    def _extra_scale(self):
+    def _extra_scale(self) -> np.ndarray:
         t, r = self.config.translation_scale, self.config.rotation_scale
         return np.array([t, t, t, r, r, r, 1.0])
 
@@ -192,7 +194,9 @@ class SpaceMouse(Device):
         """Feed every pending report to the parser; False if the device failed (unplugged)."""
         try:
             for _ in range(MAX_REPORTS_PER_POLL):
-                data = self._handle.read(64)
+                handle = self._handle
+                assert handle is not None  # connected: connect() opened it before, close() clears both
+                data = handle.read(64)
                 if not data:
                     break
                 self.parser.feed(bytes(data))
@@ -204,8 +208,9 @@ class SpaceMouse(Device):
             return False
         return True
 
-    def calibrator(self, *, center_s: float = 1.0) -> SpaceMouseCalibrator:
+    def calibrator(self, *, center_s: float = 1.0, **options: Any) -> SpaceMouseCalibrator:
         """Hands off for ``center_s``: the mean of each axis at rest becomes its center offset (saved per device)."""
+        self._refuse_options(options)
         if not self._connected:
             raise DeviceError("calibration needs a connected SpaceMouse: call connect() first")
         return SpaceMouseCalibrator(self, center_s=center_s)
@@ -243,7 +248,7 @@ class SpaceMouseCalibrator(Calibrator):
             raise DeviceError(f"SpaceMouse {self.mouse._key} was unplugged during calibration; nothing saved")
         self.samples.append(self.mouse.parser.counts.copy())
 
-    def feed(self, phase: str, values) -> None:
+    def feed(self, phase: str, values: HumanCommand | npt.ArrayLike) -> None:
         raw = values.raw if isinstance(values, HumanCommand) else values  # raw[:6] are the counts as read
         self.samples.append(np.asarray(raw, np.float64)[:6].copy())
 

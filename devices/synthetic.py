@@ -13,13 +13,14 @@ answers every row's request in a few numpy calls. ``SyntheticOperator`` (the Dev
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.command import COMMAND_DIM, RETURN, HumanCommand
 from hg_dagger.devices.base import Device, DeviceError
-from hg_dagger.devices.configs import SyntheticConfig
+from hg_dagger.devices.configs import DeviceConfig, SyntheticConfig
 
 CommandFn = Callable[[object], np.ndarray]
 
@@ -65,7 +66,7 @@ class SyntheticOperatorRows:
         self.engaged_ticks[engage] = 0
         self.answered += engage
 
-    def release(self, rows) -> None:
+    def release(self, rows: int | slice | Sequence[int] | np.ndarray) -> None:
         """Control went back to the policy in ``rows``: stop correcting; the next request starts afresh."""
         self.engaged[rows] = False
         self.requested[rows] = False
@@ -115,13 +116,14 @@ class SyntheticOperator(Device):
             raise DeviceError("SyntheticOperator needs a callable command_fn(obs_row) -> motion [7]")
         self.command_fn = command_fn
         self._row = SyntheticOperatorRows(config, [config.seed])
-        self._obs = None
+        self._obs: object = None
 
     @classmethod
-    def from_config(cls, config: SyntheticConfig, command_fn: CommandFn | None = None, **kwargs) -> SyntheticOperator:
+    def from_config(cls, config: DeviceConfig, command_fn: CommandFn | None = None, **kwargs: Any) -> SyntheticOperator:
         if command_fn is None:
             raise DeviceError("a synthetic operator needs command_fn=... (e.g. the planner expert's motion)")
-        return cls(command_fn, config=config, **kwargs)
+        # the config of type 'synthetic' (make_device picks this class by it): a SyntheticConfig
+        return cls(command_fn, config=cast(SyntheticConfig, config), **kwargs)
 
     @property
     def device_id(self) -> str:
@@ -159,7 +161,7 @@ class SyntheticOperator(Device):
         """Simulate losing the device: poll() returns None from now on."""
         self._row.connected[0] = False
 
-    def observe(self, obs_row, requested: bool) -> None:
+    def observe(self, obs_row: object, requested: bool) -> None:
         """This tick's observation (one env row) and whether a handover is being requested."""
         self._obs = obs_row
         self._row.observe(np.array([requested]))

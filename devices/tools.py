@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ def connected_devices() -> list[str]:
     return lines + scanner.problems
 
 
-def calibrate(config: DeviceConfig | str | Path, *, prompt: Callable[[str], None] = print, **options):
+def calibrate(config: DeviceConfig | str | Path, *, prompt: Callable[[str], None] = print, **options: Any) -> Any:
     """Connect the configured device, run its calibration (saved to its calibration file), close it."""
     device = make_device(config)
     device.connect()
@@ -38,13 +39,13 @@ def monitor(device: Device, *, seconds: float, hz: float = 25.0, out: Callable[[
     period = 1.0 / hz
     n = 0
     deadline = time.monotonic() + seconds
-    fmt = {"float_kind": lambda v: f"{v:+.2f}"}
     while time.monotonic() < deadline:
         cmd = device.poll()
         if cmd is None:
             raise DeviceError(f"{device.device_id or device.config.type}: device lost after {n} commands")
         n += 1
-        motion, raw = (np.array2string(a, formatter=fmt) for a in (cmd.motion, cmd.raw))
+        # the formatter given in the call, so mypy checks it against numpy's formatter TypedDict
+        motion, raw = (np.array2string(a, formatter={"float_kind": lambda v: f"{v:+.2f}"}) for a in (cmd.motion, cmd.raw))
         out(f"{'ENGAGED' if cmd.engaged else 'idle   '} motion {motion} raw {raw} {sorted(cmd.buttons)}")
         time.sleep(period)
     return n

@@ -16,10 +16,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy.typing as npt
 
 from hg_dagger.devices.calibration import Calibration, Calibrator
 from hg_dagger.devices.errors import DeviceError
+
+if TYPE_CHECKING:
+    from hg_dagger.contract.command import HumanCommand
 
 DONE = "done"
 FAILED = "failed"
@@ -35,7 +40,7 @@ class Calibratable(Protocol):
 
 
 class CalibrationWizard:
-    def __init__(self, device: Calibratable, *, clock: Callable[[], float] = time.monotonic, **options):
+    def __init__(self, device: Calibratable, *, clock: Callable[[], float] = time.monotonic, **options: Any):
         """``options`` go to the device's calibrator (gamepad: center_s, range_s; SpaceMouse: center_s)."""
         self.device = device
         self._clock = clock
@@ -90,13 +95,13 @@ class CalibrationWizard:
     def tick(self) -> str:
         """Read the device once and move on when the phase's time is up; returns the phase."""
         if not self._state:
-            self._record(lambda name: self.calibrator.sample(name))
+            self._record(lambda name: self._calibrator().sample(name))
         return self.phase
 
-    def feed(self, command_or_raw) -> str:
+    def feed(self, command_or_raw: HumanCommand | npt.ArrayLike) -> str:
         """Take one sample read elsewhere: a HumanCommand of this device, or its physical axis values."""
         if not self._state:
-            self._record(lambda name: self.calibrator.feed(name, command_or_raw))
+            self._record(lambda name: self._calibrator().feed(name, command_or_raw))
         return self.phase
 
     def cancel(self) -> None:
@@ -135,11 +140,16 @@ class CalibrationWizard:
             self.error = str(exc)
             self._state = FAILED
 
+    def _calibrator(self) -> Calibrator:
+        # phases to sample, feed or finish come only from a calibrator: with none, the wizard starts done
+        assert self.calibrator is not None
+        return self.calibrator
+
     def _next(self) -> None:
         if self._index + 1 < len(self.phases):
             self._index += 1
             self._samples = 0
             self._phase_start = self._clock()
             return
-        self._result, self.path = self.calibrator.finish()
+        self._result, self.path = self._calibrator().finish()
         self._state = DONE

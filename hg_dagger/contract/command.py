@@ -16,9 +16,9 @@ COMMAND_DIM = 7  # x, y, z, roll, pitch, yaw, gripper
 COMMAND_AXES = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
 
 # Button names every device maps its physical buttons onto.
-TAKEOVER = "takeover"  # operator-initiated takeover (a gate event)
-RETURN = "return"  # hand control back to the policy
-ESTOP = "estop"  # emergency stop -> SAFE_STOP
+TAKEOVER: Final = "takeover"  # operator-initiated takeover (a gate event)
+RETURN: Final = "return"  # hand control back to the policy
+ESTOP: Final = "estop"  # emergency stop -> SAFE_STOP
 GRIPPER: Final = "gripper"  # toggle/close gripper
 
 
