@@ -230,7 +230,7 @@ class ControlLoop:
                 case live.Quit():
                     self._stop.set()
                 case live.StartEpisodes(episodes=n):
-                    if self._policy_lost:  # starting means reconnecting first; a server still down refuses the start
+                    if self._policy_lost:  # reconnect first; a server still down refuses the start
                         self._reconnect_policy()
                     if s.running:
                         s.add_episodes(n)
@@ -335,12 +335,10 @@ class ControlLoop:
         self._message = f"undoing the discard of episode {episode_id[:12]}..."
 
     def _lose_policy(self, why: str) -> None:
-        """The policy stopped answering: each open episode records why and ends as a safety stop (nothing recorded
-        is lost); the window offers to reconnect (ReconnectPolicy) once its server is back."""
+        """Its open episodes end as safety stops saying why; the window offers ReconnectPolicy."""
         self.session.policy_lost(why)
         self._policy_lost = why
         self._message = f"{why}; the open episodes ended as safety stops. Start the server again, then Reconnect policy"
-        log.warning("policy lost: %s", why)
 
     def _reconnect_policy(self) -> None:
         """Open the policy again from its spec; it acts from the next episode."""
