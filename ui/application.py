@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from PyQt6 import QtCore, QtWidgets, sip
 
@@ -127,9 +127,9 @@ class OperatorApp(QtCore.QObject):
         self.opts = opts
         self.settings = settings if settings is not None else saved.SettingsFile()
         self.loop: ControlProcess | ControlLoop | None = None
-        self.window = None
+        self.window: MainWindow | None = None
         self.student_path = ""  # chosen in start(), once the task is known
-        self.job = None
+        self.job: BackgroundJob | None = None
         self._job_kind = ""  # "bootstrap" | "train"
         self._paused_for_training = False
         self._reported = False  # an error snapshot was shown once
@@ -222,6 +222,7 @@ class OperatorApp(QtCore.QObject):
         """Scripted runs close their window when their episodes are done; a control loop that ended (an error, a
         stop) ends the run. The run ends with its window, whichever way it goes (``_end_run``)."""
         loop, win = self.loop, self.window
+        assert loop is not None  # the watch starts in _launch, after the loop is made
         if win is None or sip.isdeleted(win):
             self._end_run()
             return
@@ -257,12 +258,14 @@ class OperatorApp(QtCore.QObject):
         win = self.window
         if win is not None and not sip.isdeleted(win) and win.isVisible():
             win.close()  # its closed signal comes back here and finds the run ended
+        assert self.loop is not None  # the run ends only after _launch made the loop
         self.loop.stop()
         self._finish(*self._report())
 
     def _report(self) -> tuple[int, str]:
         """The run's summary and, for a scripted run, the store's validation."""
         loop = self.loop
+        assert loop is not None  # reported from _end_run, after _launch made the loop
         if loop.error:
             return 2, loop.error
         sm = loop.summary or {}
@@ -334,6 +337,7 @@ class OperatorApp(QtCore.QObject):
 
         if not is_remote(self.student_path):
             return False
+        assert self.window is not None  # training is asked for from the open window
         self.window.set_training_done(
             f"the Rounds tab trains the built-in student; {self.student_path} is trained by its own trainer: export "
             "the approved labels (hg-dagger export STORE --format lerobot --labels trainable) and serve the new "
@@ -362,8 +366,12 @@ class OperatorApp(QtCore.QObject):
         promotion = (result or {}).get("promotion")
         if self.window is not None:
             trained = training_summary(result.get("selection")) if result is not None else ""
-            message = error or (promotion_line(promotion) if promotion else
-                                f"new student {result['version']} ({result['labels']} labels)")
+            if error:
+                message = error
+            else:
+                assert result is not None  # a job that ended without an error returned its result
+                message = (promotion_line(promotion) if promotion else
+                           f"new student {result['version']} ({result['labels']} labels)")
             self.window.set_training_done(message, trained)
         if promotion is not None and not promotion["promoted"]:  # the acting student goes on; the labels stay
             result = None
@@ -389,7 +397,8 @@ class OperatorApp(QtCore.QObject):
 _QT_NOISE = ("propagateSizeHints",)  # the offscreen platform says this for every window: not for people
 
 
-def _qt_message(mode, context, message: str) -> None:
+def _qt_message(mode: QtCore.QtMsgType, context: QtCore.QMessageLogContext, message: str | None) -> None:
+    assert message is not None  # Qt always passes the message's text
     if any(n in message for n in _QT_NOISE):
         return
     level = {QtCore.QtMsgType.QtDebugMsg: logging.DEBUG, QtCore.QtMsgType.QtInfoMsg: logging.INFO,
@@ -406,7 +415,9 @@ def display_available() -> bool:
 
 def run_app(opts: AppOptions, *, argv: list[str] | None = None) -> int:
     """Open the app and run until it is closed (or, with quit_when_done, until its episodes are done)."""
-    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(argv or ["hg-dagger"])
+    # the process's application is a QApplication (the app has widgets); instance() is typed as the core one
+    app = cast(QtWidgets.QApplication,
+               QtWidgets.QApplication.instance() or QtWidgets.QApplication(argv or ["hg-dagger"]))
     app.setApplicationName("hg-dagger")
     app.setOrganizationName("hg-dagger")
     app.setQuitOnLastWindowClosed(False)  # the progress dialog closes before the main window opens

@@ -134,10 +134,12 @@ class KeyboardBridge(QObject):
         self.held.clear()
         self.commands.put(ReleaseKeys())
 
-    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
+    def eventFilter(self, obj: QObject | None, ev: QEvent | None) -> bool:  # noqa: N802 - Qt override
+        assert ev is not None  # Qt always passes the event
         t = ev.type()
         if t in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease):
-            if not self.enabled or not isinstance(obj, QWidget):
+            # (a key press or release always comes as a QKeyEvent)
+            if not self.enabled or not isinstance(obj, QWidget) or not isinstance(ev, QKeyEvent):
                 return False
             down = t == QEvent.Type.KeyPress
             if obj.window() is self.window:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PyQt6.QtCore import QByteArray, QEvent, QObject, Qt, pyqtSignal
-from PyQt6.QtGui import QAction, QKeySequence
+from PyQt6.QtGui import QAction, QKeyEvent, QKeySequence
 from PyQt6.QtWidgets import (
     QApplication,
     QDialog,
@@ -35,7 +35,7 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, LatestSlot, Quit, Rewind, Snapshot
-from hg_dagger.devices import load_device_config
+from hg_dagger.devices import KeyboardConfig, load_device_config
 from hg_dagger.devices.keyboard import key_layout
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
@@ -62,7 +62,9 @@ def shortcut_rows() -> list[tuple[str, str]]:
     rows = list(WINDOW_SHORTCUTS)
     try:
         window_keys = {k for k, _ in WINDOW_SHORTCUTS}
-        rows += [r for r in key_layout(load_device_config("keyboard")) if r[0] not in window_keys]
+        keyboard = load_device_config("keyboard")
+        assert isinstance(keyboard, KeyboardConfig)  # devices/keyboard.yaml is a keyboard's config
+        rows += [r for r in key_layout(keyboard) if r[0] not in window_keys]
     except Exception as exc:  # a broken keyboard config must not stop the help from opening
         rows.append(("-", f"keyboard device keys unavailable: {exc}"))
     return rows
@@ -77,8 +79,10 @@ class HelpDialog(QDialog):
         rows = shortcut_rows()
         self.table = QTableWidget(len(rows), 2)
         self.table.setHorizontalHeaderLabels(["Key", "Does"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        vertical, horizontal = self.table.verticalHeader(), self.table.horizontalHeader()
+        assert vertical is not None and horizontal is not None  # a table view always has its headers
+        vertical.setVisible(False)
+        horizontal.setStretchLastSection(True)
         for r, (key, meaning) in enumerate(rows):
             self.table.setItem(r, 0, QTableWidgetItem(key))
             self.table.setItem(r, 1, QTableWidgetItem(meaning))
@@ -105,8 +109,9 @@ class ReviewEscape(QObject):
         super().__init__(window)
         self.window = window
 
-    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
-        if ev.type() != QEvent.Type.KeyPress or ev.key() != Qt.Key.Key_Escape or not self.window.reviewing:
+    def eventFilter(self, obj: QObject | None, ev: QEvent | None) -> bool:  # noqa: N802 - Qt override
+        # a KeyPress event always comes as a QKeyEvent
+        if not isinstance(ev, QKeyEvent) or ev.type() != QEvent.Type.KeyPress or ev.key() != Qt.Key.Key_Escape or not self.window.reviewing:
             return False
         if not isinstance(obj, QWidget) or obj.window() is not self.window:
             return False
@@ -121,6 +126,8 @@ class MainWindow(QMainWindow):
 
     train_requested = pyqtSignal()
     closed = pyqtSignal()  # the window was closed (the control loop has been told to quit)
+    _user_split: bool  # set in _restore
+    _view_narrowed: bool
 
     def __init__(self, slot: LatestSlot, commands: CommandQueue, *, settings: saved.SettingsFile | None = None,
                  scan: Callable[[], list] | None = None, refresh_hz: float = 30.0, review_store: str = "",
@@ -192,13 +199,17 @@ class MainWindow(QMainWindow):
             scroll.setFrameShape(QFrame.Shape.NoFrame)
             scroll.setWidget(self.review)
             self.pages.addTab(scroll, "Review")
-        self.pages.tabBar().setVisible(self.review is not None)
+        tab_bar = self.pages.tabBar()
+        assert tab_bar is not None  # a tab widget always has its bar
+        tab_bar.setVisible(self.review is not None)
         central = QWidget()
         lay = QVBoxLayout(central)
         lay.addLayout(top)
         lay.addWidget(self.pages, 1)
         self.setCentralWidget(central)
-        self.status = StatusLine(self.statusBar())
+        status_bar = self.statusBar()
+        assert status_bar is not None  # a main window makes its status bar when asked for it
+        self.status = StatusLine(status_bar)
         self._menus()
 
         self.views = (self.gate, self.banner, self.estop, self.view, self.plots, self.controls, self.device,
@@ -206,9 +217,11 @@ class MainWindow(QMainWindow):
         self.reader = SnapshotReader(slot, hz=refresh_hz, parent=self)
         self.reader.snapshot.connect(self.show_snapshot)
         self.keys = KeyboardBridge(self, commands)
-        QApplication.instance().installEventFilter(self.keys)
+        app = QApplication.instance()
+        assert app is not None  # a window is made in a running application
+        app.installEventFilter(self.keys)
         self.review_esc = ReviewEscape(self)
-        QApplication.instance().installEventFilter(self.review_esc)
+        app.installEventFilter(self.review_esc)
         self._episodes_seen = 0
         self._last_state = ""
         self.pages.currentChanged.connect(self._page_changed)
@@ -218,17 +231,22 @@ class MainWindow(QMainWindow):
     # ---- menus ------------------------------------------------------------------------------
     def _menus(self) -> None:
         m = self.menuBar()
+        assert m is not None  # a main window makes its menu bar when asked for it
         file = m.addMenu("&File")
+        assert file is not None  # addMenu(title) returns the menu it made
         self.quit_action = QAction("&Quit", self)
         self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         self.quit_action.triggered.connect(self.quit)
         file.addAction(self.quit_action)
         opts = m.addMenu("&Options")
-        self.sound_action = QAction("&Sound on handover request", self, checkable=True)
+        assert opts is not None
+        self.sound_action = QAction("&Sound on handover request", self)
+        self.sound_action.setCheckable(True)
         self.sound_action.setChecked(self.banner.sound_enabled)
         self.sound_action.toggled.connect(self.set_sound)
         opts.addAction(self.sound_action)
         help_ = m.addMenu("&Help")
+        assert help_ is not None
         self.help_action = QAction("&Keyboard shortcuts", self)
         self.help_action.setShortcut(QKeySequence(Qt.Key.Key_F1))
         self.help_action.triggered.connect(self.show_help)
@@ -269,8 +287,9 @@ class MainWindow(QMainWindow):
         if reviewing:
             self.keys.release_all()  # no key may stay held as motion while the keys scrub the review
         self.keys.enabled = not reviewing
-        if reviewing and not (self.review.rows_loaded or self.review.loading):
-            self.review.reload()
+        review = self.review  # there is one while reviewing
+        if reviewing and review is not None and not (review.rows_loaded or review.loading):
+            review.reload()
 
     # ---- snapshots ---------------------------------------------------------------------------
     def show_snapshot(self, snap: Snapshot) -> None:
@@ -334,9 +353,13 @@ class MainWindow(QMainWindow):
     def default_split(self) -> None:
         """The first layout: the controls their natural height, the view and the plots the rest, side by side
         in equal parts, the plots' height shared by plot rows (PlotsPanel.fit)."""
-        self.centralWidget().layout().activate()
+        central, controls = self.centralWidget(), self.split_main.widget(1)
+        assert central is not None and controls is not None  # set in __init__, never taken away
+        central_layout = central.layout()
+        assert central_layout is not None  # the central widget is made with its layout
+        central_layout.activate()
         total = sum(self.split_main.sizes())
-        bottom = self.split_main.widget(1).minimumSizeHint().height() + 12
+        bottom = controls.minimumSizeHint().height() + 12
         self.split_main.setSizes([max(1, total - bottom), bottom])
         width = sum(self.split_view.sizes())
         self.split_view.setSizes([width // 2, width - width // 2])
@@ -363,8 +386,10 @@ class MainWindow(QMainWindow):
         self.reader.stop()
         if self.review is not None:
             self.review.shutdown()
-        QApplication.instance().removeEventFilter(self.keys)
-        QApplication.instance().removeEventFilter(self.review_esc)
+        app = QApplication.instance()
+        assert app is not None  # the window closes in its running application
+        app.removeEventFilter(self.keys)
+        app.removeEventFilter(self.review_esc)
         self._send_quit()
         super().closeEvent(event)
         self.closed.emit()
