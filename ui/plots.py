@@ -110,7 +110,7 @@ class GrowingRange:
 
     @property
     def range(self) -> tuple[float, float] | None:
-        return None if self.lo is None else (self.lo, self.hi)
+        return None if self.lo is None or self.hi is None else (self.lo, self.hi)  # set together
 
     @property
     def pending(self) -> bool:
@@ -124,7 +124,7 @@ class GrowingRange:
         if v.size == 0:
             return
         lo, hi = float(v.min()), float(v.max())
-        if self.lo is not None and lo >= self.lo and hi <= self.hi:
+        if self.lo is not None and self.hi is not None and lo >= self.lo and hi <= self.hi:  # set together
             return
         if self._want is not None:
             lo, hi = min(lo, self._want[0]), max(hi, self._want[1])
@@ -143,7 +143,7 @@ class GrowingRange:
         lo, hi = self._want
         self._want = None
         lo, hi = min((lo, *self.include)), max((hi, *self.include))
-        if self.lo is not None:
+        if self.lo is not None and self.hi is not None:  # set together
             lo, hi = min(lo, self.lo), max(hi, self.hi)
         span = hi - lo
         scale = max(abs(lo), abs(hi))
@@ -480,6 +480,8 @@ class ActionPlots(QWidget):
 
 class PlotsPanel(QSplitter):
     """The three plot groups stacked; splitter handles let the operator give the actions more room."""
+
+    actions: ActionPlots  # type: ignore[assignment]  # hides QWidget.actions() (the QActions, unused here)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(Qt.Orientation.Vertical, parent)

@@ -92,18 +92,21 @@ class RoundsPanel(QWidget):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels([t for _, t, _ in COLUMNS])
         for c, (_, _, tip) in enumerate(COLUMNS):
-            self.table.horizontalHeaderItem(c).setToolTip(tip)
+            item = self.table.horizontalHeaderItem(c)
+            assert item is not None  # setHorizontalHeaderLabels made one per column
+            item.setToolTip(tip)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        header = self.table.horizontalHeader()
+        vertical, header = self.table.verticalHeader(), self.table.horizontalHeader()
+        assert vertical is not None and header is not None  # a table view always has its headers
+        vertical.setVisible(False)
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)  # the policy version gives way first
         self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.setWordWrap(False)
         self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         rows = self.table.fontMetrics().height() + 8
-        self.table.verticalHeader().setDefaultSectionSize(rows)
-        self.table.setMinimumHeight(self.table.horizontalHeader().sizeHint().height() + 3 * rows + 6)  # 3+ rows
+        vertical.setDefaultSectionSize(rows)
+        self.table.setMinimumHeight(header.sizeHint().height() + 3 * rows + 6)  # 3+ rows
         self.graph = pg.GraphicsLayoutWidget()
         self.graph.setBackground("w")
         self.graph.setMinimumHeight(self.table.minimumHeight())

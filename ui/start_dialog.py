@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from PyQt6.QtWidgets import (
     QComboBox,
@@ -37,7 +38,7 @@ BACKENDS = (("embedded", "Embedded MuJoCo simulator"), ("bridge", "Robot bridge"
 class StartChoices:
     operator: str
     task: str
-    backend: str = "embedded"  # embedded | bridge
+    backend: Literal["embedded", "bridge"] = "embedded"
     host: str = ""
     port: int = 0
     token_file: str = ""
@@ -114,7 +115,9 @@ class StartDialog(QDialog):
         self.store = QComboBox()
         self.store.setEditable(True)
         self.store.addItems(self.recent_stores())
-        self.store.lineEdit().setPlaceholderText("default: runs/app/<task>/store.zarr")
+        store_edit = self.store.lineEdit()
+        assert store_edit is not None  # an editable combo box has its line edit
+        store_edit.setPlaceholderText("default: runs/app/<task>/store.zarr")
         if not self.store.count():
             self.store.setEditText("")
         self.error = QLabel()
@@ -130,10 +133,12 @@ class StartDialog(QDialog):
         form.addRow("Token file", self.bridge_rows[1])
         form.addRow("Policy", _row(self.student, _picker(self.student, "Student checkpoint",
                                                                      "Checkpoints (*.pt);;All files (*)", self)))
-        form.addRow("Store", _row(self.store, _picker(self.store.lineEdit(), "Store folder", "", self,
+        form.addRow("Store", _row(self.store, _picker(store_edit, "Store folder", "", self,
                                                       directory=True)))
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
+        ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        assert ok is not None  # the box is made with its Ok button
+        ok.setText("Start")
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
@@ -167,7 +172,9 @@ class StartDialog(QDialog):
     def _validate(self) -> None:
         p = self.problem()
         self.error.setText(p)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not p)
+        ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        assert ok is not None  # the box is made with its Ok button
+        ok.setEnabled(not p)
 
     def choices(self) -> StartChoices:
         bridge = self.backend.currentData() == "bridge"

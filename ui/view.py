@@ -68,9 +68,10 @@ class LiveView(QWidget):
         data = np.ascontiguousarray(frame)
         h, w, _ = data.shape
         self._frame = frame
-        # convertToFormat copies, so the QImage no longer points into the numpy buffer
-        self._image = QImage(data.data, w, h, 3 * w, QImage.Format.Format_RGB888).convertToFormat(
-            QImage.Format.Format_RGB32)
+        # convertToFormat copies, so the QImage no longer points into the numpy buffer (PyQt takes any buffer;
+        # its stubs say bytes)
+        self._image = QImage(data.data, w, h, 3 * w,  # type: ignore[call-overload]
+                             QImage.Format.Format_RGB888).convertToFormat(QImage.Format.Format_RGB32)
         self.update()
 
     def image_rect(self) -> QRect:

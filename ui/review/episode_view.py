@@ -14,7 +14,7 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PyQt6.QtCore import QEvent, QObject, QPointF, QSize, Qt, QTimer, pyqtSignal
-from PyQt6.QtGui import QColor, QImage, QPixmap
+from PyQt6.QtGui import QColor, QImage, QKeyEvent, QPixmap
 from PyQt6.QtWidgets import (
     QApplication,
     QFrame,
@@ -374,7 +374,8 @@ class FrameView(QWidget):
         if frame is None:
             return
         h, w = frame.shape[:2]
-        img = QImage(frame.data, w, h, 3 * w, QImage.Format.Format_RGB888).copy()
+        # PyQt takes any buffer (the array's memory, no copy); its stubs say bytes
+        img = QImage(frame.data, w, h, 3 * w, QImage.Format.Format_RGB888).copy()  # type: ignore[call-overload]
         size = self.picture.size()
         self.picture.setPixmap(QPixmap.fromImage(img).scaled(
             max(size.width(), 64), max(size.height(), 64), Qt.AspectRatioMode.KeepAspectRatio,
@@ -394,7 +395,9 @@ class ScrubKeys(QObject):
         super().__init__(view)
         self.view, self.area = view, area
 
-    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt override
+    def eventFilter(self, obj: QObject | None, ev: QEvent | None) -> bool:  # noqa: N802 - Qt override
+        if not isinstance(ev, QKeyEvent):  # a key press or release always comes as a QKeyEvent
+            return False
         t = ev.type()
         if t not in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease) or not isinstance(obj, QWidget):
             return False
@@ -432,7 +435,9 @@ class EpisodeView(QWidget):
         self.renderer.failed.connect(self._render_failed)
         self._scene_key: tuple[str, str] | None = None
         self.keys = ScrubKeys(self, self)
-        QApplication.instance().installEventFilter(self.keys)
+        app = QApplication.instance()
+        assert app is not None  # widgets are made in a running application
+        app.installEventFilter(self.keys)
         self.title = QLabel("select a window")
         self.title.setWordWrap(True)
         self.privacy = QLabel("")
