@@ -199,7 +199,9 @@ class EpisodeDialog(QDialog):
             lay.addWidget(self.reason)
         lay.addWidget(self.note)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText(ok)
+        ok_button = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        assert ok_button is not None  # the box is made with its Ok button
+        ok_button.setText(ok)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
         lay.addWidget(self.buttons)
@@ -207,6 +209,7 @@ class EpisodeDialog(QDialog):
         self._refresh_text()
 
     def _choice_changed(self, _i: int) -> None:
+        assert self.choice is not None  # connected only where the choice is made
         self.target = self.choice.currentData()
         self._refresh_text()
 
@@ -217,7 +220,9 @@ class EpisodeDialog(QDialog):
     def _fit(self) -> None:
         """Grow to the height the wrapped text needs at this width (a window does not by itself): a hint or a
         note that appears after the dialog opened would otherwise clip the question."""
-        need = self.layout().totalHeightForWidth(self.width())
+        lay = self.layout()
+        assert lay is not None  # the dialog is made with its layout
+        need = lay.totalHeightForWidth(self.width())
         if need > self.height():
             self.resize(self.width(), need)
 
@@ -233,7 +238,9 @@ class EpisodeDialog(QDialog):
         if self.note.text() != note:
             self.note.setText(note)
             self._fit()
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(running or self.after_end)
+        ok_button = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        assert ok_button is not None  # the box is made with its Ok button
+        ok_button.setEnabled(running or self.after_end)
 
     @property
     def reason_text(self) -> str:
@@ -384,7 +391,9 @@ class EpisodeControls(QGroupBox):
         self.resume_robot.setToolTip(f"{RESUME_TIP}.\n{snap.message}" if phase == "held" and snap.message else RESUME_TIP)
         self.operator = snap.operator or self.operator
         i = self.mode.findData(snap.next_mode)  # what the person chose, before its episode begins too
-        if i >= 0 and i != self.mode.currentIndex() and not self.mode.view().isVisible():
+        popup = self.mode.view()
+        assert popup is not None  # a combo box always has its popup's view
+        if i >= 0 and i != self.mode.currentIndex() and not popup.isVisible():
             self.mode.setCurrentIndex(i)
         self.mode.setEnabled(phase not in ("training", "stopped", "error") and not loading)
         text = "Phase: loading (Start waits until the session is ready)" if loading else f"Phase: {phase}"
@@ -432,6 +441,7 @@ class EpisodeControls(QGroupBox):
             self._holding = False
             self.commands.put(HoldStarts(False))
         window = self.window()
+        assert window is not None  # window() is this widget itself when it has no parent
         if not self.dialogs and not self.other_dialogs and window is not self and window.isVisible():
             # the keyboard goes back to the window that routes the robot's keys: a desktop without a window
             # manager leaves the focus on the closed dialog, and Space would take over nothing

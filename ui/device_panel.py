@@ -318,7 +318,9 @@ class CalibrationDialog(QDialog):
 
     def _finish_buttons(self) -> None:
         self.box.setStandardButtons(QDialogButtonBox.StandardButton.Close)
-        self.box.button(QDialogButtonBox.StandardButton.Close).clicked.connect(self.accept)
+        close = self.box.button(QDialogButtonBox.StandardButton.Close)
+        assert close is not None  # just set as the box's button
+        close.clicked.connect(self.accept)
 
     def done(self, result: int) -> None:  # noqa: D401 - Qt override
         """Closing cancels an unfinished calibration and lets go of the device the panel opened."""

@@ -59,7 +59,7 @@ class GateLight(QFrame):
         self.setFixedHeight(self.headline.height() + self.reason.height() + 8)
         self.state = ""
         self.colour = ""
-        self._reason_text = None
+        self._reason_text: str | None = None
         self.set_state("autonomous", "")
 
     def show_snapshot(self, snap: Snapshot) -> None:
@@ -204,7 +204,9 @@ class HandoverBanner(QFrame):
             f.setBold(lab is self.label)
             lab.setFont(f)
             lab.setFixedHeight(QFontMetrics(f).height() + 2)
-        m = self.layout().contentsMargins()
+        lay = self.layout()
+        assert lay is not None  # the banner is made with its layout
+        m = lay.contentsMargins()
         self.setFixedHeight(self.label.height() + self.hint.height() + m.top() + m.bottom() + 4)
 
     @property
@@ -279,7 +281,9 @@ class HandoverBanner(QFrame):
         how = takeover_hint(self.device_kind)
         if not how:
             return f"the {self.device_kind or 'automatic'} operator answers   ·   {DECLINE_KEY.upper()}: let the student go on"
-        if self.device_kind == "keyboard" and typing_in_dialog(self.window()):
+        window = self.window()
+        assert window is not None  # window() is this widget itself when it has no parent
+        if self.device_kind == "keyboard" and typing_in_dialog(window):
             return f"typing in a dialog: Tab out of the field, then {how} to take control   ·   " \
                 "the robot holds while it waits"
         back = f"Backspace: rewind {REWIND_S:g} s   ·   " if self.rewindable else ""

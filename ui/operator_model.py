@@ -12,6 +12,7 @@ the session or puts commands itself.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from PyQt6.QtCore import QEvent, QObject, Qt, QTimer
 from PyQt6.QtGui import QKeyEvent
@@ -20,6 +21,9 @@ from PyQt6.QtWidgets import QApplication, QWidget
 from hg_dagger.control.human_model import DECLINE
 from hg_dagger.ui.keymap import DECLINE_KEY
 from hg_dagger.ui.keys import owned_by
+
+if TYPE_CHECKING:
+    from hg_dagger.ui.main_window import MainWindow
 
 K = Qt.Key
 _NAMED = {"space": K.Key_Space, "enter": K.Key_Return, "up": K.Key_Up, "down": K.Key_Down, "left": K.Key_Left,
@@ -44,7 +48,7 @@ def _text(name: str) -> str:
 class ModelDriver(QObject):
     """Ticks ``model`` from a QTimer (``period_ms``) and sends its key actions to ``window`` as key events."""
 
-    def __init__(self, window: QWidget, model, *, period_ms: int = 20, clock=time.monotonic):
+    def __init__(self, window: MainWindow, model, *, period_ms: int = 20, clock=time.monotonic):
         super().__init__(window)
         self.window = window
         self.model = model

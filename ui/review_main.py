@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from hg_dagger.errors import HgDaggerError
 
 
@@ -32,7 +34,9 @@ def run_review(stores: list[str], reviewer: str | None) -> int:
         raise HgDaggerError("review open: give at least one store")
     for url in stores:
         open_store(url)  # a missing or foreign store is one readable error before any window opens
-    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(["hg-dagger review"])
+    # the process's application is a QApplication (the review has widgets); instance() is typed as the core one
+    app = cast(QtWidgets.QApplication,
+               QtWidgets.QApplication.instance() or QtWidgets.QApplication(["hg-dagger review"]))
     app.setApplicationName("hg-dagger review")
     name = (reviewer or "").strip() or ask_reviewer()
     if not name:

@@ -69,8 +69,10 @@ class DecisionPanel(QGroupBox):
         self.table = QTableWidget(0, len(TRAIL_COLUMNS))
         self.table.setHorizontalHeaderLabels(TRAIL_COLUMNS)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setStretchLastSection(True)
+        vertical, horizontal = self.table.verticalHeader(), self.table.horizontalHeader()
+        assert vertical is not None and horizontal is not None  # a table view always has its headers
+        vertical.hide()
+        horizontal.setStretchLastSection(True)
         buttons = QHBoxLayout()
         buttons.addWidget(self.approve_button)
         buttons.addWidget(self.authorize)
