@@ -1,5 +1,5 @@
-"""hg-dagger policy serve SPEC | hg-dagger policy check SPEC --task TASK; and the ``--policy`` options of run and
-eval (docs/policies.md)."""
+"""hg-dagger policy serve SPEC | check SPEC --task TASK | train-next --policy SPEC --store S --out DIR; and the
+``--policy`` options of run and eval (docs/policies.md; train-next: docs/learning.md, "Rounds with your own trainer")."""
 
 from __future__ import annotations
 
@@ -8,11 +8,21 @@ import json
 import os
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
 from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError
+from hg_dagger.learn.lerobot_round import (
+    LINEAGE_FILE,
+    LeRobotTrainConfig,
+    export_round,
+    lerobot_round,
+    load_train_config,
+    record_new_version,
+    watch_version,
+)
 
 SPEC_HELP = ("the policy to run: PATH.pt (a built-in student), ws://HOST:PORT (a policy server speaking openpi's "
              "protocol) or lerobot:DIR (a LeRobot pretrained_model folder, served from --policy-python)")
@@ -85,6 +95,32 @@ def register(sub) -> None:
     c.add_argument("--json", action="store_true", help="print the result as JSON")
     add_arguments(c, spec=False)
     c.set_defaults(func=_check)
+    t = psub.add_parser("train-next", help="a round with the policy's own trainer: the next dataset version of the "
+                        "store, exported for LeRobot (--labels trainable); lerobot:DIR is fine-tuned by lerobot-train "
+                        "into --out, ws://HOST:PORT waits for its server's next version (docs/learning.md)")
+    t.add_argument("--policy", required=True, metavar="SPEC", help="lerobot:DIR (the acting LeRobot policy) or "
+                   "ws://HOST:PORT (a server its owner retrains)")
+    t.add_argument("--store", required=True, help="episode store whose reviewed, authorized labels train the round")
+    t.add_argument("--out", required=True, help="the round's folder (new): export/, train/ (lerobot-train's run), "
+                   "train.log; the new pretrained_model gets hg_dagger_lineage.json beside it")
+    t.add_argument("--task", help="only episodes of this task id (a new dataset's selection)")
+    t.add_argument("--config", metavar="YAML", help="a file whose lerobot_train section sets steps, batch_size, "
+                   "num_workers, device, dataset, args (learn.lerobot_round.LeRobotTrainConfig)")
+    t.add_argument("--steps", type=int, help="gradient steps (default: the config's, else 2000)")
+    t.add_argument("--batch-size", type=int, help="batch size (default: the config's, else 8)")
+    t.add_argument("--dataset", help="the dataset whose versions the rounds build (default lerobot_rounds)")
+    t.add_argument("--dataset-root", help="folder of the dataset versions (default: beside the store)")
+    t.add_argument("--policy-python", metavar="PYTHON", help="the python of LeRobot's environment, which runs "
+                   "lerobot-train (default: environment variable HG_DAGGER_POLICY_PYTHON)")
+    t.add_argument("--trainer", nargs="+", metavar="ARG", help="the trainer command instead of lerobot-train beside "
+                   "--policy-python (it is given lerobot-train's arguments)")
+    t.add_argument("--no-serve-check", action="store_true", help="do not start `policy serve` on the new checkpoint "
+                   "to check that it loads")
+    t.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="ws://: wait this long for the server "
+                   "to report another policy_version, and record it (default 0: export and return)")
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.add_argument("--quiet", action="store_true", help="no progress lines")
+    t.set_defaults(func=_train_next)
 
 
 def _served(args):
@@ -153,4 +189,95 @@ def _check(args) -> int:
     else:
         print(f"{args.spec}: policy {info['policy_version']} fits task {mapping.task_id}; on a zero observation it "
               f"proposes {info['action_on_zeros']} ({info['inference_ms']} ms)")
+    return 0
+
+
+def _train_config(args) -> dict:
+    """The lerobot_train section of --config, with --steps, --batch-size, --dataset and --trainer over it."""
+    cfg = load_train_config(args.config) if args.config else LeRobotTrainConfig()
+    given = {"steps": args.steps, "batch_size": args.batch_size, "dataset": args.dataset, "trainer": args.trainer}
+    merged = {**cfg.model_dump(), **{k: v for k, v in given.items() if v is not None}}
+    return LeRobotTrainConfig(**merged).model_dump()  # a bad value is one line naming the option's field
+
+
+def _progress(quiet: bool):
+    last = [""]
+
+    def report(stage: str, fraction: float) -> None:
+        if not quiet and stage != last[0]:
+            last[0] = stage
+            print(stage, file=sys.stderr, flush=True)
+
+    return report
+
+
+def _train_next(args) -> int:
+    # deferred: policy imports torch; the CLI lists its commands without it
+    from hg_dagger.policy.sources import source_name
+
+    kind = source_name(args.policy)
+    report = _progress(args.quiet)
+    if kind == "ws":
+        return _export_for_server(args, report)
+    if kind != "lerobot":
+        raise ConfigError(f"policy train-next --policy {args.policy}: rounds with the policy's own trainer are for "
+                          "lerobot:DIR and ws://HOST:PORT; a built-in student trains with `hg-dagger train` or the "
+                          "app's Rounds tab")
+    if args.wait:
+        raise ConfigError("--wait is for a ws:// policy (its server's next version); lerobot:DIR trains here")
+    result = lerobot_round(policy=args.policy, store=args.store, out_dir=args.out, python=args.policy_python,
+                           config=_train_config(args), task=args.task, dataset_root=args.dataset_root,
+                           check_serves=not args.no_serve_check, report=report)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    loss = result["loss_last"]
+    print(f"{result['parent_version']} -> {result['version']}: {result['step_last']} lerobot-train steps on "
+          f"{result['dataset']} ({result['frames']} frames)" + (f", final loss {loss:.4g}" if loss is not None else "")
+          + f"; serve it: --policy {result['spec']}")
+    return 0
+
+
+def server_version(url: str, timeout_s: float = 10.0) -> str | None:
+    """The policy version a server's metadata declares; None while it does not answer."""
+    # deferred: policy imports torch; the CLI lists its commands without it
+    from websockets.sync.client import connect
+
+    from hg_dagger.policy.remote import metadata_version
+    from hg_dagger.policy.wire import unpackb
+
+    try:
+        with connect(url, open_timeout=timeout_s, compression=None, max_size=None) as ws:
+            first = ws.recv(timeout=timeout_s)
+        meta = unpackb(first) if isinstance(first, bytes) else None
+    except Exception:  # noqa: BLE001 - down, refused or not a policy server: not there yet
+        return None
+    if not isinstance(meta, dict):
+        return None
+    return metadata_version({(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in meta.items()})
+
+
+def _export_for_server(args, report) -> int:
+    """ws://: the version exported for the server's owner, then (--wait) its next version recorded."""
+    version = server_version(args.policy)
+    if version is None:
+        raise ConfigError(f"policy train-next --policy {args.policy}: the server does not answer; a round records "
+                          "which server version its data is meant to improve, so start it first")
+    cfg = _train_config(args)
+    result = export_round(policy=args.policy, store=args.store, out_dir=args.out, version=version,
+                          dataset=cfg["dataset"], task=args.task, dataset_root=args.dataset_root, report=report)
+    print(f"{result['dataset']} exported for {args.policy} (now {version}): {result['export']}; train on it with "
+          "your trainer, then serve the new checkpoint at the same address", file=sys.stderr if args.json else
+          sys.stdout, flush=True)
+    if args.wait > 0:
+        new = watch_version(lambda: server_version(args.policy), version, timeout_s=args.wait, report=report)
+        if new is None:
+            raise ConfigError(f"{args.policy} still serves {version} after {args.wait:g} s; the export stays in "
+                              f"{result['export']} (run train-next again, or wait longer with --wait)")
+        result["lineage_event"] = record_new_version(result["round"], new)
+        if not args.json:
+            print(f"{args.policy}: new version {new} (parent {version}, trained on {result['dataset']}) recorded in "
+                  f"{Path(result['round']).with_name(LINEAGE_FILE)}")
+    if args.json:
+        print(json.dumps(result, indent=2))
     return 0
