@@ -466,10 +466,15 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
             return_button=op.ret, agree=agree, confident=self.gates.confident(), estop=estop,
             gate_trip=self.gates.trip, t_warn=self.gates.t_warn, t_gate=self.gates.t_gate, decline=decline))
         self.gates.rearm(d.rearm, grace="handback", step=self.ep_step)
-        drop = getattr(self.student, "drop_chunks", None)  # a chunking policy starts afresh at a handover or hand-back
-        if drop is not None and d.transitions:
-            drop([r for r, frm, to, _ in d.transitions if frm in (HUMAN, EXPERT) or to in (HUMAN, EXPERT)])
         self._transition_events(d, t_ns)
+        drop = getattr(self.student, "drop_chunks", None)  # a chunking policy starts afresh at a handover or hand-back
+        if drop is not None and d.transitions:  # each drop is an event: what was dropped, and why
+            why = {r: "handover" if to in (HUMAN, EXPERT) else "hand-back: the next chunk is computed on the current "
+                   "observation" for r, frm, to, _ in d.transitions if frm in (HUMAN, EXPERT) or to in (HUMAN, EXPERT)}
+            dropped = drop(list(why))  # per row what went (RemotePolicy); another policy may say nothing
+            for r, values in dropped.items() if isinstance(dropped, dict) else ():
+                if self.eids[r] is not None:
+                    self._event(r, EventKind.NOTE, t_ns, f"chunk dropped at {why[r]}", "policy", values)
         self._request_events(d.requests_ended, t_ns)
         return d
 
@@ -518,6 +523,9 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         if self.latency_budget_ns is not None:
             late = (t_apply - self.t_obs) > self.latency_budget_ns
             tick.flags = tick.flags | np.where(late, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
+        behind = getattr(self.student, "late", None)  # a policy that asked ahead and still waited for its chunk
+        if behind is not None:
+            tick.flags = tick.flags | np.where(behind, StepFlag.LATENCY_EXCEEDED, 0).astype(np.uint16)
         sensor_loss = self._env_info.get("sensor_loss")
         if sensor_loss is not None:
             tick.flags = tick.flags | np.where(np.asarray(sensor_loss, bool), StepFlag.SENSOR_LOSS, 0).astype(np.uint16)

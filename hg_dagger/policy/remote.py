@@ -10,6 +10,17 @@ the server's metadata, else the whole chunk), one per tick; a row asks for a new
 ``reset_rows`` (an episode begins) and ``drop_chunks`` (a handover, a hand-back) empty the rows' queues, so the
 next action comes from a chunk computed on the current observation.
 
+Asking ahead (``ask_ahead``): a row whose queue is down to ``ask_ahead`` actions sends its next request on that
+tick's observation, and a worker thread that owns the connection (openpi's protocol: one request at a time per
+connection, so every request goes through it) waits for the reply while the loop goes on with the queue. The
+reply is taken when the queue runs out, aligned by the ticks executed since its observation: a chunk computed on
+the observation of tick s holds the action for tick s first, so at tick t its first t - s actions are skipped and
+a step's ``policy_action`` is what the policy proposed for that step. A row whose queue ran out before its reply
+came waits for it and is ``late`` for that tick (the session flags the step ``latency_exceeded``); a reply with no
+action left for the tick is dropped and the row asks again on the current observation. ``drop_chunks`` discards a
+row's request in flight: a chunk computed before a handover is never executed after it. ``ask_ahead=None`` picks
+the threshold from the measured round trip: ceil(round trip / control period) + 1 actions.
+
 Consecutive chunks overlap where a chunk is longer than what is executed of it: the part not executed is what the
 policy predicted for the steps the next chunk begins with. When the next chunk arrives, ``chunk_disagreement`` is
 the mean over those overlapping steps of the largest per-dimension difference, each as a fraction of that
@@ -28,9 +39,11 @@ import hashlib
 import json
 import logging
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,10 +77,13 @@ class PolicyOptions:
     start_timeout_s: float = 300.0  # a server we start ourselves (lerobot:DIR): until it listens
     batch: bool | None = None  # one request for all rows that need a chunk (None: when the server says it can)
     temporal_ensemble: bool = False  # ask every tick; act on the weighted mean of what the recent chunks said about it
+    ask_ahead: int | None = 0  # ask for the next chunk with this many actions left (0: when none is left; None: auto)
 
     def __post_init__(self):
         if self.action_steps is not None and self.action_steps < 1:
             raise ConfigError(f"--policy-action-steps must be >= 1, got {self.action_steps}")
+        if self.ask_ahead is not None and self.ask_ahead < 0:
+            raise ConfigError(f"--policy-ask-ahead must be >= 0 or auto, got {self.ask_ahead}")
         for name in ("timeout_s", "connect_timeout_s", "start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"policy option {name} must be > 0, got {getattr(self, name)}")
@@ -85,6 +101,22 @@ def metadata_version(meta: dict[str, Any]) -> str:
 def metadata_hash(meta: dict[str, Any]) -> str:
     text = json.dumps(plain(meta), sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(eq=False)
+class _Request:
+    """One request: ``msg`` sent on the observation of tick ``tick`` for ``rows`` (batched: in that order); the
+    worker fills ``reply`` or ``error`` and sets ``done``."""
+
+    msg: dict[str, Any]
+    rows: list[int]
+    tick: int
+    batched: bool
+    t_submit_ns: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: dict[str, Any] | None = None
+    error: PolicyError | None = None
+    chunks: np.ndarray | None = None  # the reply's chunks [len(rows), H, A], checked once
 
 
 def _positive_int(meta: dict[str, Any], key: str) -> int | None:
@@ -107,6 +139,7 @@ class RemotePolicy:
         self.options = options or PolicyOptions()
         self._on_close = on_close
         self._ws = None
+        self._worker: threading.Thread | None = None  # asking ahead: the thread that owns the connection
         opts = self.options
         try:
             self._ws = connect(url, open_timeout=opts.connect_timeout_s, compression=None, max_size=None)
@@ -163,6 +196,17 @@ class RemotePolicy:
         self._chunks = 0
         self.requests = 0
         self.server_ms = 0.0  # the server's own inference time, summed over requests (when it reports it)
+        self._t = 0  # act() calls so far: the tick a request's observation belongs to
+        self._pending: list[_Request | None] = []  # per row: its request in flight (asked ahead)
+        self.waited = np.zeros(0, bool)  # per row, this tick: its action waited for a reply
+        self.late = np.zeros(0, bool)  # per row, this tick: its queue ran out before the reply asked ahead came
+        self.wait_count = 0  # row-ticks that waited for a reply
+        self.late_count = 0  # row-ticks that were late
+        self.round_trip_s: float | None = None  # smoothed time from sending a request to its reply
+        self._jobs: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        if opts.ask_ahead != 0:  # the connection is the worker's from here on
+            self._worker = threading.Thread(target=self._work, name=f"policy {self.label}", daemon=True)
+            self._worker.start()
         declared = declared_action_dim(self.metadata)
         log.info("policy %s at %s: version %s, %s, sends %s%s", self.metadata.get("policy_type", "?"), self.label,
                  self.version, f"{self.action_steps} action(s) per chunk" if self.action_steps else "whole chunks",
@@ -190,6 +234,9 @@ class RemotePolicy:
         self._conf = np.full(n, np.nan, np.float32)
         self.chunk_id = np.zeros(n, np.int64)
         self.chunk_index = np.zeros(n, np.int64)
+        self._pending = [None] * n
+        self.waited = np.zeros(n, bool)
+        self.late = np.zeros(n, bool)
 
     def reset_rows(self, rows: Sequence[int], num_envs: int) -> None:
         """Episodes begin in ``rows``: their queued actions are dropped."""
@@ -197,17 +244,24 @@ class RemotePolicy:
             self._resize(num_envs)
         self.drop_chunks(rows)
 
-    def drop_chunks(self, rows: Sequence[int]) -> None:
-        """The rest of the rows' chunks is dropped (a handover, a hand-back): their next action comes from a chunk
-        computed on the observation of that tick, which no earlier chunk predicted for."""
-        for r in rows:
-            if 0 <= int(r) < self._n:
-                self._queue[int(r)] = None
-                self._tail[int(r)] = None
-                self._recent[int(r)] = []
-                self.chunk_disagreement[int(r)] = np.nan
+    def drop_chunks(self, rows: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The rest of the rows' chunks is dropped (a handover, a hand-back), and a request in flight for them is
+        discarded: their next action comes from a chunk computed on the observation of that tick, which no earlier
+        chunk predicted for. Returns, per row, what was dropped (the chunk, its actions left, a request in flight)."""
+        dropped: dict[int, dict[str, Any]] = {}
+        for r in map(int, rows):
+            if 0 <= r < self._n:
+                q = self._queue[r]
+                dropped[r] = {"chunk_id": int(self.chunk_id[r]), "actions_dropped": 0 if q is None else len(q),
+                              "request_discarded": self._pending[r] is not None}
+                self._queue[r] = None
+                self._pending[r] = None  # its reply, when it comes, is never taken
+                self._tail[r] = None
+                self._recent[r] = []
+                self.chunk_disagreement[r] = np.nan
                 if not self.server_uncertainty:
-                    self._unc[int(r)] = np.nan
+                    self._unc[r] = np.nan
+        return dropped
 
     # ------------------------------------------------------------------ acting
 
@@ -216,9 +270,22 @@ class RemotePolicy:
         n = int(next(iter(obs.values())).shape[0])
         if n != self._n:
             self._resize(n)
-        need = [r for r, q in enumerate(self._queue[:n]) if q is None or len(q) == 0]
+        self._t += 1
+        self.waited[:] = False
+        self.late[:] = False
+        need = []
+        for r in range(n):
+            q = self._queue[r]
+            if q is not None and len(q):
+                continue
+            job = self._pending[r]
+            if job is None or not self._took_ahead(r, job):
+                need.append(r)
         if need:
             self._fill(obs, need)
+            self.waited[need] = True
+        self.wait_count += int(self.waited.sum())
+        self.late_count += int(self.late.sum())
         action = np.empty((n, self._a), np.float32)
         for r in range(n):
             q = self._queue[r]
@@ -226,6 +293,8 @@ class RemotePolicy:
             action[r] = q[0] if not self.options.temporal_ensemble else self._ensembled(r)
             self._queue[r] = q[1:]
         self.chunk_index += 1
+        if self._worker is not None:
+            self._ask_ahead(obs, n)
         return PolicyOutput(action=action, uncertainty=self._unc.copy(), confidence=self._conf.copy(),
                             inference_ns=time.perf_counter_ns() - t0,
                             policy_action=np.asarray(self.mapping.raw_to_policy(action), np.float32))
@@ -243,37 +312,109 @@ class RemotePolicy:
         return action.astype(np.float32)
 
     def _fill(self, obs: dict[str, np.ndarray], rows: list[int]) -> None:
-        if self.batch:
-            msg: dict[str, Any] = wire_obs(obs, self._feats, self.names, rows)
-            msg[TASK] = self._task
-            reply = self._request(msg)
-            chunks = self._actions(reply, batch=len(rows))
-            for i, r in enumerate(rows):
-                self._take(r, chunks[i], reply, i)
-            return
-        for r in rows:
-            msg = {k: v[0] for k, v in wire_obs(obs, self._feats, self.names, [r]).items()}  # one row
-            msg[TASK] = self._task
-            reply = self._request(msg)
-            self._take(r, self._actions(reply, batch=None), reply, None)
+        """New chunks for ``rows`` computed on this tick's observation, waited for."""
+        for job in self._requests(obs, rows):
+            if self._worker is None:
+                job.reply = self._request(job.msg)
+            else:
+                self._jobs.put(job)
+                self._wait(job)
+            for r in job.rows:
+                self._take(r, job, 0)
 
-    def _take(self, r: int, chunk: np.ndarray, reply: dict, i: int | None) -> None:
+    def _requests(self, obs: dict[str, np.ndarray], rows: list[int]) -> list[_Request]:
+        """One batched request for ``rows``, or one request per row; each on this tick's observation."""
+        groups = [rows] if self.batch else [[r] for r in rows]
+        jobs = []
+        for group in groups:
+            msg: dict[str, Any] = wire_obs(obs, self._feats, self.names, group)
+            if not self.batch:
+                msg = {k: v[0] for k, v in msg.items()}  # one row
+            msg[TASK] = self._task
+            jobs.append(_Request(msg, group, self._t, self.batch, time.perf_counter_ns()))
+        return jobs
+
+    def _ask_ahead(self, obs: dict[str, np.ndarray], n: int) -> None:
+        """Rows down to the threshold, with nothing in flight, send their next request on this tick's observation."""
+        left = self._threshold()
+        rows = [r for r in range(n) if self._pending[r] is None and len(self._queue[r] or ()) <= left]
+        for job in self._requests(obs, rows) if rows else ():
+            for r in job.rows:
+                self._pending[r] = job
+            self._jobs.put(job)
+
+    def _threshold(self) -> int:
+        if self.options.ask_ahead is not None:
+            return self.options.ask_ahead
+        if self.round_trip_s is None:
+            return 1
+        return math.ceil(self.round_trip_s / self.mapping.dt) + 1
+
+    def _took_ahead(self, r: int, job: _Request) -> bool:
+        """Row ``r``'s queue ran out: take the reply asked ahead (waiting for it when it is not there: the row is
+        late); False when it holds no action for this tick (it came too late), so the row asks afresh."""
+        self._pending[r] = None
+        if not job.done.is_set():
+            self.late[r] = self.waited[r] = True
+        self._wait(job)
+        skip = self._t - job.tick
+        if skip >= self._chunks_of(job).shape[1]:
+            self.late[r] = True
+            return False
+        self._take(r, job, skip)
+        return True
+
+    def _wait(self, job: _Request) -> None:
+        if not job.done.wait(self.options.timeout_s + self.options.connect_timeout_s):
+            raise PolicyError(f"policy server {self.label} did not answer within {self.options.timeout_s:g} s "
+                              f"(stalled or overloaded)")
+        if job.error is not None:
+            raise job.error
+
+    def _work(self) -> None:
+        """The worker: sends each request and waits for its reply, one at a time, in the order they were asked."""
+        while (job := self._jobs.get()) is not None:
+            try:
+                job.reply = self._request(job.msg)
+                took = (time.perf_counter_ns() - job.t_submit_ns) / 1e9
+                self.round_trip_s = took if self.round_trip_s is None else 0.8 * self.round_trip_s + 0.2 * took
+            except PolicyError as exc:
+                job.error = exc
+            except Exception as exc:  # anything else the connection raises: the same one line
+                job.error = PolicyError(f"policy server {self.label}: {_reason(exc)}")
+            job.done.set()
+
+    def _chunks_of(self, job: _Request) -> np.ndarray:
+        if job.chunks is None:
+            assert job.reply is not None  # done without an error
+            chunks = self._actions(job.reply, batch=len(job.rows) if job.batched else None)
+            job.chunks = chunks if job.batched else chunks[None]
+        return job.chunks
+
+    def _take(self, r: int, job: _Request, skip: int) -> None:
+        """Row ``r`` executes its chunk from ``job``, whose first ``skip`` actions were for ticks already past."""
+        i = job.rows.index(r)
+        full = self._chunks_of(job)[i]
+        reply = job.reply
+        assert reply is not None  # taken after it came
+        chunk = full[skip:]
         steps = len(chunk) if self.action_steps is None else min(self.action_steps, len(chunk))
         self.chunk_disagreement[r] = self._disagreement(self._tail[r], chunk)
         self._queue[r] = chunk[:steps]
         self._tail[r] = chunk[steps:] if steps < len(chunk) else None
         if self.options.temporal_ensemble:
-            self._recent[r].append([chunk, 0])
+            self._recent[r].append([full, skip])
         self._chunks += 1
         self.chunk_id[r] = self._chunks
-        self.chunk_index[r] = -1  # act() counts it to 0 for the chunk's first action
+        self.chunk_index[r] = skip - 1  # act() counts it to the index of the chunk's first action executed
+        i_reply: int | None = i if job.batched else None
         if not self.server_uncertainty:
             self._unc[r] = self.chunk_disagreement[r]
         for key, dest in (("uncertainty", self._unc), ("confidence", self._conf)):
             v = reply.get(key)
             if v is not None:
                 arr = np.asarray(v, np.float32).reshape(-1)
-                dest[r] = arr[i if i is not None and arr.size > 1 else 0]
+                dest[r] = arr[i_reply if i_reply is not None and arr.size > 1 else 0]
 
     def _disagreement(self, tail: np.ndarray | None, chunk: np.ndarray) -> float:
         """The mean over the overlapping steps of the largest per-dimension difference between what the previous
@@ -338,9 +479,13 @@ class RemotePolicy:
         ws, self._ws = self._ws, None
         if ws is not None:
             try:
-                ws.close()
+                ws.close()  # a request in flight ends with ConnectionClosed in the worker
             except Exception:  # the server is gone already
                 pass
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._jobs.put(None)
+            worker.join(timeout=5.0)
         hook, self._on_close = self._on_close, None
         if hook is not None:
             hook()
