@@ -21,8 +21,10 @@ from PyQt6 import QtCore, QtWidgets, sip
 from hg_dagger.contract.enums import SessionMode
 from hg_dagger.control import live
 from hg_dagger.control.build import open_session, unused_seed
+from hg_dagger.control.fleet_desk import fleet_keyboard
 from hg_dagger.control.loop import ControlLoop, ControlProcess
 from hg_dagger.control.run_config import load_run_config, parse_endpoint, task_name
+from hg_dagger.devices import make_device
 from hg_dagger.envs import load_mapping
 from hg_dagger.experts import planner_spec
 from hg_dagger.learn.promotion import promotion_line
@@ -64,6 +66,10 @@ class AppOptions:
     control_process: bool = True  # the control loop in a process of its own (False: a thread of the app)
     config: str = ""  # run config (a file or a name in run/); default: run/<task id>.yaml if there is one
     gates: str = ""  # gate config (a file or a name in gates/); default: the run config's
+    robots: int = 1  # simulated robots one person serves through a request queue (docs/fleet.md)
+    allocation: str = ""  # how the fleet's queue is ranked: cur | fcfs | random (default: cur)
+    wait_limit: float | None = None  # a fleet request nobody took within this many seconds expires (student goes on)
+    flag_wait: float | None = None  # flag a fleet request that waited this long (default: the run config's)
 
     @property
     def task_dir(self) -> Path:
@@ -106,9 +112,21 @@ def build_session(opts: AppOptions, student_path: str):
         overrides["robot.token_file"] = opts.token_file or None
         overrides["calibrate_steps"] = 0  # never drive a robot unattended to calibrate a gate
     overrides["gates"] = opts.gates or None
+    if opts.robots > 1:  # one person, N simulated robots: `hg-dagger run --robots N`'s wiring, the keyboard theirs
+        overrides.update({"num_envs": opts.robots, "fleet.allocation": opts.allocation or "cur",
+                          "fleet.flag_wait_s": opts.flag_wait, "handover.wait": "pause",
+                          "handover.wait_timeout_s": opts.wait_limit})
+        if opts.wait_limit is not None:
+            overrides["handover.on_wait_timeout"] = "policy"  # an expired request lets the student go on
+        if opts.operator == "device":  # a device is made for one env: the fleet's keyboard is set below
+            overrides["operator.type"] = "synthetic"
     session = open_session(load_run_config(opts.config or None, opts.task, **overrides), opts.store_url,
                            student_path=student_path, policy_options=opts.policy_options)
     try:
+        if opts.robots > 1 and opts.operator == "device":
+            fleet_keyboard(session, make_device(opts.device), opts.name or "device")
+            session.gate_config_extra["operator_config"] = {"type": "device", "device": opts.device,
+                                                            "name": opts.name or None}
         session.set_mode(opts.mode)
     except BaseException:
         session.rec.close()
@@ -201,7 +219,7 @@ class OperatorApp(QtCore.QObject):
         self.loop = kind(functools.partial(build_session, o, path), rate_hz=o.rate_hz, view_size=o.view_size,
                          store=o.store_url)
         self.window = MainWindow(self.loop.slot, self.loop.commands, settings=self.settings,
-                                 review_store=o.store_url, operator=o.name)
+                                 review_store=o.store_url, operator=o.name, robots=o.robots)
         self.window.setWindowTitle(f"hg-dagger - {o.task} - {o.name}")
         self.window.train_requested.connect(self._ask_train)
         self.window.rounds.set_trained(read_training_summary(path))

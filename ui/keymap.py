@@ -20,6 +20,8 @@ from hg_dagger.envs import load_mapping
 DECLINE_KEY = "n"  # the window's key for "let the student go on" (not a keyboard-device key)
 REWIND_KEY = "backspace"  # the window's key for "rewind and correct" while a request waits (simulation)
 REWIND_S = 2.0  # how far a rewind goes back before the request
+FLEET_TAKE_KEY = "p"  # one person, several robots: take the top request of the queue (docs/fleet.md)
+FLEET_STOP_KEY = "x"  # e-stop the robot on screen alone (Shift+X clears it); Esc stops every robot
 ESTOP_KEY = "Esc"  # the window's e-stop key (in the console, never in a dialog: there Esc closes the dialog)
 
 

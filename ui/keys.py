@@ -34,8 +34,18 @@ from PyQt6.QtWidgets import (
     QWidget,
 )
 
-from hg_dagger.control.live import CommandQueue, DeclineRequest, EStop, KeyEvent, ReleaseKeys, Rewind
-from hg_dagger.ui.keymap import DECLINE_KEY, REWIND_KEY, REWIND_S
+from hg_dagger.control.live import (
+    ClearRobot,
+    CommandQueue,
+    DeclineRequest,
+    EStop,
+    KeyEvent,
+    ReleaseKeys,
+    Rewind,
+    StopRobot,
+    TakeRobot,
+)
+from hg_dagger.ui.keymap import DECLINE_KEY, FLEET_STOP_KEY, FLEET_TAKE_KEY, REWIND_KEY, REWIND_S
 
 K = Qt.Key
 _NAMED = {
@@ -112,6 +122,8 @@ class KeyboardBridge(QObject):
         self.request_pending = False
         self.rewindable = False  # a request can be rewound (Backspace): the task runs in a simulator that replays
         self.robot_keys = False
+        self.fleet_size = 0  # one person, several robots: 1-N take a robot, P the top request, X stops one
+        self.robot = 0  # the robot on screen (of a fleet)
         self._driving = False
         self._drove_until = 0.0  # monotonic seconds: a person's drive reaches this far in a dialog's keys
 
@@ -181,6 +193,8 @@ class KeyboardBridge(QObject):
             return False
         if ev.isAutoRepeat():
             return True
+        if self.fleet_size > 1 and name not in self.held and self._fleet_key(name, ev, down):
+            return True
         if name == DECLINE_KEY and self.request_pending and name not in self.held:
             if down:
                 self.commands.put(DeclineRequest())
@@ -196,4 +210,20 @@ class KeyboardBridge(QObject):
         else:
             return True  # the release of a press that was text (Tab out of a field): nothing to let go of
         self.commands.put(KeyEvent(name, down))
+        return True
+
+    def _fleet_key(self, name: str, ev: QKeyEvent, down: bool) -> bool:
+        """The fleet's keys: a robot's number takes it, P the top request, X stops the robot on screen (Shift+X
+        clears it). True when the key was one of them."""
+        if name.isdigit() and 1 <= int(name) <= self.fleet_size:
+            cmd = TakeRobot(int(name) - 1)
+        elif name == FLEET_TAKE_KEY:
+            cmd = TakeRobot(None)
+        elif name == FLEET_STOP_KEY:
+            shift = bool(ev.modifiers() & Qt.KeyboardModifier.ShiftModifier)
+            cmd = ClearRobot(self.robot, by="keyboard") if shift else StopRobot(self.robot, by="keyboard")
+        else:
+            return False
+        if down:
+            self.commands.put(cmd)
         return True

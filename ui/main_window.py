@@ -40,9 +40,10 @@ from hg_dagger.devices.keyboard import key_layout
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.controls import EpisodeControls, EStopPanel
 from hg_dagger.ui.device_panel import DevicePanel
+from hg_dagger.ui.fleet_view import FleetPanel
 from hg_dagger.ui.gate import GateLight, HandoverBanner
 from hg_dagger.ui.health import LoopHealthPanel
-from hg_dagger.ui.keymap import DECLINE_KEY, ESTOP_KEY, REWIND_S
+from hg_dagger.ui.keymap import DECLINE_KEY, ESTOP_KEY, FLEET_STOP_KEY, FLEET_TAKE_KEY, REWIND_S
 from hg_dagger.ui.keys import KeyboardBridge
 from hg_dagger.ui.plots import PlotsPanel
 from hg_dagger.ui.review import ReviewWorkspace
@@ -57,9 +58,18 @@ WINDOW_SHORTCUTS = ((ESTOP_KEY, "emergency stop (in the console; in a dialog or 
                     ("Ctrl+Q", "quit (open episodes end as operator aborts)"))
 
 
-def shortcut_rows() -> list[tuple[str, str]]:
+def fleet_rows(robots: int) -> list[tuple[str, str]]:
+    """The fleet view's keys (one person, several robots)."""
+    return [(FLEET_TAKE_KEY.upper(), "take the top request of the queue (it comes up large; your keys reach it)"),
+            (f"1-{robots}", "take that robot, whether it asked or not"),
+            (FLEET_STOP_KEY.upper(), "e-stop the robot on screen alone (the others run on)"),
+            (f"Shift+{FLEET_STOP_KEY.upper()}", "clear the e-stop of the robot on screen"),
+            (ESTOP_KEY, "e-stop every robot")]
+
+
+def shortcut_rows(robots: int = 1) -> list[tuple[str, str]]:
     """Window shortcuts, then the in-window keyboard device's keys (from configs/devices/keyboard.yaml)."""
-    rows = list(WINDOW_SHORTCUTS)
+    rows = (fleet_rows(robots) if robots > 1 else []) + list(WINDOW_SHORTCUTS)
     try:
         window_keys = {k for k, _ in WINDOW_SHORTCUTS}
         keyboard = load_device_config("keyboard")
@@ -73,10 +83,10 @@ def shortcut_rows() -> list[tuple[str, str]]:
 class HelpDialog(QDialog):
     """Keyboard shortcuts, readable at a glance."""
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None, robots: int = 1):
         super().__init__(parent)
         self.setWindowTitle("hg-dagger: keyboard")
-        rows = shortcut_rows()
+        rows = shortcut_rows(robots)
         self.table = QTableWidget(len(rows), 2)
         self.table.setHorizontalHeaderLabels(["Key", "Does"])
         vertical, horizontal = self.table.verticalHeader(), self.table.horizontalHeader()
@@ -131,8 +141,9 @@ class MainWindow(QMainWindow):
 
     def __init__(self, slot: LatestSlot, commands: CommandQueue, *, settings: saved.SettingsFile | None = None,
                  scan: Callable[[], list] | None = None, refresh_hz: float = 30.0, review_store: str = "",
-                 operator: str = ""):
+                 operator: str = "", robots: int = 1):
         super().__init__()
+        self.robots = robots  # one person, several robots: the fleet view over the console (docs/fleet.md)
         self.setWindowTitle("hg-dagger")
         self.slot, self.commands = slot, commands
         self.settings = settings if settings is not None else saved.SettingsFile()
@@ -167,6 +178,18 @@ class MainWindow(QMainWindow):
         self.split_view.addWidget(self.plots)
         self.split_view.setStretchFactor(0, 1)
         self.split_view.setStretchFactor(1, 1)
+        self.fleet: FleetPanel | None = None
+        upper: QWidget = self.split_view
+        if robots > 1:  # the robots and the queue left, the robot on screen large with its plots right
+            self.fleet = FleetPanel(robots, commands)
+            self.estop.button.setText(f"E-STOP ALL ({ESTOP_KEY})")
+            self.split_fleet = QSplitter(Qt.Orientation.Horizontal)
+            self.split_fleet.setObjectName("split_fleet")
+            self.split_fleet.addWidget(self.fleet)
+            self.split_fleet.addWidget(self.split_view)
+            self.split_fleet.setStretchFactor(0, 1)
+            self.split_fleet.setStretchFactor(1, 2)
+            upper = self.split_fleet
         self.tabs = QTabWidget()
         self.tabs.addTab(self.device, "Device")
         self.tabs.addTab(self.rounds, "Rounds")
@@ -179,7 +202,7 @@ class MainWindow(QMainWindow):
         row.addWidget(self.health, 2)
         self.split_main = QSplitter(Qt.Orientation.Vertical)
         self.split_main.setObjectName("split_main")
-        self.split_main.addWidget(self.split_view)
+        self.split_main.addWidget(upper)
         self.split_main.addWidget(bottom)
         self.split_main.setStretchFactor(0, 1)  # the controls get the height they need, the view and plots the rest
         self.split_main.setStretchFactor(1, 0)
@@ -213,10 +236,11 @@ class MainWindow(QMainWindow):
         self._menus()
 
         self.views = (self.gate, self.banner, self.estop, self.view, self.plots, self.controls, self.device,
-                      self.health, self.rounds, self.status)
+                      self.health, self.rounds, self.status) + ((self.fleet,) if self.fleet is not None else ())
         self.reader = SnapshotReader(slot, hz=refresh_hz, parent=self)
         self.reader.snapshot.connect(self.show_snapshot)
         self.keys = KeyboardBridge(self, commands)
+        self.keys.fleet_size = robots
         app = QApplication.instance()
         assert app is not None  # a window is made in a running application
         app.installEventFilter(self.keys)
@@ -262,7 +286,7 @@ class MainWindow(QMainWindow):
 
     def show_help(self) -> None:
         if self.help_dialog is None:
-            self.help_dialog = HelpDialog(self)
+            self.help_dialog = HelpDialog(self, self.robots)
         task, keys = self.banner.keymap_task, self.banner.keys_text
         self.help_dialog.task_keys.setText(f"<b>{task}</b>: {keys}" if task and keys else "")
         self.help_dialog.show()
@@ -297,6 +321,7 @@ class MainWindow(QMainWindow):
         requested = snap.control_state == "handover_requested" and snap.estop is None and snap.phase == "running"
         self.keys.request_pending = requested and person
         self.keys.rewindable = snap.rewindable
+        self.keys.robot = snap.robot
         self.keys.robot_keys = person and snap.device.kind == "keyboard" and snap.phase == "running" and (
             requested or snap.control_state == "human")
         self.keys.driving = self.keys.robot_keys and snap.control_state == "human"
@@ -316,6 +341,8 @@ class MainWindow(QMainWindow):
             width = sum(self.split_view.sizes())
             self.split_view.setSizes([width // 4, width - width // 4])
         title = f"hg-dagger - {snap.task}" if snap.task else "hg-dagger"
+        if snap.robots:
+            title += f" - {len(snap.robots)} robots"
         if self.windowTitle() != title:
             self.setWindowTitle(title)
 
@@ -335,7 +362,7 @@ class MainWindow(QMainWindow):
             self.resize(1400, 900)
         self._split_restored = False
         self._view_narrowed = False
-        for split in (self.split_main, self.split_view, self.plots):
+        for split in self._splits():
             key = split.objectName()
             state = saved.layout_bytes(s, key)
             if state is not None and saved.restored(s, key, split.restoreState(QByteArray(state))):
@@ -343,6 +370,10 @@ class MainWindow(QMainWindow):
                 if split is self.plots:
                     self.plots.user_sized = True
         self._user_split = self._split_restored  # the person's own layout is never changed for them
+
+    def _splits(self) -> tuple[QSplitter, ...]:
+        """The splitters whose positions persist (the plots panel is one; the fleet's split has no settings key)."""
+        return (self.split_main, self.split_view, self.plots)
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
@@ -361,6 +392,9 @@ class MainWindow(QMainWindow):
         total = sum(self.split_main.sizes())
         bottom = controls.minimumSizeHint().height() + 12
         self.split_main.setSizes([max(1, total - bottom), bottom])
+        if self.fleet is not None:
+            outer = sum(self.split_fleet.sizes())
+            self.split_fleet.setSizes([outer * 2 // 5, outer - outer * 2 // 5])
         width = sum(self.split_view.sizes())
         self.split_view.setSizes([width // 2, width - width // 2])
         self.plots.fit()
@@ -368,7 +402,7 @@ class MainWindow(QMainWindow):
     def save_layout(self) -> None:
         s = self.settings
         saved.store_layout(s, "geometry", self.saveGeometry().data())
-        for split in (self.split_main, self.split_view, self.plots):
+        for split in self._splits():
             saved.store_layout(s, split.objectName(), split.saveState().data())
         s.save()
 

@@ -23,6 +23,7 @@ class LiveView(QWidget):
     """Paints ``snap.frame`` (uint8 HxWx3) centred and letterboxed; a placeholder text when there is none."""
 
     MIN_SIDE = 256
+    MESSAGE_PT = 14  # the placeholder's text
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -89,7 +90,7 @@ class LiveView(QWidget):
             p.fillRect(self.rect(), BACKGROUND)
             p.setPen(QColor("#c8ccd2"))
             f = QFont(self.font())
-            f.setPointSize(14)
+            f.setPointSize(self.MESSAGE_PT)
             p.setFont(f)
             p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap, self.message)
         else:

@@ -15,7 +15,7 @@ from hg_dagger.errors import ConfigError, HgDaggerError
 
 # what `hg-dagger app` may be given beyond --task and --seed (the two the headless demo honours)
 ASKED = ("store", "student", "policy", "policy_python", "operator", "device", "mode", "name", "robot", "token_file", "episodes",
-         "quit_when_done", "rate", "control_thread", "config", "gates")
+         "quit_when_done", "rate", "control_thread", "config", "gates", "robots", "allocation", "wait_limit", "flag_wait")
 NO_PERSON = ("synthetic", "expert", "none")
 
 
@@ -44,6 +44,16 @@ def register(sub) -> None:
     p.add_argument("--robot", metavar="HOST:PORT", help="drive the robot behind `hg-dagger bridge serve` instead of "
                    "the embedded simulator")
     p.add_argument("--token-file", help="bridge token file for --robot")
+    f = p.add_argument_group("fleet", "one person serves several simulated robots through a request queue "
+                             "(docs/fleet.md)")
+    f.add_argument("--robots", type=int, help="N simulated robots (N envs of the task), one person: a grid of live "
+                   "views with the request queue; P takes the top request, 1-N a robot, X stops the robot on screen")
+    f.add_argument("--allocation", choices=("cur", "fcfs", "random"), help="how the queue is ranked (default cur: "
+                   "constraint violations, then uncertainty, then risk, then waiting time)")
+    f.add_argument("--wait-limit", type=float, metavar="S", help="a request nobody took within S seconds of control "
+                   "time expires and the student goes on (default: requests wait for the person)")
+    f.add_argument("--flag-wait", type=float, metavar="S", help="flag a robot whose request waited S seconds "
+                   "(default 10)")
     p.add_argument("--episodes", type=int, default=0, help="start this many episodes at once")
     p.add_argument("--quit-when-done", action="store_true", help="close the app when the episodes are done "
                    "(scripted runs, CI); prints the summary and validates the store")
@@ -107,6 +117,7 @@ def _app(args) -> int:
     from hg_dagger.ui.application import AppOptions, display_available, run_app
 
     task = check_configs(args)
+    fleet_options(args)
     if not display_available():
         if headless_plan(args) == "demo":
             return _demo(task, args.seed)
@@ -117,8 +128,29 @@ def _app(args) -> int:
                       operator=args.operator or "", device=args.device or "", mode=args.mode or "",
                       name=args.name or "", robot=args.robot or "", token_file=args.token_file or "",
                       episodes=args.episodes, quit_when_done=args.quit_when_done, rate_hz=args.rate, seed=args.seed,
-                      control_process=not args.control_thread, config=args.config or "", gates=args.gates or "")
+                      control_process=not args.control_thread, config=args.config or "", gates=args.gates or "",
+                      robots=args.robots or 1, allocation=args.allocation or "", wait_limit=args.wait_limit,
+                      flag_wait=args.flag_wait)
     return run_app(opts)
+
+
+def fleet_options(args) -> None:
+    """--robots and its options, checked before any window: one line for what does not fit."""
+    if args.robots is None:
+        for flag in ("allocation", "wait_limit", "flag_wait"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')} is for --robots N (one person, several robots)")
+        return
+    if args.robots < 1:
+        raise ConfigError(f"--robots {args.robots}: give N >= 1 simulated robots")
+    if args.robots > 9:
+        raise ConfigError(f"--robots {args.robots}: the fleet view takes robots by the keys 1-9; give at most 9")
+    if args.robots > 1 and args.robot:
+        raise ConfigError("--robots N simulates N robots; it does not combine with --robot HOST:PORT")
+    for flag in ("wait_limit", "flag_wait"):
+        v = getattr(args, flag)
+        if v is not None and v <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} {v}: give a positive number of seconds")
 
 
 def _demo(task: str | None, seed: int) -> int:

@@ -17,6 +17,11 @@ Policies rank the queue:
 Every decision is an event of the robot's episode (``take_events``: NOTE, source "fleet"): ``fleet:queued``
 when a request joins the queue, ``fleet:allocated`` when the person takes it (queue length, rank, reason,
 waited, policy, context switch), ``fleet:wait_flag`` when it waited past ``flag_wait_s``.
+
+Headless, the person takes the top request as soon as they are free. At a console (``manual``) the person
+chooses: ``pick(None)`` takes the top request, ``pick(row)`` any robot, one that has not asked included (a
+pre-emption, kept until the person has driven it and let go, or picks another); the robot on their screen
+(``selected``) is theirs whenever it asks while they serve nobody. ``ranked`` is the queue as it stands.
 """
 
 from __future__ import annotations
@@ -112,8 +117,13 @@ class FleetStats:
 class FleetAllocator:
     """The request queue of one person serving ``n`` robots (see the module docstring)."""
 
-    def __init__(self, cfg: FleetConfig, n: int, step_dt: float):
+    def __init__(self, cfg: FleetConfig, n: int, step_dt: float, *, manual: bool = False):
         self.cfg, self.n, self.step_dt = cfg, n, step_dt
+        self.manual = manual  # the person picks (a console); False: the top request is taken when they are free
+        self.selected = 0  # manual: the robot on the person's screen
+        self.ranked: list[Request] = []  # manual: the queue in the order the person would take it, as of the last tick
+        self._preempt = False  # manual: the served robot was taken before it asked and has not been driven yet
+        self._draw: dict[int, float] = {}  # manual random policy: one draw per queued request (a stable order)
         self.rng = np.random.default_rng([int(cfg.seed), 44])
         self.serving: int | None = None
         self.last_served: int | None = None
@@ -137,9 +147,12 @@ class FleetAllocator:
         waiting = state == REQUESTED
         if active is not None:
             waiting &= active
-        if self.serving is not None and (state[self.serving] not in (REQUESTED, HUMAN)
+        if self.serving is not None and state[self.serving] == HUMAN:
+            self._preempt = False
+        if self.serving is not None and (state[self.serving] not in (REQUESTED, HUMAN) and not self._preempt
                                          or (active is not None and not active[self.serving])):
             self.last_served, self.serving = self.serving, None  # handed back, declined, expired or ended
+            self._preempt = False
         for r in list(self._order):
             if not waiting[r]:
                 del self._order[r]
@@ -148,6 +161,7 @@ class FleetAllocator:
         for r in queued:
             if r not in self._order:
                 self._order[r] = self._count
+                self._draw[r] = float(self.rng.random()) if self.manual else 0.0
                 self._count += 1
                 self._events.append((r, "fleet:queued", {"queue_length": len(queued), "policy": self.cfg.allocation,
                                                          "serving": self.serving}))
@@ -163,7 +177,11 @@ class FleetAllocator:
                     self._events.append((r, "fleet:wait_flag", {"wait_s": float(wait_ticks[r] * self.step_dt),
                                                                 "limit_s": self.cfg.flag_wait_s}))
         st.queue_max = max(st.queue_max, len(queued))
-        if self.serving is None and queued:
+        if self.manual:
+            self._rank_manual(queued, wait_ticks, inputs)
+            if self.serving is None and self.selected in queued:  # the robot on their screen asks: theirs
+                self._serve(self.selected, "selected")
+        elif self.serving is None and queued:
             reqs = [Request(r, self._order[r], float(wait_ticks[r] * self.step_dt), *inputs(r)) for r in queued]
             ranked, why = rank(reqs, self.cfg.allocation, self.rng)
             top = ranked[0]
@@ -186,6 +204,53 @@ class FleetAllocator:
             others[self.serving] = False
         seen[others] = AUTO
         return seen
+
+    def _rank_manual(self, queued: list[int], wait_ticks: np.ndarray, inputs) -> None:
+        reqs = [Request(r, self._order[r], float(wait_ticks[r] * self.step_dt), *inputs(r)) for r in queued]
+        if self.cfg.allocation == "random":
+            self.ranked = sorted(reqs, key=lambda q: self._draw.get(q.row, 0.0))
+        else:
+            self.ranked = rank(reqs, self.cfg.allocation, self.rng)[0]
+
+    def _serve(self, row: int, why: str) -> None:
+        """The person takes ``row`` (manual): recorded like an allocation, with its rank in the queue (0: it had
+        not asked)."""
+        ranked = self.ranked
+        pos = next((i + 1 for i, q in enumerate(ranked) if q.row == row), 0)
+        q = ranked[pos - 1] if pos else Request(row, -1, 0.0)
+        prev = self.serving if self.serving is not None else self.last_served
+        switch = prev is not None and prev != row
+        if self.serving is not None:
+            self.last_served = self.serving
+        self.serving, self.selected = row, row
+        self._preempt = pos == 0
+        self._order.pop(row, None)
+        self.ranked = [x for x in ranked if x.row != row]
+        st = self.stats
+        st.allocations += 1
+        st.context_switches += int(switch)
+        self._robot(row)["allocations"] += 1
+        self._events.append((row, "fleet:allocated", {
+            "policy": self.cfg.allocation, "queue_length": len(ranked), "rank": pos, "reason": why,
+            "waited_s": q.wait_s, "constraint": q.constraint, "uncertainty": q.uncertainty, "risk": q.risk,
+            "context_switch": switch, "previous_robot": prev, "queue": [x.row for x in ranked]}))
+
+    def pick(self, row: int | None) -> int:
+        """The person takes the top request (``None``) or robot ``row`` (manual; between ticks): the robot they
+        now serve. A robot that has not asked is a pre-emption (rank 0, reason ``preempt``)."""
+        if row is None:
+            if not self.ranked:
+                raise ValueError("no request waits in the queue")
+            row, why = self.ranked[0].row, "top"
+        else:
+            if not 0 <= row < self.n:
+                raise ValueError(f"no robot {row + 1}: the fleet has robots 1 to {self.n}")
+            queued = [q.row for q in self.ranked]
+            why = "preempt" if row not in queued else ("top" if queued[0] == row else "picked")
+        if row != self.serving:
+            self._serve(row, why)
+        self.selected = row
+        return row
 
     def hands(self, op):
         """The person has one pair of hands: commands, takeovers and declines of any row but the served one are

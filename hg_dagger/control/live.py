@@ -219,6 +219,32 @@ class SwapStudent(Command):
 
 
 @dataclass(frozen=True)
+class TakeRobot(Command):
+    """One person, several robots (docs/fleet.md): take the top request of the queue (``robot`` None) or robot
+    ``robot`` (0-based), one that has not asked included (a pre-emption). It comes up large and the person's keys
+    reach it; the others run on."""
+
+    robot: int | None = None
+
+
+@dataclass(frozen=True)
+class StopRobot(Command):
+    """E-stop one robot of a fleet: its episode ends as a safety stop and it stays where it is until ClearRobot;
+    the others run on (EStop stops them all)."""
+
+    robot: int
+    by: str = "operator"
+
+
+@dataclass(frozen=True)
+class ClearRobot(Command):
+    """The explicit reset one robot's e-stop needs; records who cleared it."""
+
+    robot: int
+    by: str = "operator"
+
+
+@dataclass(frozen=True)
 class Quit(Command):
     """End open episodes as operator aborts, close the recorder and the env, stop the thread."""
 
@@ -296,8 +322,38 @@ class Counters:
 
 
 @dataclass(frozen=True)
+class RobotView:
+    """One robot of a fleet as the fleet view shows it."""
+
+    robot: int  # 0-based env row; shown as robot + 1
+    state: str = "idle"  # autonomous | waiting | human | returning | held | e-stop | idle (between episodes)
+    episode_id: str | None = None
+    episodes: int = 0  # ended in this sitting
+    successes: int = 0
+    wait_s: float | None = None  # how long its request has waited (None without one)
+    reason: str = ""  # the gate that asked, while it waits
+    frame: np.ndarray | None = None  # uint8 [h, w, 3] small live view
+    stopped: bool = False  # its own e-stop is latched (ClearRobot)
+    step: int = 0  # its episode's step
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """One waiting request, in the order the person would take it (rank 1 first)."""
+
+    robot: int
+    rank: int
+    wait_s: float
+    reason: str  # the gate that asked
+    constraint: bool = False
+    uncertainty: float = 0.0
+    risk: float = 0.0
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """The watched env row (row 0) after one tick, plus loop-wide state. Arrays are copies."""
+    """The watched env row (row 0; of a fleet the robot on screen, ``robot``) after one tick, plus loop-wide state.
+    Arrays are copies."""
 
     seq: int = 0
     t_ns: int = 0
@@ -351,6 +407,12 @@ class Snapshot:
     rounds: tuple[dict[str, Any], ...] = ()  # one dict per finished round (success, intervention rate, labels)
     rewindable: bool = False  # a request can be rewound to before it (Rewind: a simulator that replays)
     policy_lost: str = ""  # why the policy stopped answering (its open episodes ended); ReconnectPolicy reopens it
+    # one person, several robots (empty for one): the row-0 fields above then describe ``robot``, the one on screen
+    robots: tuple[RobotView, ...] = ()
+    queue: tuple[QueueEntry, ...] = ()
+    robot: int = 0  # the robot the fields above describe
+    serving: int | None = None  # the robot the person serves (None: nobody)
+    allocation: str = ""  # how the queue is ranked (cur | fcfs | random)
 
 
 class LatestSlot:

@@ -26,12 +26,14 @@ import numpy as np
 from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import ActionSource, ControlState, EndReason
 from hg_dagger.control import live
+from hg_dagger.control.fleet_desk import FleetDesk
 from hg_dagger.control.loop_health import (
     HealthWindow,
     control_process_settings,
     sleep_until,
     steady_collector,
 )
+from hg_dagger.control.loop_snap import describe, loading_snapshot, opt_time, row_obs, store_url
 from hg_dagger.control.store_actions import StoreActions
 from hg_dagger.errors import HgDaggerError, PolicyError
 
@@ -51,7 +53,7 @@ class ControlLoop:
         self.view_size = view_size
         self.view_hz = view_hz
         self.store = store
-        self.slot = slot if slot is not None else live.LatestSlot(_loading(store))
+        self.slot = slot if slot is not None else live.LatestSlot(loading_snapshot(store))
         self.commands = commands if commands is not None else live.CommandQueue()
         self.session: Any = None  # the Session that build() returns, built in run() (in the control thread)
         self.health: HealthWindow | None = None  # from the first tick on
@@ -69,6 +71,7 @@ class ControlLoop:
         self._policy_lost = ""  # why the policy stopped answering, until it is reconnected
         self.actions: Any = None  # StoreActions (run() sets it up): the label layers commands write, off-thread
         self._per_version: dict[str, dict[str, int]] = {}  # policy_version -> what it did, in order of first use
+        self.desk: FleetDesk | None = None  # one person, several robots: picks, per-robot stops, the fleet view
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
 
     # ---- lifecycle (any thread) ------------------------------------------------------------
@@ -98,12 +101,13 @@ class ControlLoop:
     def run(self) -> None:
         """The loop itself, in the calling thread (``start`` runs it in a thread of its own)."""
         self._seq += 1
-        self.slot.publish(replace(_loading(self.store), seq=self._seq))
+        self.slot.publish(replace(loading_snapshot(self.store), seq=self._seq))
         try:
             self.session = self._build()
             self._rewindable = self.session.rewindable() == ""
+            self.desk = FleetDesk(self.session) if self.session.fleet is not None else None
         except Exception as exc:  # noqa: BLE001 - shown to the operator, the thread ends
-            self.error = _describe(exc)
+            self.error = describe(exc)
             log.error("could not start the session: %s", self.error)
             self._seq += 1
             self.slot.publish(live.Snapshot(seq=self._seq, phase="error", message=self.error, store=self.store))
@@ -112,7 +116,7 @@ class ControlLoop:
         gap = self._episode_gap_s if self._episode_gap_s is not None else s.live_episode_gap_s
         s.episode_gap_s = DEFAULT_EPISODE_GAP_S if gap is None else float(gap)
         self._message = s.notice
-        self.actions = StoreActions(self.store or _store_url(s.rec), s.operator_name)
+        self.actions = StoreActions(self.store or store_url(s.rec), s.operator_name)
         from hg_dagger.policy import one_inference_thread  # lazily: the app's window process needs no torch
 
         one_inference_thread()
@@ -139,7 +143,7 @@ class ControlLoop:
                     self.health.missed += int(behind)
                     k += int(behind)
         except Exception as exc:  # noqa: BLE001 - an unexpected fault: save what we have, say what happened
-            self.error = _describe(exc)
+            self.error = describe(exc)
             log.exception("control loop stopped")
         finally:
             self._shutdown()
@@ -185,12 +189,19 @@ class ControlLoop:
         self._render()
         self._publish()
 
+    @property
+    def row(self) -> int:
+        """The watched row: 0, or the fleet's robot on screen."""
+        return self.desk.row if self.desk is not None else 0
+
     def _render(self) -> None:
         t = now_ns()
         if self.view_hz <= 0 or t - self._last_frame_ns < 1e9 / self.view_hz * 0.9:
             return
         try:
-            frame = self.session.env.render_view(0, self.view_size)
+            frame = self.session.env.render_view(self.row, self.view_size)
+            if self.desk is not None:
+                self.desk.render_tile(self.session.env)
         except Exception as exc:  # noqa: BLE001 - a view failure must not stop the robot loop
             log.warning("view camera failed, view off: %s", exc)
             self.view_hz = 0
@@ -204,7 +215,7 @@ class ControlLoop:
             if s is not None:
                 s.close_all("app closed")
         except Exception as exc:  # noqa: BLE001
-            self.error = self.error or _describe(exc)
+            self.error = self.error or describe(exc)
             log.exception("closing episodes failed")
         finally:
             try:
@@ -250,6 +261,10 @@ class ControlLoop:
                     self._discard(eid, why)
                 case live.UndoDiscard(episode_id=eid):
                     self._undo_discard(eid)
+                case live.TakeRobot() | live.StopRobot() | live.ClearRobot() if self.desk is not None:
+                    self._message = self.desk.handle(cmd)
+                case live.DeclineRequest() if self.desk is not None:
+                    self.desk.decline()
                 case live.DeclineRequest():
                     if not s.decline():
                         raise HgDaggerError("no request is waiting for the person")
@@ -300,7 +315,7 @@ class ControlLoop:
         nowhere (it ended, or never ran here)."""
         eids = self.session.eids
         if episode_id is None:
-            return 0 if eids[0] is not None else None
+            return self.row if eids[self.row] is not None else None
         return eids.index(episode_id) if episode_id in eids else None
 
     def _end(self, reason: EndReason, success: bool, episode_id: str | None, what: str) -> None:
@@ -428,22 +443,25 @@ class ControlLoop:
         rec = s.rec
         health = self.health.snapshot(rec.queue_len, rec.stats.dropped_steps) if self.health else live.LoopHealth()
         kw: dict[str, Any] = {}
-        last = s.last if s.eids[0] is not None else None  # between episodes the last tick says nothing
+        r = self.row
+        last = s.last if s.eids[r] is not None else None  # between episodes the last tick says nothing
         if last is not None:
-            r = 0
             state = ControlState.from_code(int(last.control_state[r])).value
             kw = dict(
                 control_state=state, gate_level=int(last.gate_level[r]), gate_reason=last.gate_reason[r],
-                t_request_ns=_t(last.t_request[r]), confidence=float(last.confidence[r]),
+                t_request_ns=opt_time(last.t_request[r]), confidence=float(last.confidence[r]),
                 uncertainty=float(last.uncertainty[r]), progress=float(last.progress[r]),
                 policy_action=live.as_array(last.policy_action[r]), human_action=live.as_array(last.operator_action[r]),
                 applied_action=live.as_array(last.applied_action[r]),
                 action_source=ActionSource.from_code(int(last.action_source[r])).value,
-                t_obs=_t(last.t_obs[r]), t_policy=_t(last.t_policy[r]), t_action_apply=_t(last.t_action_apply[r]),
-                t_handover=_t(last.t_handover[r]), episode_step=int(last.step[r]),
+                t_obs=opt_time(last.t_obs[r]), t_policy=opt_time(last.t_policy[r]), t_action_apply=opt_time(last.t_action_apply[r]),
+                t_handover=opt_time(last.t_handover[r]), episode_step=int(last.step[r]),
             )
         if safety.estopped:
             kw["control_state"] = ControlState.SAFE_STOP.value
+        if self.desk is not None:
+            self.desk.observe()
+            kw.update(self.desk.fields())
         conf = s.gates.confidence
         thresholds = {}
         if conf is not None:
@@ -451,44 +469,14 @@ class ControlLoop:
         snap = live.Snapshot(
             seq=self._seq, t_ns=now_ns(), task=s.mapping.task_id, mode=str(s.mode), next_mode=str(s.next_mode), phase=phase,
             message=self.error or self._message or s.robot_hold, thresholds=thresholds,
-            action_names=tuple(s.mapping.action.names), episode_id=s.eids[0],
+            action_names=tuple(s.mapping.action.names), episode_id=s.eids[r],
             policy_version=s.student.version, estop=estop, counters=counters, health=health,
             device=s.device_state(), frame=self._frame, store=self.store, operator=s.operator_name,
-            rounds=tuple(self.rounds()), observation=_row_obs(s), request_wait_s=s.request_wait_s(0),
-            ended_episode_id=s.ended_ids[0], last_window_id=s.last_window_id,
+            rounds=tuple(self.rounds()), observation=row_obs(s, r), request_wait_s=s.request_wait_s(r),
+            ended_episode_id=s.ended_ids[r], last_window_id=s.last_window_id,
             discarded_this_sitting=tuple(self._discards), starts_held=s.starts_held,
             next_start_in_s=s.next_start_in_s(), rewindable=self._rewindable, policy_lost=self._policy_lost, **kw)
         self.slot.publish(snap)
-
-
-def _loading(store: str) -> live.Snapshot:
-    """What a view reads until the session is built: loading, so Start waits."""
-    return live.Snapshot(phase="loading", loading=True, store=store, message="loading the task and the student")
-
-
-def _store_url(rec) -> str:
-    """The store a session's recorder writes to."""
-    store = getattr(rec, "_store", None)
-    return str(getattr(store, "url", "")) if store is not None else ""
-
-
-def _row_obs(s) -> dict[str, np.ndarray] | None:
-    """The watched row's observation without camera images: what a person or an operator model reads."""
-    if s.obs is None:
-        return None
-    images = {o.name for o in s.mapping.observation if o.is_image}
-    return {k: np.array(v[0], copy=True) for k, v in s.obs.items() if k not in images}
-
-
-def _t(v) -> int | None:
-    v = int(v)
-    return None if v == NO_TIME else v
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, HgDaggerError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,7 +498,7 @@ class ControlProcess:
         ctx = mp.get_context("spawn")
         self._cmd_q = ctx.Queue()
         self._recv, send = ctx.Pipe(duplex=False)
-        self.slot = live.LatestSlot(_loading(loop_kwargs.get("store", "")))  # until the child's first snapshot
+        self.slot = live.LatestSlot(loading_snapshot(loop_kwargs.get("store", "")))  # until the child's first snapshot
         self.commands = live.CommandQueue(self._cmd_q)
         self.store = loop_kwargs.get("store", "")
         self.error = ""

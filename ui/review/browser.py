@@ -25,7 +25,7 @@ from hg_dagger.ui.review.model import ANY, FILTER_VALUES, Filters, ReviewRow, co
 STATUS_COLOURS = {"pending": style.NEUTRAL, "approved": style.OK, "rejected": style.SAFETY, "needs_fix": style.WARNING}
 FILTERS = (("task", "task"), ("operator", "operator"), ("mode", "mode"), ("gate_reason", "gate reason"),
            ("outcome", "recovery"), ("status", "review"), ("qc", "QC"), ("qc_flag", "QC flag"), ("replay", "replay"),
-           ("policy_version", "policy"), ("date", "date"))
+           ("policy_version", "policy"), ("date", "date"), ("robot", "robot"))
 FILTERS_PER_ROW = 6
 
 

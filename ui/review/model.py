@@ -63,6 +63,7 @@ class ReviewRow:
     policy_version: str = ""
     date: str = ""  # YYYY-MM-DD (UTC) the episode was recorded
     privacy: str = ""
+    robot: str = ""  # "k of N": robot k (1-based) of a fleet of N one person served (docs/fleet.md); "" for one robot
 
     @property
     def window_id(self) -> str:
@@ -86,6 +87,7 @@ FILTER_VALUES: dict[str, Callable[[ReviewRow], Iterable[str]]] = {
     "replay": lambda r: (r.replay,),
     "policy_version": lambda r: (r.policy_version,),
     "date": lambda r: (r.date,),
+    "robot": lambda r: (r.robot,),
 }
 
 
@@ -104,6 +106,7 @@ class Filters:
     replay: str = ANY
     policy_version: str = ANY
     date: str = ANY
+    robot: str = ANY
 
     @cached_property
     def _active(self) -> tuple[tuple[Callable[[ReviewRow], Iterable[str]], str], ...]:
@@ -131,6 +134,13 @@ def recorded_date(info: EpisodeInfo) -> str:
     return f"{s[:4]}-{s[4:6]}-{s[6:8]}" if len(s) >= 8 and s[:8].isdigit() else ""
 
 
+def robot_of(start: EpisodeStart) -> str:
+    """Which robot of a fleet recorded the episode ("k of N", k from 1): its env row and the fleet's size; "" for
+    an episode recorded without a fleet."""
+    size = start.extra.get("fleet_size")
+    return f"{start.env_index + 1} of {size}" if isinstance(size, int) and size > 1 else ""
+
+
 def rows_of_episodes(st: EpisodeStore, url: str, infos: Iterable[EpisodeInfo]) -> list[ReviewRow]:
     """The rows of every window of the given committed episodes (others are skipped), in the order given.
 
@@ -151,7 +161,7 @@ def rows_of_episodes(st: EpisodeStore, url: str, infos: Iterable[EpisodeInfo]) -
         if cam is None:
             cam = cameras[info.segment_id] = any(s.image for s in st.fields(info.episode_id).values())
         common = {"store": url, "replay": replay, "mode": start.mode.value, "policy_version": start.policy_version,
-                  "date": recorded_date(info), "privacy": privacy_status(start, cam)}
+                  "date": recorded_date(info), "privacy": privacy_status(start, cam), "robot": robot_of(start)}
         certified = certified_windows(layer.windows, layer.certifications, operator=start.operator,
                                       policy_version=start.policy_version)
         for w in layer.windows:
