@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -506,7 +507,12 @@ class Engine:
             until_ended: bool = True) -> None:
         """Run ``episodes`` episodes (None: until ``stop()``). A free row begins the next episode while the quota
         and ``may_begin()`` allow; otherwise it idles (stepped, not recorded). Open episodes at a stop end
-        incomplete (``complete=False`` to the sinks)."""
+        incomplete (``complete=False`` to the sinks). A policy with ``acting()`` (the student: one inference thread)
+        runs the whole run inside it."""
+        with getattr(self.policy, "acting", nullcontext)():
+            self._run(episodes, stop, may_begin, on_tick)
+
+    def _run(self, episodes, stop, may_begin, on_tick) -> None:
         first = True
         try:
             while not (stop is not None and stop()):

@@ -1,12 +1,15 @@
-"""One episode writer for every collector (the human-gated session and the automatic-expert Collector).
+"""One episode writer, the store sink of every recording mode (the human-gated session and the automatic-expert
+Collector).
 
     w = EpisodeWriter(recorder, mapping, num_envs)
     w.begin(row, mode=..., policy_version=..., seed=...)     # EpisodeStart + recorder.begin_episode
+    w.write_tick(tick, expert=..., extra=...)               # an engine tick's active rows as steps
     w.write(rows, columns, shared)                          # the rows' steps to recorder.put_rows, as columns
     w.end(row, EpisodeEnd(...), windows)                    # recorder.end_episode; the row is free again
 
-Both build the EpisodeStart record and the step columns the same way here, so the stored
-fields cannot drift apart. The writer also keeps each row's open episode id and step count.
+Both build the EpisodeStart record and a tick's step columns here, so what the modes store cannot drift
+apart; a mode adds only its own columns (the session: the person's command, alignment, chunks). The writer
+also keeps each row's open episode id and step count.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hg_dagger import __version__
-from hg_dagger.contract.enums import CollectionMode
+from hg_dagger.contract.enums import ActionSource, CollectionMode
 from hg_dagger.contract.schema import (
     CorrectionWindow,
     EpisodeEnd,
@@ -33,7 +36,11 @@ from hg_dagger.contract.schema import (
 from hg_dagger.envs.backends import BACKENDS
 from hg_dagger.store.layout import fill_rows
 
-DEFAULT_SCENE = "default"  # the scene of a task when neither the run config nor the gate config names one
+if TYPE_CHECKING:
+    from hg_dagger.control.engine import Tick
+
+DEFAULT_SCENE = "default"
+SRC_EXPERT = ActionSource.EXPERT.code  # the scene of a task when neither the run config nor the gate config names one
 
 
 def _pkg(name: str) -> str:
@@ -64,6 +71,7 @@ class EpisodeWriter:
         # chunks: the episodes carry chunk_id / chunk_index (a chunking policy); one field set for every episode of
         # the writer, so rows written together always share it
         self.fields = step_fields(mapping.obs_spec(), mapping.action_dim, chunks=chunks)
+        self._obs_keys = list(mapping.obs_spec())
         self._meta = mapping.as_metadata()
         self.eids: list[str | None] = [None] * num_envs  # change only through begin / end / vacate
         self.steps = np.zeros(num_envs, np.int64)  # steps recorded in each row's open episode
@@ -130,6 +138,36 @@ class EpisodeWriter:
             eids = [self.eids[r] for r in rows.tolist()]
         self.rec.put_rows(eids, step)
         self.steps[rows] += 1
+
+    def write_tick(self, tick: Tick, *, expert: bool = False, extra: dict[str, np.ndarray] | None = None,
+                   only: tuple[np.ndarray, dict[str, np.ndarray]] | None = None) -> np.ndarray:
+        """An engine tick's active rows as one step each: what every mode records (the observation, the four
+        clocks' stamps that exist by now, the policy's proposal, the applied action and who applied it, flags,
+        the env's outcome, the env's transport time where it reports one), the expert's label where ``expert``,
+        then the mode's ``extra`` columns and ``only`` (as ``write``). Returns the rows written."""
+        env, out = tick.env, tick.policy
+        assert env is not None and tick.source is not None  # a stepped, decided tick
+        cols: dict[str, Any] = {f"obs/{k}": tick.obs[k] for k in self._obs_keys}
+        cols.update({
+            "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply,
+            "policy_action": np.asarray(out.action, np.float32),
+            "policy_confidence": np.asarray(out.confidence, np.float32),
+            "policy_uncertainty": np.asarray(out.uncertainty, np.float32),
+            "applied_action": tick.applied, "action_source": tick.source, "control_state": tick.control_state,
+            "step_flags": tick.flags, "reward": env.reward, "terminated": env.terminated, "truncated": env.truncated,
+            "success": env.success,
+        })
+        transport = env.info.get("transport_ns")
+        if transport is not None:
+            cols["transport_ns"] = np.asarray(transport, np.int64)
+        if expert:
+            used = tick.expert_used if tick.expert_used is not None else tick.source == SRC_EXPERT
+            cols.update(expert_action=tick.expert_action, expert_valid=tick.expert_valid, expert_used=used)
+        if extra:
+            cols.update(extra)
+        rows = np.flatnonzero(tick.active)
+        self.write(rows, cols, {"t_policy": tick.t_policy, "inference_ns": int(out.inference_ns), "valid": True}, only)
+        return rows
 
     def event(self, row: int, event: Event) -> None:
         if self.eids[row] is not None:

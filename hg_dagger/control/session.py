@@ -534,36 +534,20 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         """The episode writer's sink: one step per active row."""
         env, op, source = tick.env, tick.operator, tick.source
         assert env is not None and source is not None  # a stepped, decided tick
-        out = tick.policy
         align = env.info.get("alignment_error_ms")
-        transport = env.info.get("transport_ns")
         human_cmd = (source == SRC_HUMAN) | (tick.control_state == HUMAN)
         if human_cmd.any():  # the common tick: nobody commands, nothing more to look at
             human_cmd &= np.isfinite(op.raw).all(axis=1)
-        cols: dict[str, Any] = {
-            "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply,
-            "policy_action": np.asarray(out.action, np.float32),
-            "policy_confidence": np.asarray(out.confidence, np.float32),
-            "policy_uncertainty": np.asarray(out.uncertainty, np.float32),
-            "applied_action": tick.applied, "action_source": source, "control_state": tick.control_state,
-            "step_flags": tick.flags, "reward": env.reward, "terminated": env.terminated, "truncated": env.truncated,
-            "success": env.success, **{f"obs/{k}": v for k, v in tick.obs.items()},
-        }
+        extra: dict[str, Any] = {}
         if align is not None:  # a row's stamps come from two replies (t_obs, t_action_apply): keep the worse bound
             align = np.asarray(align, np.float32)
-            cols["alignment_error_ms"] = align if self.t_obs_align_ms is None else np.maximum(align, self.t_obs_align_ms)
-        if transport is not None:
-            cols["transport_ns"] = np.asarray(transport, np.int64)
+            extra["alignment_error_ms"] = align if self.t_obs_align_ms is None else np.maximum(align, self.t_obs_align_ms)
         chunk_id = getattr(self.student, "chunk_id", None)  # a chunking policy: which chunk each action came from
         if chunk_id is not None and "chunk_id" in self.writer.fields:
-            cols["chunk_id"] = np.asarray(chunk_id, np.int64)
-            cols["chunk_index"] = np.asarray(self.student.chunk_index, np.int32)
-        if self.operator.records_expert_labels:
-            cols.update(expert_action=tick.expert_action, expert_valid=tick.expert_valid,
-                        expert_used=source == SRC_EXPERT)
-        shared = {"t_policy": tick.t_policy, "inference_ns": int(out.inference_ns), "valid": True}
-        rows = np.flatnonzero(tick.active)
-        self.writer.write(rows, cols, shared, only=(human_cmd, {"human_command": op.raw, "t_device": op.t_device}))
+            extra["chunk_id"] = np.asarray(chunk_id, np.int64)
+            extra["chunk_index"] = np.asarray(self.student.chunk_index, np.int32)
+        rows = self.writer.write_tick(tick, expert=self.operator.records_expert_labels, extra=extra,
+                                      only=(human_cmd, {"human_command": op.raw, "t_device": op.t_device}))
         self.summary.steps += int(rows.size)
         operated = (source == SRC_HUMAN) | (source == SRC_EXPERT)
         self.summary.human_steps += int((tick.active & operated).sum()) if operated.any() else 0

@@ -127,7 +127,6 @@ class Collector:
         self.expert_name = expert_name or type(expert).__name__
         self.certify = certify  # record a planner_auto certification per expert window (the run config's switch)
         self.writer = EpisodeWriter(recorder, self.mapping, env.num_envs, env.world_clock, env.robot)
-        self.obs_keys = list(self.mapping.obs_spec())
         self.safety = SafetyMonitor(safety if safety is not None else task_safety(self.mapping.task_id),
                                     num_envs=env.num_envs, action_dim=self.mapping.action_dim)
         self.student: Any = None  # the acting policy (Policy with a .version), set by set_policy before a run
@@ -173,8 +172,8 @@ class Collector:
     def step(self, tick: Tick) -> None:
         stats = self.stats
         ids = np.flatnonzero(tick.active)
-        assert self._arbiter is not None and tick.env is not None  # run() set the arbiter; the engine stepped
-        out, env = tick.policy, tick.env
+        assert self._arbiter is not None  # run() set the arbiter
+        out = tick.policy
         q: Any = self._arbiter.last  # this tick's ExpertQuery
         assert tick.expert_action is not None and tick.expert_used is not None and tick.clamped is not None
         stats.ticks += 1
@@ -192,17 +191,7 @@ class Collector:
             d = np.linalg.norm(tick.expert_action[both] - out.action[both], axis=1)
             stats.disagreement_sum += float(d.sum())
             stats.disagreement_n += len(both)
-        cols: dict[str, Any] = {f"obs/{k}": tick.obs[k] for k in self.obs_keys}
-        cols.update({
-            "t_obs": tick.t_obs, "t_action_apply": env.t_action_apply, "policy_action": out.action,
-            "policy_confidence": out.confidence, "policy_uncertainty": out.uncertainty,
-            "expert_action": tick.expert_action, "expert_valid": tick.expert_valid, "expert_used": tick.expert_used,
-            "applied_action": tick.applied, "action_source": tick.source, "control_state": tick.control_state,
-            "reward": env.reward, "terminated": env.terminated, "truncated": env.truncated, "success": env.success,
-        })
-        if tick.clamped.any():
-            cols["step_flags"] = tick.flags
-        self.writer.write(ids, cols, {"t_policy": tick.t_policy, "inference_ns": out.inference_ns, "valid": True})
+        self.writer.write_tick(tick, expert=True)
 
     def on_clamp(self, row: int, names: str, tick: Tick, command_source: np.ndarray) -> None:
         self.stats.safety_clamps += 1

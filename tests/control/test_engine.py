@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from hg_dagger.contract.enums import ActionSource, EventKind, LabelMask, StepFlag
 from hg_dagger.control.build import build_session
+from hg_dagger.control.engine import Engine, EpisodeRows, StudentOnly, task_safety
 from hg_dagger.control.expert_runs import run_expert
 from hg_dagger.control.gate_specs import GateConfig, OperatorGate
 from hg_dagger.control.run_config import load_run_config
-from hg_dagger.control.safety import SafetyConfig
+from hg_dagger.control.safety import SafetyConfig, SafetyMonitor
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.experts import make_expert, query_expert
 from hg_dagger.learn.collect import Collector
@@ -222,3 +224,31 @@ def test_the_engine_tells_a_chunk_student_where_each_episode_begins():
                 assert not np.allclose(action[r], alone, atol=1e-6)
                 lasts += 1
     assert firsts == 4 and lasts > 0
+
+
+def test_a_rollout_acts_on_one_inference_thread_and_gives_the_trainers_threads_back(student):
+    """Evaluation inside a process that trains: the student acts on one thread during the run (a second one
+    waiting on a busy core made each act() twenty times slower), and the trainer's thread count is back after."""
+    seen: list[int] = []
+
+    class Threads:
+        def begin(self, row, seed, index):
+            pass
+
+        def step(self, tick):
+            seen.append(torch.get_num_threads())
+
+        def end(self, row, tick, *, complete):
+            pass
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with make_env("toy_reach", num_envs=2, seed=0) as env:
+            monitor = SafetyMonitor(task_safety("toy_reach"), num_envs=2, action_dim=env.mapping.action_dim)
+            Engine(env, student, StudentOnly(), monitor, rows=EpisodeRows(2, seeds=[0, 1], limit=5),
+                   sinks=[Threads()]).run(episodes=2)
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
