@@ -39,8 +39,21 @@ def add_arguments(p, *, spec: bool = True) -> None:
                    "policy is asked again (default: the server's n_action_steps, else the whole chunk)")
     g.add_argument("--policy-temporal-ensemble", action="store_true", help="ask the policy every tick and act on the "
                    "weighted mean of what its recent chunks said about that tick (ACT's temporal ensembling)")
+    g.add_argument("--policy-ask-ahead", type=_ask_ahead, metavar="N|auto", default=0, const=None, nargs="?",
+                   help="send the next request when a chunk has N actions left, so a slow or remote policy answers "
+                   "while the loop goes on (auto, or the option alone: the measured round trip in ticks, plus 1; "
+                   "default 0: ask when the chunk is done and wait)")
     g.add_argument("--policy-timeout", type=float, metavar="SECONDS", default=30.0,
                    help="a policy server that takes longer to answer counts as stalled and stops the run (default 30)")
+
+
+def _ask_ahead(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of actions or auto, not {text!r}") from None
 
 
 def policy_spec(args, alias: str = "student") -> str | None:
@@ -71,6 +84,7 @@ def policy_options(args):
     return PolicyOptions(python=getattr(args, "policy_python", None),
                          action_steps=getattr(args, "policy_action_steps", None),
                          temporal_ensemble=bool(getattr(args, "policy_temporal_ensemble", False)),
+                         ask_ahead=getattr(args, "policy_ask_ahead", 0),
                          timeout_s=getattr(args, "policy_timeout", None) or 30.0)
 
 

@@ -19,7 +19,8 @@ a step's ``policy_action`` is what the policy proposed for that step. A row whos
 came waits for it and is ``late`` for that tick (the session flags the step ``latency_exceeded``); a reply with no
 action left for the tick is dropped and the row asks again on the current observation. ``drop_chunks`` discards a
 row's request in flight: a chunk computed before a handover is never executed after it. ``ask_ahead=None`` picks
-the threshold from the measured round trip: ceil(round trip / control period) + 1 actions.
+the threshold from the measured round trip: ceil(round trip / control period) actions (at least 1), so the reply
+has one control period to spare.
 
 Consecutive chunks overlap where a chunk is longer than what is executed of it: the part not executed is what the
 policy predicted for the steps the next chunk begins with. When the next chunk arrives, ``chunk_disagreement`` is
@@ -336,19 +337,20 @@ class RemotePolicy:
 
     def _ask_ahead(self, obs: dict[str, np.ndarray], n: int) -> None:
         """Rows down to the threshold, with nothing in flight, send their next request on this tick's observation."""
-        left = self._threshold()
-        rows = [r for r in range(n) if self._pending[r] is None and len(self._queue[r] or ()) <= left]
+        left = self.ahead_threshold()
+        rows = [r for r in range(n) if self._pending[r] is None and _left(self._queue[r]) <= left]
         for job in self._requests(obs, rows) if rows else ():
             for r in job.rows:
                 self._pending[r] = job
             self._jobs.put(job)
 
-    def _threshold(self) -> int:
+    def ahead_threshold(self) -> int:
+        """The actions left at which a row asks ahead (the option, or auto: the measured round trip in ticks)."""
         if self.options.ask_ahead is not None:
             return self.options.ask_ahead
         if self.round_trip_s is None:
             return 1
-        return math.ceil(self.round_trip_s / self.mapping.dt) + 1
+        return max(1, math.ceil(self.round_trip_s / self.mapping.dt))  # the reply then has one tick to spare
 
     def _took_ahead(self, r: int, job: _Request) -> bool:
         """Row ``r``'s queue ran out: take the reply asked ahead (waiting for it when it is not there: the row is
@@ -495,6 +497,10 @@ class RemotePolicy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _left(q: np.ndarray | None) -> int:
+    return 0 if q is None else len(q)
 
 
 def _first_bad(a: np.ndarray) -> str:

@@ -67,3 +67,29 @@ def serve_process(tmp_path):
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def clock_server(tmp_path):
+    """`tests/policy/served_clock.py` in a child process: a slow served policy whose actions say which step they
+    are for (``start(delay=..., chunk=..., steps=..., batch=...)`` -> its ws:// address)."""
+    procs: list[tuple[subprocess.Popen, object]] = []
+
+    def start(delay: float, chunk: int = 10, steps: int = 10, batch: bool = False) -> str:
+        script = Path(__file__).with_name("served_clock.py")
+        cmd = [sys.executable, str(script), "--delay", str(delay), "--chunk", str(chunk), "--steps", str(steps)]
+        log = open(tmp_path / f"clock-server{len(procs)}.log", "w")
+        proc = subprocess.Popen(cmd + (["--batch"] if batch else []), stdout=subprocess.PIPE, stderr=log, text=True)
+        procs.append((proc, log))
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        line = proc.stdout.readline() if ready else ""
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"clock server did not start: {line!r}")
+        return line.strip().removeprefix("listening on ")
+
+    yield start
+    for proc, log in procs:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        log.close()
