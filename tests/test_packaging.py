@@ -7,8 +7,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
+from support.docs import section_blocks
 
 import hg_dagger
+from hg_dagger.envs.mapping import TASKS_DIR
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.simulation]
 
@@ -70,7 +73,7 @@ def _fresh_venv(root: Path) -> Path:
     return root
 
 
-def _install_and_run(venv: Path, artifact: Path, tmp: Path) -> None:
+def _install_and_run(venv: Path, artifact: Path, tmp: Path, *, plugins: bool = False) -> None:
     python = venv / "bin" / "python"
     env = {**_base_env(), "PYTHONNOUSERSITE": "1", "XDG_CONFIG_HOME": str(tmp / "xdg")}
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation",
@@ -110,6 +113,37 @@ def _install_and_run(venv: Path, artifact: Path, tmp: Path) -> None:
 
     (info,) = EpisodeStore.open(str(tmp / "mine.zarr")).episodes()
     assert info.start.gate_config.get("name") == "mine"  # the task's gates: the file in ./configs
+    if plugins:
+        _plugins_and_a_gymnasium_env(python, run, tmp, env)
+
+
+def _plugins_and_a_gymnasium_env(python: Path, run, tmp: Path, env: dict[str, str]) -> None:
+    """What a user brings, on the installed hg-dagger: a Gymnasium env named in their own task file, and the
+    documented plugin packages (a backend with its planner, an export format) pip-installed beside it, found
+    through their entry points by `run` and `export`."""
+    pusher = yaml.safe_load((TASKS_DIR / "gym_pusher.yaml").read_text())
+    pusher.update(task_id="my_pusher")
+    (tmp / "my_pusher.yaml").write_text(yaml.safe_dump(pusher, sort_keys=False))
+    assert "check-env my_pusher: passed" in run("check-env", str(tmp / "my_pusher.yaml"))
+    for heading, module in (("A new simulator backend", "hgd_point"), ("An export format", "hgd_csv")):
+        blocks = section_blocks("extending.md", heading)
+        pkg = tmp / f"pkg-{module}"
+        pkg.mkdir()
+        (pkg / f"{module}.py").write_text(blocks["python"])
+        (pkg / "pyproject.toml").write_text(blocks["toml"])
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                               "--no-build-isolation", str(pkg)], capture_output=True, text=True, env=env, cwd=tmp)
+        assert done.returncode == 0, done.stderr[-2000:]
+    task = tmp / "point.yaml"
+    task.write_text(section_blocks("extending.md", "A new simulator backend")["yaml"])
+    store = tmp / "point.zarr"
+    assert "2 correction windows" in run("run", "--task", str(task), "--store", str(store), "--episodes", "2",
+                                         "--seed", "0", "--quiet")
+    run("qc", str(store))
+    for window in json.loads(run("review", "list", str(store), "--json", "--quiet")):
+        run("review", "approve", str(store), window["window_id"], "--reviewer", "reviewer-b", "--authorize")
+    run("export", str(store), "--format", "csv", "--out", str(tmp / "labels"))
+    assert len((tmp / "labels" / "labels.csv").read_text().splitlines()) > 1  # a header and the approved labels
 
 
 def test_wheel_and_sdist_install_into_a_clean_venv_and_run(tmp_path):
@@ -124,7 +158,7 @@ def test_wheel_and_sdist_install_into_a_clean_venv_and_run(tmp_path):
     for artifact in (wheel, sdist):
         work = tmp_path / artifact.name.split(".")[-1]
         work.mkdir()
-        _install_and_run(_fresh_venv(work / "venv"), artifact, work)
+        _install_and_run(_fresh_venv(work / "venv"), artifact, work, plugins=artifact == wheel)
 
 
 # ------------------------------------------------------------------ the core install, as on a robot PC
