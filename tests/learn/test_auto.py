@@ -8,12 +8,12 @@ import threading
 
 import numpy as np
 import pytest
-from support.auto import TINY, tiny
+from support.auto import TINY, collect_toy, tiny
 
 from hg_dagger.contract import ActionSource, CollectionMode, LabelMask, LabelTarget
-from hg_dagger.envs import load_mapping, make_env
+from hg_dagger.envs import load_mapping
 from hg_dagger.experts import make_expert, query_expert
-from hg_dagger.learn.auto import AutoRun, Collector, leftover_workers
+from hg_dagger.learn.auto import AutoRun, leftover_workers
 from hg_dagger.policy import Student
 from hg_dagger.store import EpisodeStore, validate_store
 
@@ -85,14 +85,7 @@ class FlakyExpert:
 
 
 def test_invalid_expert_rows_are_recorded_but_never_trainable(tmp_path):
-    mapping = load_mapping("toy_reach")
-    store = EpisodeStore.create(tmp_path / "s")
-    with make_env(mapping, num_envs=4, seed=0) as env:
-        rec = store.recorder()
-        col = Collector(env, FlakyExpert(mapping), rec, mode="dagger_sync", seed=0, max_episode_steps=20)
-        col.set_policy(Student.create(mapping, ensemble=2, hidden=(16,)), iteration=0, beta=1.0)
-        stats = col.run(episodes=4, reset_seed=0)
-        rec.close()
+    store, stats = collect_toy(tmp_path / "s", episodes=4, max_steps=20, expert=FlakyExpert(load_mapping("toy_reach")))
     assert stats.invalid > 0 and 0 < stats.summary()["invalid_label_rate"] < 1
     seen_invalid = 0
     for info in store.episodes():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.auto import small_student
 
 from hg_dagger.control.gate_scores import GateInputs
 from hg_dagger.control.gate_specs import EtaCalibration, GateConfig, ProgressEtaGate
@@ -77,11 +78,10 @@ def test_gated_collection_and_evaluation_cut_fetch_at_the_same_step(tmp_path):
     from hg_dagger.control.build import build_session
     from hg_dagger.envs import make_env
     from hg_dagger.learn.evaluate import EvalConfig, closed_loop
-    from hg_dagger.policy import Student
     from hg_dagger.store import EpisodeStore
 
     mapping = load_mapping("fetch_pick_place")
-    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=0)  # untrained: never succeeds in time
+    student = small_student("fetch_pick_place")  # untrained: never succeeds in time
     cfg = load_run_config(None, "fetch_pick_place", num_envs=2, calibrate_steps=0, seed=3,
                           **{"operator.availability": 0.0})  # nobody answers: the student drives to the cut
     store = EpisodeStore.create(tmp_path / "store")

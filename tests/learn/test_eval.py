@@ -9,30 +9,20 @@ import sys
 
 import numpy as np
 import pytest
+from support.auto import collect_toy
 
 from hg_dagger.contract import LabelMask
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.experts import make_expert
-from hg_dagger.learn.auto import Collector
 from hg_dagger.learn.evaluate import EvalConfig, closed_loop, evaluate
 from hg_dagger.learn.train import StudentConfig, TrainConfig, train_from_store
 from hg_dagger.policy import Student
-from hg_dagger.store import EpisodeStore
 
 pytestmark = [pytest.mark.subprocess]
 
 
 def expert_store(path, episodes=8):
-    mapping = load_mapping("toy_reach")
-    store = EpisodeStore.create(path)
-    with make_env(mapping, num_envs=4, seed=0) as env:
-        rec = store.recorder()
-        col = Collector(env, make_expert("toy_reach", "planner", mapping=mapping), rec, mode="dagger_sync", seed=0, certify=True,
-                        max_episode_steps=30)
-        col.set_policy(Student.create(mapping, ensemble=2, hidden=(16,)), iteration=0, beta=1.0)
-        col.run(episodes=episodes, reset_seed=0)
-        rec.close()
-    return store
+    return collect_toy(path, episodes=episodes, certify=True)[0]
 
 
 def checkpoint(tmp_path):

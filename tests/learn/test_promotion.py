@@ -6,13 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from support.auto import small_student
 from support.labels import toy_replay
 
 from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.learn.evaluate import EvalConfig, closed_loop
 from hg_dagger.learn.promotion import Promoter, decide, worse_by
 from hg_dagger.learn.train import TrainConfig, Trainer
-from hg_dagger.policy import Student
 
 
 def test_the_noise_of_both_evaluations_sets_how_much_worse_is_worse():
@@ -40,8 +40,7 @@ def test_a_candidate_worse_beyond_the_noise_is_refused_and_within_it_promoted():
 
 
 def test_a_refused_candidate_gives_way_to_the_acting_student_and_lineage_records_both():
-    mapping = load_mapping("toy_reach")
-    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
+    student = small_student(seed=3)
     trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=False),
                       toy_replay(200, 0, episode_id="e0"))
     figures: dict[str, float] = {}  # held-out success per version: what the held-out evaluation would report
@@ -84,7 +83,7 @@ def test_a_refused_candidate_gives_way_to_the_acting_student_and_lineage_records
 
 def test_the_promoter_evaluates_on_real_rollouts_and_each_version_once():
     mapping = load_mapping("toy_reach")
-    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=5)
+    student = small_student(seed=5)
     trainer = Trainer(student, TrainConfig(steps=10, batch_size=16), toy_replay(100, 2, episode_id="e2"))
     calls: list[str] = []
     with make_env(mapping, num_envs=4, seed=0) as env:

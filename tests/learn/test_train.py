@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from support.auto import small_student
 from support.labels import toy_replay
 
 from hg_dagger.contract import (
@@ -107,7 +108,7 @@ def test_every_sampled_row_is_a_trainable_label(tmp_path):
             assert masks[eid][a["step"][r]] == LabelMask.TRAINABLE.code
             seen.append(int(r))
 
-    Trainer(Student.create(mapping, ensemble=2, hidden=(16,)), TrainConfig(steps=20, batch_size=16), replay).fit(
+    Trainer(small_student(), TrainConfig(steps=20, batch_size=16), replay).fit(
         progress=False, on_batch=check)
     assert len(seen) == 20 * 16 and np.all(np.abs(a["target"]) < 2)
 
@@ -165,9 +166,8 @@ def test_intervention_weighting_pulls_the_student_toward_corrections():
 
 @pytest.mark.parametrize("schedule", ["cosine", "constant"])
 def test_every_round_runs_the_lr_schedule_from_the_top(schedule):
-    mapping = load_mapping("toy_reach")
     cfg = TrainConfig(steps=30, batch_size=16, lr=2e-3, lr_min=1e-5, lr_schedule=schedule)
-    trainer = Trainer(Student.create(mapping, ensemble=2, hidden=(16,)), cfg, toy_replay())
+    trainer = Trainer(small_student(), cfg, toy_replay())
     for _ in range(2):
         lrs = []
         trainer.fit(progress=False, on_batch=lambda rows, lrs=lrs: lrs.append(trainer.optimizer.lr))
@@ -182,7 +182,7 @@ def test_every_round_runs_the_lr_schedule_from_the_top(schedule):
 @pytest.mark.parametrize("warm", [True, False])
 def test_rounds_warm_start_or_restart_from_fresh_weights(warm):
     mapping = load_mapping("toy_reach")
-    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
+    student = small_student(seed=3)
     trainer = Trainer(student, TrainConfig(steps=20, batch_size=16, warm_start=warm), toy_replay())
     trainer.fit(progress=False)
     after_first = {k: v.clone() for k, v in student.net.head.state_dict().items()}
@@ -206,8 +206,7 @@ def test_rounds_warm_start_or_restart_from_fresh_weights(warm):
 def test_a_per_label_budget_sets_each_rounds_steps(warm):
     """train.steps_per_label: the round's steps follow the labels the replay holds; with fresh weights every round
     trains the whole budget, with warm start only what the new labels add."""
-    mapping = load_mapping("toy_reach")
-    student = Student.create(mapping, ensemble=2, hidden=(16,), seed=3)
+    student = small_student(seed=3)
     trainer = Trainer(student, TrainConfig(steps=999, batch_size=16, warm_start=warm, steps_per_label=0.3),
                       toy_replay(100))
     assert trainer.fit(progress=False)["steps"] == 30

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import zarr
+from support.auto import collect_toy
 from support.store import end, fields, human_window, record, start, step
 
 from hg_dagger.cli import main
@@ -439,21 +440,9 @@ def test_run_episodes_record_versions_and_scene(gated_store):
 
 def test_every_episode_auto_begins_records_a_seed_that_replays_it(tmp_path):
     """Rows reset by the env after an episode ends begin the next one from an explicit, recorded seed."""
-    from hg_dagger.envs import load_mapping, make_env
-    from hg_dagger.experts import make_expert
-    from hg_dagger.learn.auto import Collector
-    from hg_dagger.policy import Student
     from hg_dagger.review.replay import replay_episode
 
-    mapping = load_mapping("toy_reach")
-    store = EpisodeStore.create(tmp_path / "s")
-    with make_env(mapping, num_envs=2, seed=0) as env:
-        rec = store.recorder()
-        col = Collector(env, make_expert("toy_reach", "planner", mapping=mapping), rec, mode="dagger_sync", seed=0,
-                        max_episode_steps=8)
-        col.set_policy(Student.create(mapping, ensemble=2, hidden=(16,)), iteration=0, beta=0.5)
-        col.run(episodes=5, reset_seed=100)
-        rec.close()
+    collect_toy(tmp_path / "s", episodes=5, num_envs=2, max_steps=8, beta=0.5, reset_seed=100)
     infos = EpisodeStore.open(tmp_path / "s").episodes()
     assert len(infos) == 5
     seeds = [i.start.initial_state.get("seed") for i in infos]
