@@ -43,12 +43,12 @@ from hg_dagger.ui.view import LiveView
 # a robot's state -> (words, colour)
 ROBOT_STATES: dict[str, tuple[str, str]] = {
     "autonomous": ("AUTONOMOUS", style.AUTONOMOUS),
-    "waiting": ("WAITING FOR YOU", style.REQUEST),
+    "waiting": ("WAITING", style.REQUEST),
     "human": ("HUMAN", style.HUMAN),
     "returning": ("RETURNING", style.POLICY),
     "held": ("HELD", style.EXPERT),
     "e-stop": ("E-STOP", style.SAFETY),
-    "idle": ("BETWEEN EPISODES", style.NEUTRAL),
+    "idle": ("IDLE", style.NEUTRAL),  # between episodes, or no episode left for it
 }
 
 
@@ -91,19 +91,23 @@ class RobotTile(QFrame):
         self.setToolTip(f"click (or press {robot + 1}) to take robot {robot + 1}")
         self.title = QLabel(f"Robot {robot + 1}")
         self.title.setStyleSheet("font-weight: bold;")
+        self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # text never widens it
         self.state = QLabel()
         self.state.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.state.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.view = TileView()
         self.figures = QLabel()
         self.figures.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.wait = QLabel()  # its request: which gate asked, how long it has waited ("" without one)
+        self.wait.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.wait.setStyleSheet(f"color: {style.REQUEST}; font-weight: bold;")
         self.stop = QPushButton(f"Stop {robot + 1}")
         self.stop.setObjectName(f"robot_stop_{robot + 1}")
         self.stop.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # a key press never lands on it
+        self.stop.setFixedWidth(self.stop.fontMetrics().horizontalAdvance(f"Clear {robot + 1}") + 24)  # either text
         self.stop.clicked.connect(self._stop_clicked)
         head = QHBoxLayout()
-        head.addWidget(self.title)
-        head.addStretch(1)
+        head.addWidget(self.title, 1)
         head.addWidget(self.stop)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
@@ -112,6 +116,7 @@ class RobotTile(QFrame):
         lay.addWidget(self.state)
         lay.addWidget(self.view, 1)
         lay.addWidget(self.figures)
+        lay.addWidget(self.wait)
         self.last: RobotView | None = None
         self.selected = False
         self.serving = False
@@ -135,14 +140,15 @@ class RobotTile(QFrame):
         if old is None or (old.state, old.stopped) != (v.state, v.stopped) or (self.selected, self.serving) != (
                 selected, serving):
             self._paint(v.state, v.stopped, selected, serving)
-        wait = f" · waiting {v.wait_s:.0f} s ({v.reason or 'gate'})" if v.wait_s is not None else ""
-        self.figures.setText(rate_text(v) + wait)
+        self.figures.setText(rate_text(v))
+        self.wait.setText(f"waiting {v.wait_s:.0f} s: {v.reason or 'gate'}" if v.wait_s is not None else "")
         self.view.set_frame(v.frame)
 
     def _paint(self, state: str, stopped: bool, selected: bool, serving: bool) -> None:
         self.selected, self.serving = selected, serving
         words, colour = robot_style(state)
-        self.state.setText(words + ("  ·  YOURS" if serving else ""))
+        self.state.setText(words)
+        self.title.setText(f"Robot {self.robot + 1}" + (" · yours" if serving else ""))
         self.state.setStyleSheet(style.filled(colour, radius=4, pt=10))
         border = style.HUMAN if serving else (style.POLICY if selected else "transparent")
         self.setStyleSheet(f"#{self.objectName()} {{ border: 3px solid {border}; border-radius: 6px; }}")
@@ -165,15 +171,23 @@ class FleetPanel(QWidget):
         grid.setSpacing(4)
         cols = max(1, math.ceil(math.sqrt(robots)))
         for r, tile in enumerate(self.tiles):
+            tile.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+            tile.setMinimumWidth(130)  # its words are cut to the tile, never widen it: the grid never moves
             grid.addWidget(tile, r // cols, r % cols)
+        for c in range(cols):
+            grid.setColumnStretch(c, 1)
+        for row in range(math.ceil(robots / cols)):
+            grid.setRowStretch(row, 1)
         self.queue_title = QLabel("Requests")
         self.queue_title.setStyleSheet("font-weight: bold;")
         self.queue = QLabel("none waiting")
         self.queue.setObjectName("fleet_queue")
         self.queue.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.queue.setWordWrap(True)
-        self.queue.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
+        self.queue.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
         self.queue.setMinimumWidth(200)
+        self.queue_title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.queue_title.setWordWrap(True)
         self.hint = QLabel(f"{FLEET_TAKE_KEY.upper()}: take the top request · 1-{robots}: take a robot · "
                            f"{FLEET_STOP_KEY.upper()}: stop the robot on screen · Esc: stop all")
         self.hint.setWordWrap(True)

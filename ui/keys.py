@@ -36,6 +36,7 @@ from PyQt6.QtWidgets import (
 
 from hg_dagger.control.live import (
     ClearRobot,
+    Command,
     CommandQueue,
     DeclineRequest,
     EStop,
@@ -215,6 +216,7 @@ class KeyboardBridge(QObject):
     def _fleet_key(self, name: str, ev: QKeyEvent, down: bool) -> bool:
         """The fleet's keys: a robot's number takes it, P the top request, X stops the robot on screen (Shift+X
         clears it). True when the key was one of them."""
+        cmd: Command
         if name.isdigit() and 1 <= int(name) <= self.fleet_size:
             cmd = TakeRobot(int(name) - 1)
         elif name == FLEET_TAKE_KEY:

@@ -51,6 +51,7 @@ from hg_dagger.ui.rounds import RoundsPanel, StatusLine
 from hg_dagger.ui.snapshots import SnapshotReader
 from hg_dagger.ui.view import LiveView
 
+FLEET_EPISODES = 10  # episodes per robot the fleet's Start offers
 NOT_A_PERSON = ("", "none", "synthetic", "expert")  # device kinds that answer a gate without the operator
 WINDOW_SHORTCUTS = ((ESTOP_KEY, "emergency stop (in the console; in a dialog or this help Esc closes it)"),
                     (DECLINE_KEY.upper(), "let the student go on (while a request waits)"),
@@ -64,7 +65,8 @@ def fleet_rows(robots: int) -> list[tuple[str, str]]:
             (f"1-{robots}", "take that robot, whether it asked or not"),
             (FLEET_STOP_KEY.upper(), "e-stop the robot on screen alone (the others run on)"),
             (f"Shift+{FLEET_STOP_KEY.upper()}", "clear the e-stop of the robot on screen"),
-            (ESTOP_KEY, "e-stop every robot")]
+            (ESTOP_KEY, "e-stop every robot"),
+            ("Ctrl+Enter", "start the episodes (as the Start button)")]
 
 
 def shortcut_rows(robots: int = 1) -> list[tuple[str, str]]:
@@ -179,6 +181,8 @@ class MainWindow(QMainWindow):
         self.split_view.setStretchFactor(0, 1)
         self.split_view.setStretchFactor(1, 1)
         self.fleet: FleetPanel | None = None
+        self._fleet_sized = False
+        self._robot_shown = 0  # the robot whose plots are on show
         upper: QWidget = self.split_view
         if robots > 1:  # the robots and the queue left, the robot on screen large with its plots right
             self.fleet = FleetPanel(robots, commands)
@@ -190,6 +194,7 @@ class MainWindow(QMainWindow):
             self.split_fleet.setStretchFactor(0, 1)
             self.split_fleet.setStretchFactor(1, 2)
             upper = self.split_fleet
+            self.controls.count.setValue(FLEET_EPISODES * robots)  # Start keeps every robot busy a while
         self.tabs = QTabWidget()
         self.tabs.addTab(self.device, "Device")
         self.tabs.addTab(self.rounds, "Rounds")
@@ -276,8 +281,17 @@ class MainWindow(QMainWindow):
         self.help_action.triggered.connect(self.show_help)
         help_.addAction(self.help_action)
         self.addAction(self.help_action)  # F1 works with the menu closed
+        if self.robots > 1:  # keyboard-only: the fleet's Start without the mouse (Space and Enter are the robot's)
+            self.start_action = QAction("&Start episodes", self)
+            self.start_action.setShortcuts([QKeySequence("Ctrl+Return"), QKeySequence("Ctrl+Enter")])
+            self.start_action.triggered.connect(self._start_by_key)
+            self.addAction(self.start_action)
         self.addAction(self.quit_action)
         self.help_dialog: HelpDialog | None = None
+
+    def _start_by_key(self) -> None:
+        if self.controls.start.isEnabled():
+            self.controls.start.click()
 
     def set_sound(self, on: bool) -> None:
         self.banner.sound_enabled = bool(on)
@@ -322,6 +336,10 @@ class MainWindow(QMainWindow):
         self.keys.request_pending = requested and person
         self.keys.rewindable = snap.rewindable
         self.keys.robot = snap.robot
+        if snap.robots and snap.robot != self._robot_shown:  # another robot on screen: its plots, not the last one's
+            self._robot_shown = snap.robot
+            for plot in (self.plots.gate, self.plots.progress, self.plots.actions):
+                plot.history.clear()
         self.keys.robot_keys = person and snap.device.kind == "keyboard" and snap.phase == "running" and (
             requested or snap.control_state == "human")
         self.keys.driving = self.keys.robot_keys and snap.control_state == "human"
@@ -380,6 +398,8 @@ class MainWindow(QMainWindow):
         if not self._split_restored:
             self._split_restored = True
             self.default_split()
+        elif self.fleet is not None and not self._fleet_sized:  # the fleet's split is not saved: its default
+            self._fleet_split()
 
     def default_split(self) -> None:
         """The first layout: the controls their natural height, the view and the plots the rest, side by side
@@ -393,11 +413,16 @@ class MainWindow(QMainWindow):
         bottom = controls.minimumSizeHint().height() + 12
         self.split_main.setSizes([max(1, total - bottom), bottom])
         if self.fleet is not None:
-            outer = sum(self.split_fleet.sizes())
-            self.split_fleet.setSizes([outer * 2 // 5, outer - outer * 2 // 5])
+            self._fleet_split()
         width = sum(self.split_view.sizes())
         self.split_view.setSizes([width // 2, width - width // 2])
         self.plots.fit()
+
+    def _fleet_split(self) -> None:
+        """The robots and the queue get 45% of the width, the robot on screen and its plots the rest."""
+        self._fleet_sized = True
+        outer = sum(self.split_fleet.sizes()) or self.width()
+        self.split_fleet.setSizes([outer * 9 // 20, outer - outer * 9 // 20])
 
     def save_layout(self) -> None:
         s = self.settings
