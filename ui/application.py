@@ -26,6 +26,7 @@ from hg_dagger.control.loop import ControlLoop, ControlProcess
 from hg_dagger.control.run_config import load_run_config, parse_endpoint, task_name
 from hg_dagger.devices import make_device
 from hg_dagger.envs import load_mapping
+from hg_dagger.errors import HgDaggerError
 from hg_dagger.experts import planner_spec
 from hg_dagger.learn.promotion import promotion_line
 from hg_dagger.learn.rounds import BackgroundJob, bootstrap_student, train_round
@@ -112,6 +113,9 @@ def build_session(opts: AppOptions, student_path: str):
         overrides["robot.token_file"] = opts.token_file or None
         overrides["calibrate_steps"] = 0  # never drive a robot unattended to calibrate a gate
     overrides["gates"] = opts.gates or None
+    if opts.robots > 1 and opts.robot:
+        raise HgDaggerError(f"{opts.robots} simulated robots and the robot at {opts.robot}: a fleet is simulated; "
+                            "choose one")
     if opts.robots > 1:  # one person, N simulated robots: `hg-dagger run --robots N`'s wiring, the keyboard theirs
         overrides.update({"num_envs": opts.robots, "fleet.allocation": opts.allocation or "cur",
                           "fleet.flag_wait_s": opts.flag_wait, "handover.wait": "pause",

@@ -235,6 +235,10 @@ class FleetAllocator:
             "waited_s": q.wait_s, "constraint": q.constraint, "uncertainty": q.uncertainty, "risk": q.risk,
             "context_switch": switch, "previous_robot": prev, "queue": [x.row for x in ranked]}))
 
+    def waiting(self) -> list[int]:
+        """The queued robots in the order their requests came."""
+        return sorted(self._order, key=self._order.__getitem__)
+
     def pick(self, row: int | None) -> int:
         """The person takes the top request (``None``) or robot ``row`` (manual; between ticks): the robot they
         now serve. A robot that has not asked is a pre-emption (rank 0, reason ``preempt``)."""

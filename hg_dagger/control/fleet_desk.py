@@ -21,6 +21,7 @@ import numpy as np
 from hg_dagger.contract.clock import now_ns
 from hg_dagger.contract.enums import ControlState, EndReason, EventKind
 from hg_dagger.control import live
+from hg_dagger.control.fleet import Request
 from hg_dagger.control.handover import REQUESTED
 from hg_dagger.control.operators import DeviceOperator
 from hg_dagger.errors import HgDaggerError
@@ -86,7 +87,6 @@ class FleetDesk:
     def __init__(self, session):
         self.s = session
         self.alloc = session.fleet
-        self.alloc.manual = True
         self.n = session.n
         self.stopped: set[int] = set()
         session.engine.env = RowStops(session.engine.env, self.stopped)
@@ -97,11 +97,16 @@ class FleetDesk:
         self._ticks = 0
         self.frames: list[np.ndarray | None] = [None] * self.n
         self._next_tile = 0
+        # a person at the console picks; an operator model (synthetic, expert) is served the top request as headless
+        self.alloc.manual = self._keyboard() is not None
 
     @property
     def row(self) -> int:
-        """The robot on the person's screen (the snapshot's watched row)."""
-        return int(self.alloc.selected)
+        """The robot on the person's screen (the snapshot's watched row): with an operator model, the one it serves."""
+        a = self.alloc
+        if not a.manual and a.serving is not None:
+            a.selected = a.serving
+        return int(a.selected)
 
     def _keyboard(self) -> FleetKeyboard | None:
         s = self.s
@@ -120,6 +125,12 @@ class FleetDesk:
     def handle(self, cmd: live.Command) -> str:
         """Apply a fleet command; returns the line for the operator (a refusal raises HgDaggerError)."""
         match cmd:
+            case live.TakeRobot(robot=r) if not self.alloc.manual:  # an operator model serves: only look
+                if r is None:
+                    raise HgDaggerError("the operator model takes the requests itself; pick a robot to watch")
+                self._check(r)
+                self.alloc.selected = r
+                return ""
             case live.TakeRobot(robot=r):
                 try:
                     row = self.alloc.pick(r)
@@ -226,10 +237,12 @@ class FleetDesk:
                 robot=r, state=self._state(r, last), episode_id=s.eids[r], episodes=int(self.episodes[r]),
                 successes=int(self.successes[r]), wait_s=wait, reason=reason if wait is not None else "",
                 frame=self.frames[r], stopped=r in self.stopped, step=int(s.ep_step[r])))
+        ranked = self.alloc.ranked if self.alloc.manual else [
+            Request(r, i, s.request_wait_s(r) or 0.0) for i, r in enumerate(self.alloc.waiting())]
         queue = tuple(live.QueueEntry(robot=q.row, rank=i + 1, wait_s=q.wait_s,
                                       reason=(last.gate_reason[q.row] if last is not None else "") or "gate",
                                       constraint=q.constraint, uncertainty=q.uncertainty, risk=q.risk)
-                      for i, q in enumerate(self.alloc.ranked) if s.eids[q.row] is not None)
+                      for i, q in enumerate(ranked) if s.eids[q.row] is not None)
         return {"robots": tuple(robots), "queue": queue, "robot": self.row, "serving": self.alloc.serving,
                 "allocation": self.alloc.cfg.allocation}
 
