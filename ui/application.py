@@ -34,7 +34,7 @@ from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui import settings as saved
 from hg_dagger.ui.lifetime import close_on_signals, delete_now
 from hg_dagger.ui.main_window import MainWindow
-from hg_dagger.ui.rounds import read_training_summary, training_summary
+from hg_dagger.ui.rounds import OwnTrainerRounds, read_training_summary, training_summary
 from hg_dagger.ui.start_dialog import StartDialog
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ class OperatorApp(QtCore.QObject):
         self.window: MainWindow | None = None
         self.student_path = ""  # chosen in start(), once the task is known
         self.job: BackgroundJob | None = None
-        self._job_kind = ""  # "bootstrap" | "train"
+        self._job_kind = ""  # "bootstrap" | "train" | "own" (a round with the policy's own trainer)
+        self._own: OwnTrainerRounds | None = None  # rounds of a policy from elsewhere (ui.rounds)
         self._paused_for_training = False
         self._reported = False  # an error snapshot was shown once
         self._watch: QtCore.QTimer | None = None  # the window's: watches the loop while the window is there
@@ -255,6 +256,9 @@ class OperatorApp(QtCore.QObject):
                 win.close()
                 return
             QtWidgets.QMessageBox.critical(win, "hg-dagger", snap.message)
+        seen = self._own.watch(snap.policy_version) if self._own is not None else ""
+        if seen:  # a ws:// round's server came back with its next version
+            win.set_training_done(seen)
         if (self.opts.quit_when_done and self.opts.episodes and snap.phase in ("idle", "estopped")
                 and snap.counters.episodes >= self.opts.episodes and win.isVisible()):
             win.close()
@@ -353,17 +357,27 @@ class OperatorApp(QtCore.QObject):
         self.train_next(keep_running=box.clickedButton() is keep)
 
     def _trained_elsewhere(self) -> bool:
-        """A policy from elsewhere (a server) is trained by its own trainer, not by a round here: say how."""
+        """A policy from elsewhere (a server) is trained by its own trainer: a round of ui.rounds.OwnTrainerRounds
+        (lerobot:DIR fine-tuned by lerobot-train; ws:// exported for the server's owner), the loop running on."""
         # deferred: policy imports torch; importing this module stays free of it
         from hg_dagger.policy import is_remote
 
         if not is_remote(self.student_path):
             return False
-        assert self.window is not None  # training is asked for from the open window
-        self.window.set_training_done(
-            f"the Rounds tab trains the built-in student; {self.student_path} is trained by its own trainer: export "
-            "the approved labels (hg-dagger export STORE --format lerobot --labels trainable) and serve the new "
-            "checkpoint (docs/policies.md)")
+        assert self.window is not None and self.loop is not None  # training is asked for from the open window
+        if self.job is not None:
+            return True
+        o = self.opts
+        if self._own is None:
+            self._own = OwnTrainerRounds(o.task_dir, o.store_url, o.task, getattr(o.policy_options, "python", None))
+        try:
+            self.job, first = self._own.start(self.student_path, self.loop.slot.read().policy_version)
+        except HgDaggerError as exc:  # a bad lerobot_train.yaml, no policy python: one line, nothing started
+            self.window.set_training_done(str(exc))
+            return True
+        self._job_kind = "own"
+        self._poll.start()
+        self.window.set_training_progress(first, 0.0)
         return True
 
     def train_next(self, keep_running: bool = True) -> None:
@@ -385,6 +399,14 @@ class OperatorApp(QtCore.QObject):
             self.window.set_training_progress("starting", 0.0)
 
     def _training_done(self, result: dict | None, error: str) -> None:
+        if self._job_kind == "own" and self._own is not None:
+            message, spec = self._own.finished(result, error)
+            if self.window is not None:
+                self.window.set_training_done(message)
+            if spec and self.loop is not None:  # the new checkpoint acts from the next episode
+                self.student_path = spec
+                self.loop.commands.put(live.SwapStudent(spec))
+            return
         promotion = (result or {}).get("promotion")
         if self.window is not None:
             trained = training_summary(result.get("selection")) if result is not None else ""

@@ -1,12 +1,15 @@
 """Rounds of DAgger at a glance (success, intervention rate and human labels per round), how the
 requests of this sitting ended, what reached the last training, the button that asks for the next
-student, and the status line at the bottom of the window."""
+student (``OwnTrainerRounds`` when the policy trains with its own trainer), and the status line at the
+bottom of the window."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -26,6 +29,16 @@ from PyQt6.QtWidgets import (
 )
 
 from hg_dagger.control.live import Snapshot
+from hg_dagger.learn.lerobot_round import (
+    LINEAGE_FILE,
+    PYTHON_ENV,
+    LeRobotTrainConfig,
+    export_round,
+    lerobot_round,
+    load_train_config,
+    record_new_version,
+)
+from hg_dagger.learn.rounds import BackgroundJob
 from hg_dagger.ui import style
 
 # (key in snap.rounds, header, header tooltip): headers short enough that six columns fit the Rounds tab
@@ -211,6 +224,68 @@ class RoundsPanel(QWidget):
     def set_trained(self, summary: str) -> None:
         """What reached the current student's training (training_summary)."""
         self.trained.setText(f"Last training: {summary}" if summary else "")
+
+
+LEROBOT_CONFIG = "lerobot_train.yaml"  # in the app's task folder: its lerobot_train section (steps, batch_size, ...)
+
+
+class OwnTrainerRounds:
+    """"Train next" for a policy that trains with its own trainer (learn.lerobot_round), in a background job.
+
+    lerobot:DIR: the next dataset version, exported, ``lerobot-train`` fine-tuning DIR (steps and batch from the
+    ``lerobot_train`` section of TASK_DIR/lerobot_train.yaml, else the defaults); on success the app swaps the new
+    checkpoint in, on failure the acting policy goes on and the reason is the message. ws://HOST:PORT: the version
+    exported for the server's owner; the server's next ``policy_version`` (seen after Reconnect policy) is recorded
+    as a lineage event in the round's folder."""
+
+    def __init__(self, task_dir: Path, store: str, task: str, python: str | None = None):
+        self.task_dir, self.store, self.task = Path(task_dir), store, task
+        self.python = python or os.environ.get(PYTHON_ENV) or None
+        self.waiting: dict[str, Any] | None = None  # a ws:// round's record until the server's next version shows
+
+    def config(self) -> LeRobotTrainConfig:
+        path = self.task_dir / LEROBOT_CONFIG
+        return load_train_config(path) if path.is_file() else LeRobotTrainConfig()
+
+    def _next_folder(self) -> Path:
+        k = len(list(self.task_dir.glob("own_rounds/round-*"))) if self.task_dir.exists() else 0
+        return self.task_dir / "own_rounds" / f"round-{k:02d}"
+
+    def start(self, spec: str, version: str) -> tuple[BackgroundJob, str]:
+        """The job of a round for the acting policy ``spec`` (its served ``version``) and its first line."""
+        out = str(self._next_folder())
+        if spec.startswith("lerobot:"):
+            cfg = self.config()
+            job = BackgroundJob(lerobot_round, policy=spec, store=self.store, out_dir=out, python=self.python,
+                                config=cfg.model_dump(), task=self.task)
+            return job, f"lerobot-train: {cfg.steps} steps, batch {cfg.batch_size}"
+        job = BackgroundJob(export_round, policy=spec, store=self.store, out_dir=out, version=version,
+                            task=self.task)
+        return job, "exporting for the server's own trainer"
+
+    def finished(self, result: dict[str, Any] | None, error: str) -> tuple[str, str]:
+        """(the message, the policy spec to swap in; "" when the acting policy goes on)."""
+        if error or result is None:
+            return f"{error or 'the round ended without a result'}; the acting policy goes on", ""
+        if "round" in result:  # ws://: the owner trains; the next version is recorded when it answers
+            self.waiting = result
+            return (f"{result['dataset']} ({result['frames']} labelled steps) exported to {result['export']}: train "
+                    f"on it with your trainer, serve the new checkpoint at {result['policy']} and press Reconnect "
+                    "policy; its new version is recorded then"), ""
+        loss = result.get("loss_last")
+        return (f"new policy {result['version']} from {result['parent_version']}: {result['step_last']} lerobot-train "
+                f"steps on {result['dataset']}" + (f", final loss {loss:.4g}" if loss is not None else "")
+                + "; it acts from the next episode"), result["spec"]
+
+    def watch(self, version: str) -> str:
+        """A line when the server of a ws:// round answers with another version (recorded as its lineage), else ""."""
+        w = self.waiting
+        if w is None or not version or version == w["parent_version"]:
+            return ""
+        record_new_version(w["round"], version)
+        self.waiting = None
+        return (f"{w['policy']} now serves {version} (after {w['parent_version']}, trained on {w['dataset']}): "
+                f"recorded in {Path(w['round']).with_name(LINEAGE_FILE)}")
 
 
 class StatusLine:

@@ -375,9 +375,17 @@ class ControlLoop:
         """A new student from the next episode on (closing the previous student's round), with the
         confidence gate recalibrated on the new student's uncertainty where samples came with it."""
         # deferred: policy loads torch; the app's window process needs none
-        from hg_dagger.policy import Student
+        from hg_dagger.policy import Student, close_policy, is_remote, open_policy
 
         s = self.session
+        if is_remote(path):  # a round's new checkpoint of a policy from elsewhere (lerobot:DIR), opened as the last
+            old, policy = s.student, open_policy(path, s.mapping, (getattr(s.student, "opened_from", None) or
+                                                                   (path, None))[1])  # one that fails changes nothing
+            s.set_student(policy)
+            if all(e is None for e in s.eids):  # else the old one ends its episode; its server ends with the loop
+                close_policy(old)
+            self._message = f"new policy {policy.version} acts from the next episode"
+            return
         student = Student.load(path, s.mapping)
         s.set_student(student)
         conf = student.gate_thresholds.get("confidence")

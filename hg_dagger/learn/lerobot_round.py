@@ -74,7 +74,7 @@ class LeRobotTrainConfig(StrictModel):
     timeout_s: float | None = Field(default=None, gt=0, description="stop a training that runs longer (None: never)")
 
 
-def load_train_config(path: str | os.PathLike) -> LeRobotTrainConfig:
+def load_train_config(path: str | Path) -> LeRobotTrainConfig:
     """The ``lerobot_train`` section of a YAML file (or the whole file when it has no such section)."""
     data = config_io.read_yaml(path)
     section = data.get(SECTION, data)
@@ -302,12 +302,11 @@ def serve_once(python: str, folder: Path) -> None:
     """Start ``hg-dagger policy serve lerobot:FOLDER`` in ``python`` until it listens, then stop it."""
     # deferred: the policy package imports torch (see lerobot_round)
     from hg_dagger.policy.sources import ServerProcess
-    from hg_dagger.policy.wire import PolicyError
 
     server = ServerProcess(python, f"lerobot:{folder}")
     try:
         server.wait_ready(300.0)
-    except PolicyError as exc:
+    except HgDaggerError as exc:  # it exited, or did not listen in time: its own line says why
         raise TrainFailed(f"the new checkpoint does not serve: {exc}") from None
     finally:
         server.stop()

@@ -1,7 +1,9 @@
 """The LeRobot round's parts that need no LeRobot: the progress parser and the failure line on lerobot-train's own
 output (captured from LeRobot 0.4.4, tests/data/lerobot_train), the command it builds, its config section, and a
-failed training (a stand-in trainer that fails as lerobot-train does on a bad config) that keeps the acting policy.
-The successful round with the real lerobot-train: tests/interop/test_lerobot_round.py."""
+failed training (a stand-in trainer that fails as lerobot-train does on a bad config) that keeps the acting policy,
+from the library, the CLI and the app's Rounds tab (ui.rounds.OwnTrainerRounds); a ws:// round's export and the
+server's next version; the live loop swapping in a served policy from the next episode. The successful round with
+the real lerobot-train: tests/interop/test_lerobot_round.py."""
 
 from __future__ import annotations
 
@@ -9,10 +11,18 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from support.app import WAIT_MS, close_app, wait_snap
 
+from hg_dagger.contract.enums import EndReason
+from hg_dagger.control import live
+from hg_dagger.control.build import open_session
+from hg_dagger.control.loop import ControlLoop
+from hg_dagger.control.run_config import load_run_config
+from hg_dagger.envs import load_mapping
 from hg_dagger.errors import ConfigError
 from hg_dagger.learn.lerobot_round import (
     LINEAGE_FILE,
@@ -29,6 +39,11 @@ from hg_dagger.learn.lerobot_round import (
     watch_version,
 )
 from hg_dagger.learn.rounds import bootstrap_student
+from hg_dagger.policy import Student
+from hg_dagger.policy.sources import ServerProcess
+from hg_dagger.store import EpisodeStore
+from hg_dagger.ui.application import AppOptions, OperatorApp
+from hg_dagger.ui.rounds import LEROBOT_CONFIG, OwnTrainerRounds
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "lerobot_train"
@@ -163,3 +178,132 @@ def test_a_round_for_a_policy_server_exports_and_records_its_next_version(store,
     assert json.loads((out / LINEAGE_FILE).read_text()) == event
     assert (event["policy_version"], event["parent_version"], event["dataset"]) == ("pi0-bbbb", "pi0-aaaa", "ws@v1")
     assert watch_version(lambda: "pi0-aaaa", "pi0-aaaa", timeout_s=0.05, every_s=0.01) is None
+
+
+@pytest.mark.subprocess  # the round's job is a spawned process, the trainer another
+def test_the_apps_round_for_a_lerobot_policy_that_fails_to_train_keeps_it(store, tmp_path):
+    acting = _acting(tmp_path)
+    task_dir = tmp_path / "app" / "toy_reach"
+    task_dir.mkdir(parents=True)
+    (task_dir / LEROBOT_CONFIG).write_text(f"lerobot_train:\n  steps: 3\n  batch_size: 2\n  dataset: app\n"
+                                           f"  trainer: [{sys.executable}, {FAKE_TRAINER}]\n")
+    rounds = OwnTrainerRounds(task_dir, store, "toy_reach")
+    job, first = rounds.start(f"lerobot:{acting}", "act-0123")
+    assert first == "lerobot-train: 3 steps, batch 2"
+    stages = []
+    deadline = time.monotonic() + 240
+    while not job.done and time.monotonic() < deadline:
+        stages += [p.stage for p in job.poll()]
+        time.sleep(0.05)
+    assert job.done and job.result is None
+    message, swap = rounds.finished(job.result, job.error)
+    assert swap == "" and "\n" not in message and BAD_CONFIG_LINE in message
+    assert message.endswith("the acting policy goes on") and "lerobot-train: starting" in stages
+    assert (task_dir / "own_rounds" / "round-00" / "train.log").is_file()
+
+
+@pytest.mark.subprocess  # the round's job is a spawned process
+def test_the_apps_round_for_a_policy_server_records_its_next_version(store, tmp_path):
+    rounds = OwnTrainerRounds(tmp_path / "app", store, "toy_reach")
+    job, _ = rounds.start("ws://gpu-box:8000", "pi0-aaaa")
+    assert job.wait(240) and job.error == "", job.error
+    message, swap = rounds.finished(job.result, "")
+    assert swap == "" and "Reconnect policy" in message and job.result["export"] in message
+    assert rounds.watch("") == "" and rounds.watch("pi0-aaaa") == ""  # down, or back with the same version
+    line = rounds.watch("pi0-bbbb")
+    lineage = json.loads((Path(job.result["round"]).with_name(LINEAGE_FILE)).read_text())
+    assert (lineage["policy_version"], lineage["parent_version"]) == ("pi0-bbbb", "pi0-aaaa") and "pi0-bbbb" in line
+    assert rounds.watch("pi0-cccc") == ""  # recorded once
+
+
+def _wait(loop, predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = loop.slot.read()
+        if predicate(snap):
+            return snap
+        time.sleep(0.02)
+    raise AssertionError(f"timed out; last snapshot: phase {snap.phase}, message {snap.message!r}")
+
+
+@pytest.mark.subprocess  # two policy servers
+def test_the_live_loop_swaps_in_a_served_policy_from_the_next_episode(tmp_path):
+    """SwapStudent with a policy spec (a round's lerobot:NEW; here a served student, ws://): the running episode
+    ends with the acting policy, whose server keeps answering, and the next one acts with the new policy."""
+    mapping = load_mapping("toy_reach")
+    servers = []
+    for seed in (0, 1):
+        Student.create(mapping, seed=seed).save(tmp_path / f"s{seed}.pt")
+        servers.append(ServerProcess(sys.executable, str(tmp_path / f"s{seed}.pt"), extra=["--task", "toy_reach"]))
+    try:
+        old_url, new_url = (s.wait_ready(120) for s in servers)
+        store = str(tmp_path / "s.zarr")
+        cfg = load_run_config(None, "toy_reach", calibrate_steps=0, max_episode_steps=60, num_envs=1)
+        loop = ControlLoop(lambda: open_session(cfg, store, policy=old_url), view_size=0).start()
+        try:
+            _wait(loop, lambda s: s.phase == "idle" and not s.loading)
+            loop.commands.put(live.StartEpisodes(1))
+            first = _wait(loop, lambda s: s.phase == "running" and s.episode_step >= 5)
+            loop.commands.put(live.SwapStudent(new_url))
+            swapped = _wait(loop, lambda s: "new policy" in s.message)
+            _wait(loop, lambda s: s.phase == "idle" and s.counters.episodes >= 1)
+            loop.commands.put(live.StartEpisodes(1))
+            second = _wait(loop, lambda s: s.episode_id not in (None, first.episode_id) and s.episode_step >= 1)
+            assert second.policy_version != first.policy_version and second.policy_version in swapped.message
+            _wait(loop, lambda s: s.phase == "idle" and s.counters.episodes >= 2)
+        finally:
+            loop.stop()
+    finally:
+        for s in servers:
+            s.stop()
+    st = EpisodeStore.open(store)
+    a, b = (st.info(e) for e in (first.episode_id, second.episode_id))
+    assert a.end.end_reason != EndReason.SAFETY_STOP and a.start.policy_version == first.policy_version
+    assert b.start.policy_version == second.policy_version
+
+
+@pytest.mark.app
+@pytest.mark.subprocess  # policy servers, the round's job
+def test_the_app_exports_a_round_for_a_policy_server_and_records_its_next_version(qtbot, tmp_path, settings, store):
+    """"Train next" with a ws:// policy: the export for the server's owner; the server comes back on its address
+    with other weights, the loop reconnects, and the app records the new version as the round's lineage."""
+    mapping = load_mapping("toy_reach")
+    for seed in (0, 1):
+        Student.create(mapping, seed=seed).save(tmp_path / f"s{seed}.pt")
+    old = ServerProcess(sys.executable, str(tmp_path / "s0.pt"), extra=["--task", "toy_reach"])
+    servers = [old]
+    op = None
+    try:
+        url = old.wait_ready(120)
+        opts = AppOptions(task="toy_reach", store=store, student=url, operator="synthetic", name="op-ws",
+                          home=str(tmp_path / "home"))
+        op = OperatorApp(opts, settings)
+        op.start()
+        assert op.window is not None and op.loop is not None
+        qtbot.addWidget(op.window)
+        first = wait_snap(qtbot, op, lambda s: s.phase == "idle" and bool(s.policy_version))
+        op.train_next()
+        qtbot.waitUntil(lambda: op.job is None, timeout=WAIT_MS)
+        text = op.window.rounds.message.text()
+        assert "Reconnect policy" in text and "exported to" in text, text
+        round_dir = tmp_path / "home" / "toy_reach" / "own_rounds" / "round-00"
+        assert json.loads((round_dir / "round.json").read_text())["parent_version"] == first.policy_version
+
+        old.stop()  # the owner restarts the server on the same address with the retrained weights
+        new = ServerProcess(sys.executable, str(tmp_path / "s1.pt"),
+                            extra=["--task", "toy_reach", "--port", url.rsplit(":", 1)[1]])
+        servers.append(new)
+        assert new.wait_ready(120) == url
+        op.loop.commands.put(live.StartEpisodes(1))  # the old connection is gone: the policy is lost
+        wait_snap(qtbot, op, lambda s: bool(s.policy_lost))
+        op.loop.commands.put(live.StartEpisodes(1))  # reconnects, then starts
+        after = wait_snap(qtbot, op, lambda s: s.policy_version not in ("", first.policy_version))
+        qtbot.waitUntil(lambda: "now serves" in op.window.rounds.message.text(), timeout=WAIT_MS)
+        lineage = json.loads((round_dir / LINEAGE_FILE).read_text())
+        assert (lineage["parent_version"], lineage["policy_version"]) == (first.policy_version, after.policy_version)
+        assert close_app(qtbot, op) == 0
+    finally:
+        if op is not None and op.loop is not None:
+            op.loop.stop()
+        for s in servers:
+            s.stop()
