@@ -66,14 +66,14 @@ def policy_spec(args, alias: str = "student") -> str | None:
 
 def trainable_spec(args, what: str, alias: str = "student") -> str | None:
     """The policy spec for a command that trains the built-in student (``what``: its flag): a checkpoint path, or
-    None; a policy served from elsewhere is refused (training it with its own trainer comes later)."""
+    None; a policy served from elsewhere is refused (its rounds: `hg-dagger policy train-next`)."""
     spec = policy_spec(args, alias)
     # deferred: policy imports torch; the CLI lists its commands without it
     from hg_dagger.policy import is_remote
 
     if is_remote(spec):
-        raise ConfigError(f"{what} trains the built-in student; --policy {spec} runs without {what} (train your own "
-                          "policy with its own trainer on `hg-dagger export --format lerobot --labels trainable`)")
+        raise ConfigError(f"{what} trains the built-in student; --policy {spec} runs without {what} (a round with "
+                          f"its own trainer: hg-dagger policy train-next --policy {spec} --store STORE --out DIR)")
     return spec
 
 
