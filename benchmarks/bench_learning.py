@@ -112,6 +112,8 @@ def arm_spec(task: str, seed: int, **over) -> dict:
             spec["gated"]["episodes_per_round"] = v
         elif k == "gated_windows":
             spec["gated"]["windows_per_round"] = v
+        elif k == "gated_windows_schedule":
+            spec["gated"]["windows_schedule"] = [int(x) for x in v]
         else:
             spec[k] = v
     return spec
@@ -173,6 +175,9 @@ def summarize(arms: list[dict], target: float) -> dict:
                                      for i in range(n)],
             "new_labels_mean": col("new_labels").mean(0).tolist(),
             "operator_s_round_mean": col("operator_s").mean(0).tolist(),
+            "windows_round_mean": [_mean_or_none([a["rounds"][i].get("windows") for a in runs]) for i in range(n)],
+            "episodes_round_mean": col("episodes").mean(0).tolist(),
+            "intervention_round_mean": col("intervention_rate").mean(0).tolist(),
             **_gate_recall(runs, n),
         }
     if "gated" in out and "bc" in out:
@@ -317,15 +322,18 @@ def print_rounds(summary: dict) -> None:
         if not s:
             continue
         print(f"\n{LABEL[m]}: round | success | labels | operator-s | collect success | promoted (seeds) | "
-              f"candidate held-out | gate recall | precision | lead s")
+              f"candidate held-out | gate recall | precision | lead s | windows | episodes | intervention")
         rec = s.get("gate_recall_per_round") or [None] * len(s["success_mean"])
         pre = s.get("gate_precision_per_round") or [None] * len(s["success_mean"])
         lead = s.get("gate_lead_s_median_per_round") or [None] * len(s["success_mean"])
+        win = s.get("windows_round_mean") or [None] * len(s["success_mean"])
         for i in range(len(s["success_mean"])):
             print(f"  {i} | {s['success_mean'][i]:.0%} | {s['labels_mean'][i]:.0f} | {s['operator_s_mean'][i]:.1f} | "
                   f"{pct(s['collect_success_mean'][i])} | {s['promoted_per_round'][i]}/{len(s['seeds'])} | "
                   f"{pct(s['candidate_success_mean'][i])} | {pct(rec[i])} | {pct(pre[i])} | "
-                  f"{'-' if lead[i] is None else format(lead[i], '.1f')}")
+                  f"{'-' if lead[i] is None else format(lead[i], '.1f')} | "
+                  f"{'-' if win[i] is None else format(win[i], '.1f')} | {s['episodes_round_mean'][i]:.1f} | "
+                  f"{s['intervention_round_mean'][i]:.1%}")
     c = summary.get("gated_vs_bc")
     if c and c["per_seed"]:
         print("\ngated against BC per seed (BC final: success / labels / operator-s; gated at BC's labels, at BC's "
@@ -357,6 +365,9 @@ def main(argv=None) -> int:
                    help="gated, gated_risk: stop watching a round once it holds this many correction windows (whole "
                         "batches of episodes, at most --gated-episodes): few episodes while the student fails often, "
                         "many once failures are rare")
+    p.add_argument("--gated-windows-schedule",
+                   help="gated, gated_risk: --gated-windows per round, a comma list from round 1 on (the last value "
+                        "holds for later rounds; 0: no window cap that round), e.g. 20,10")
     p.add_argument("--warm-episodes", type=int, help="round 0 demonstrations (the same for every arm)")
     p.add_argument("--steps-per-label", type=float, help="gradient steps per label (same for every arm)")
     p.add_argument("--eval-episodes", type=int)
@@ -393,6 +404,7 @@ def main(argv=None) -> int:
             "steps_per_label": args.steps_per_label, "eval_episodes": args.eval_episodes,
             "target_rate": args.target_rate, "gates": args.gates, "gated_episodes": args.gated_episodes,
             "gated_windows": args.gated_windows, "promotion_episodes": args.promotion_episodes,
+            "gated_windows_schedule": [x for x in (args.gated_windows_schedule or "").split(",") if x.strip()] or None,
             "budget": args.budget}
     def pairs(items: list[str], flag: str) -> dict:
         out = {}

@@ -134,6 +134,15 @@ def _watch(session, episodes: int, windows: int | None, batch: int):
             return summary
 
 
+def _round_windows(g: dict, r: int) -> int | None:
+    """Round ``r``'s window cap (r >= 1): ``windows_schedule`` from round 1 on, its last value for later rounds
+    (0: none), else ``windows_per_round``."""
+    sched = g.get("windows_schedule")
+    if sched:
+        return int(sched[min(r, len(sched)) - 1]) or None
+    return g.get("windows_per_round")
+
+
 def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> dict[str, Any]:
     """One learning curve: ``method`` in bc | dagger | gated, ``spec`` as built by bench_learning.arm_spec.
 
@@ -248,7 +257,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                                 gate = next(x for x in session.gates.gates if x.name == "risk")
                                 row["risk"]["calibration"] = session.gates.calibrate_gate(
                                     "risk", gate.model.predict(risk_states))
-                            summary = _watch(session, watched, g.get("windows_per_round"), g["num_envs"])
+                            summary = _watch(session, watched, _round_windows(g, r), g["num_envs"])
                         finally:
                             rec.close()
                 infos = _new_episodes(store, summary.episode_ids)
@@ -257,6 +266,7 @@ def run_arm(method: str, spec: dict[str, Any], out: str | Path, log=print) -> di
                 op_s = operator_seconds(store, infos, dt)
                 row.update(mode="gated", episodes=len(infos), env_steps=summary.steps, new_labels=labels,
                            operator_s=op_s, context_switches=summary.context_switches, windows=summary.windows,
+                           windows_cap=_round_windows(g, r), watched_cap=watched,
                            gate_triggers=summary.gate_triggers,
                            intervention_rate=summary.human_steps / max(1, summary.steps),
                            collect_success=summary.successes / max(1, summary.episodes),
