@@ -246,6 +246,8 @@ class ControlLoop:
                     if s.running:
                         s.add_episodes(n)
                     else:
+                        if self.desk is not None:  # a fresh start begins every robot: its own e-stop lifted
+                            self.desk.stopped.clear()
                         s.start(n)
                     self._paused = False
                 case live.Pause(paused=p):
