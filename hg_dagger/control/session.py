@@ -29,6 +29,7 @@ from hg_dagger.contract.enums import (
     SessionMode,
     StepFlag,
 )
+from hg_dagger.control.action_history import ActionHistory
 from hg_dagger.control.engine import (
     Arbiter,
     Engine,
@@ -70,7 +71,7 @@ from hg_dagger.control.safety import SafetyMonitor
 from hg_dagger.control.session_controls import BUTTONS, SessionControls  # noqa: F401 - importable here
 from hg_dagger.control.session_episodes import SessionEpisodes
 from hg_dagger.control.session_events import SessionEvents
-from hg_dagger.control.session_rewind import ActionHistory, SessionRewind
+from hg_dagger.control.session_rewind import SessionRewind
 from hg_dagger.errors import ConfigError, HgDaggerError
 
 log = logging.getLogger(__name__)
@@ -181,47 +182,6 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         self.fleet = fleet  # one person serves every row: the request queue (control.fleet); None: one each
 
     # ---- state read by callers -------------------------------------------------------------
-
-    @property
-    def student(self):
-        """The policy that acts (the engine's)."""
-        return self.engine.policy
-
-    @student.setter
-    def student(self, policy) -> None:
-        self.engine.policy = policy
-
-    @property
-    def obs(self) -> dict[str, np.ndarray] | None:
-        """The observation the next tick acts on (the engine's)."""
-        return self.engine.obs
-
-    @obs.setter
-    def obs(self, obs: dict[str, np.ndarray] | None) -> None:
-        self.engine.obs = obs
-
-    @property
-    def t_obs(self) -> np.ndarray:
-        t = self.engine.t_obs
-        assert t is not None  # set in __init__
-        return t
-
-    @t_obs.setter
-    def t_obs(self, t: np.ndarray) -> None:
-        self.engine.t_obs = t
-
-    @property
-    def _started(self) -> int:
-        """Episodes begun in this session (the next one's number)."""
-        return self.rows.begun
-
-    @property
-    def eids(self) -> list[str | None]:
-        return self.writer.eids
-
-    @property
-    def ep_step(self) -> np.ndarray:
-        return self.writer.steps
 
     @property
     def operator_kind(self) -> str:

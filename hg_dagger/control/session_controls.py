@@ -5,7 +5,7 @@ control.session.Session, whose state they read and change; call them from the th
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hg_dagger import safety_log
 from hg_dagger.contract.clock import now_ns
@@ -19,56 +19,21 @@ from hg_dagger.control.handover import (
 )
 from hg_dagger.control.live import DeviceState
 from hg_dagger.control.operators import DeviceOperator, Operator
+from hg_dagger.control.session_state import SessionState
 from hg_dagger.devices import make_device
 from hg_dagger.errors import ConfigError, HgDaggerError
 from hg_dagger.experts import make_expert
 
 if TYPE_CHECKING:
-    from hg_dagger.control.episodes import EpisodeWriter
-    from hg_dagger.control.handover import HandoverMachine
-    from hg_dagger.control.safety import SafetyMonitor
+    pass
 
 log = logging.getLogger(__name__)
 
 BUTTONS = ("takeover", "return")
 
 
-class SessionControls:
+class SessionControls(SessionState):
     """Controls of a Session (control.session); the state they use is the session's."""
-
-    # the session's state these methods use (set by Session.__init__): declared for the type checker only
-    env: Any
-    mapping: Any
-    n: int
-    machine: HandoverMachine
-    operator: Operator
-    safety: SafetyMonitor
-    summary: Any  # the session's RunSummary (control.session imports this module: not imported back)
-    writer: EpisodeWriter
-    expert: Any
-    mode: SessionMode
-    robot_hold: str
-    starts_held: bool
-    _decline: bool
-    _target: int
-    _queued: dict[int, int]
-    _pending: dict[str, Any]
-    _person: Operator | None
-    _pressed: set[str]
-
-    if TYPE_CHECKING:
-        @property
-        def eids(self) -> list[str | None]: ...
-
-        @property
-        def _started(self) -> int: ...
-
-        def _event(self, r: int, kind: EventKind, t_ns: int, reason: str = "", source: str = "",
-                   values: dict[str, Any] | None = None) -> None: ...
-
-        def _end(self, r: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None: ...
-
-        def _end_now(self, row: int, reason: EndReason, success: bool, flags: list[str] | None = None) -> None: ...
 
     def estop(self, source: str = "app", reason: str = "") -> None:
         """Emergency stop from the keyboard, the app's button or any other thread."""

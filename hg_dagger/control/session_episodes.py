@@ -23,104 +23,18 @@ from hg_dagger.control.handover import (
     resolve_wait,
 )
 from hg_dagger.control.operators import ExpertOperator, NoOperator
+from hg_dagger.control.session_state import SessionState
 from hg_dagger.envs.base import fault_flags
 from hg_dagger.errors import EnvError, HgDaggerError
 
 if TYPE_CHECKING:
-    from hg_dagger.control.engine import EpisodeRows
-    from hg_dagger.control.episodes import EpisodeWriter
-    from hg_dagger.control.gates import GateEngine
-    from hg_dagger.control.handover import HandoverConfig, RequestEnd
-    from hg_dagger.control.operators import Operator
-    from hg_dagger.control.safety import SafetyMonitor
-    from hg_dagger.control.session_rewind import ActionHistory
+    pass
 
 log = logging.getLogger(__name__)
 
 
-class SessionEpisodes:
+class SessionEpisodes(SessionState):
     """Episode begin and end of a Session (control.session); the state they use is the session's."""
-
-    # the session's state these methods use (set by Session.__init__): declared for the type checker only
-    env: Any
-    mapping: Any
-    n: int
-    gates: GateEngine
-    machine: HandoverMachine
-    operator: Operator
-    safety: SafetyMonitor
-    summary: Any  # the session's RunSummary (control.session imports this module: not imported back)
-    writer: EpisodeWriter
-    rows: EpisodeRows
-    history: ActionHistory
-    expert: Any
-    mode: SessionMode
-    scene: str
-    iteration: int
-    step_limit: int | None
-    episode_extra: dict[str, Any]
-    gate_config_extra: dict[str, Any]
-    episode_gap_s: float
-    starts_held: bool
-    threshold_source: str
-    ended_ids: list[str | None]
-    robot_hold: str
-    succeeding: np.ndarray
-    signals: dict[str, np.ndarray]
-    t_obs_align_ms: np.ndarray | None
-    _base_handover: HandoverConfig
-    _world_clock: Any
-    _env_info: dict[str, Any]
-    _gating: bool
-    _target: int
-    _queued: dict[int, int]
-    _pending: dict[str, Any]
-    _person: Operator | None
-
-    if TYPE_CHECKING:
-        @property
-        def eids(self) -> list[str | None]: ...
-
-        @property
-        def ep_step(self) -> np.ndarray: ...
-
-        @property
-        def _started(self) -> int: ...
-
-        @property
-        def person_available(self) -> bool: ...
-
-        @property
-        def running(self) -> bool: ...
-
-        @property
-        def student(self) -> Any: ...
-
-        @student.setter
-        def student(self, policy: Any) -> None: ...
-
-        @property
-        def obs(self) -> dict[str, np.ndarray] | None: ...
-
-        @obs.setter
-        def obs(self, obs: dict[str, np.ndarray] | None) -> None: ...
-
-        @property
-        def t_obs(self) -> np.ndarray: ...
-
-        @t_obs.setter
-        def t_obs(self, t: np.ndarray) -> None: ...
-
-        def _adopt_student_thresholds(self) -> bool: ...
-
-        def _event(self, r: int, kind: EventKind, t_ns: int, reason: str = "", source: str = "",
-                   values: dict[str, Any] | None = None) -> None: ...
-
-        def _request_events(self, ended: list[RequestEnd], t_ns: int) -> None: ...
-
-        def _window_events(self, t_apply: np.ndarray | None, num_steps: int | None = None) -> None: ...
-
-        def poll_idle(self) -> None: ...
 
     def refresh_obs(self) -> bool:
         """Sample the observation again just before a tick (live loops): over the bridge, the robot's state

@@ -13,34 +13,14 @@ from hg_dagger.contract.clock import NO_TIME, now_ns
 from hg_dagger.contract.enums import ControlState, EventKind
 from hg_dagger.contract.schema import Event
 from hg_dagger.control.handover import EXPERT, HUMAN, SAFE_STOP, RequestEnd
+from hg_dagger.control.session_state import SessionState
 
 if TYPE_CHECKING:
-    from hg_dagger.control.episodes import EpisodeWriter
-    from hg_dagger.control.handover import HandoverMachine
-    from hg_dagger.control.operators import Operator
-    from hg_dagger.control.safety import SafetyMonitor
+    pass
 
 
-class SessionEvents:
+class SessionEvents(SessionState):
     """Events of a Session (control.session); the state they use is the session's."""
-
-    # the session's state these methods use (set by Session.__init__): declared for the type checker only
-    mapping: Any
-    machine: HandoverMachine
-    operator: Operator
-    safety: SafetyMonitor
-    summary: Any  # the session's RunSummary (control.session imports this module: not imported back)
-    writer: EpisodeWriter
-    window_episode: dict[str, str]
-    last_window_id: str | None
-    _prev_device_ok: np.ndarray
-
-    if TYPE_CHECKING:
-        @property
-        def eids(self) -> list[str | None]: ...
-
-        @property
-        def ep_step(self) -> np.ndarray: ...
 
     def _request_events(self, ended: list[RequestEnd], t_ns: int) -> None:
         """One REQUEST_END event per request that ended: how (answered, declined, expired) and how long it waited."""
