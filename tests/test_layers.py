@@ -265,6 +265,7 @@ DEFERRED_IMPORTS = {  # "importer -> imported": why it stays inside a function
     "hg_dagger.cli.policy -> hg_dagger.policy.remote": _TORCH_CLI,
     "hg_dagger.cli.policy -> hg_dagger.policy.wire": _TORCH_CLI,
     "hg_dagger.learn.lerobot_round -> hg_dagger.policy.lerobot_served": _TORCH,  # the app starts its jobs
+    "hg_dagger.learn.lerobot_round -> hg_dagger.policy.remote": _TORCH,
     "hg_dagger.learn.lerobot_round -> hg_dagger.policy.sources": _TORCH,
     "hg_dagger.cli.qc -> hg_dagger.review.qc": _ZARR_CLI,
     "hg_dagger.cli.report -> hg_dagger.learn.train": _TORCH_CLI,

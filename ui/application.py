@@ -369,7 +369,8 @@ class OperatorApp(QtCore.QObject):
             return True
         o = self.opts
         if self._own is None:
-            self._own = OwnTrainerRounds(o.task_dir, o.store_url, o.task, getattr(o.policy_options, "python", None))
+            self._own = OwnTrainerRounds(o.task_dir, o.store_url, o.task, getattr(o.policy_options, "python", None),
+                                         o.promotion_episodes)
         try:
             self.job, first = self._own.start(self.student_path, self.loop.slot.read().policy_version)
         except HgDaggerError as exc:  # a bad lerobot_train.yaml, no policy python: one line, nothing started

@@ -36,6 +36,7 @@ from hg_dagger.learn.lerobot_round import (
     export_round,
     lerobot_round,
     load_train_config,
+    promotion_words,
     record_new_version,
 )
 from hg_dagger.learn.rounds import BackgroundJob
@@ -233,13 +234,15 @@ class OwnTrainerRounds:
     """"Train next" for a policy that trains with its own trainer (learn.lerobot_round), in a background job.
 
     lerobot:DIR: the next dataset version, exported, ``lerobot-train`` fine-tuning DIR (steps and batch from the
-    ``lerobot_train`` section of TASK_DIR/lerobot_train.yaml, else the defaults); on success the app swaps the new
-    checkpoint in, on failure the acting policy goes on and the reason is the message. ws://HOST:PORT: the version
+    ``lerobot_train`` section of TASK_DIR/lerobot_train.yaml, else the defaults), then, with ``promotion_episodes``,
+    the held-out evaluation of both; the app swaps the new checkpoint in when it takes over; on a failure the acting
+    policy goes on and the reason is the message. ws://HOST:PORT: the version
     exported for the server's owner; the server's next ``policy_version`` (seen after Reconnect policy) is recorded
     as a lineage event in the round's folder."""
 
-    def __init__(self, task_dir: Path, store: str, task: str, python: str | None = None):
+    def __init__(self, task_dir: Path, store: str, task: str, python: str | None = None, promotion_episodes: int = 0):
         self.task_dir, self.store, self.task = Path(task_dir), store, task
+        self.promotion = {"episodes": promotion_episodes} if promotion_episodes > 0 else None  # learn.promotion
         self.python = python or os.environ.get(PYTHON_ENV) or None
         self.waiting: dict[str, Any] | None = None  # a ws:// round's record until the server's next version shows
 
@@ -257,7 +260,7 @@ class OwnTrainerRounds:
         if spec.startswith("lerobot:"):
             cfg = self.config()
             job = BackgroundJob(lerobot_round, policy=spec, store=self.store, out_dir=out, python=self.python,
-                                config=cfg.model_dump(), task=self.task)
+                                config=cfg.model_dump(), task=self.task, promotion=self.promotion)
             return job, f"lerobot-train: {cfg.steps} steps, batch {cfg.batch_size}"
         job = BackgroundJob(export_round, policy=spec, store=self.store, out_dir=out, version=version,
                             task=self.task)
@@ -272,7 +275,9 @@ class OwnTrainerRounds:
             return (f"{result['dataset']} ({result['frames']} labelled steps) exported to {result['export']}: train "
                     f"on it with your trainer, serve the new checkpoint at {result['policy']} and press Reconnect "
                     "policy; its new version is recorded then"), ""
-        loss = result.get("loss_last")
+        loss, decision = result.get("loss_last"), result.get("promotion")
+        if decision:  # the held-out evaluation decided which policy acts next
+            return promotion_words(decision), result["spec"] if decision["promoted"] else ""
         return (f"new policy {result['version']} from {result['parent_version']}: {result['step_last']} lerobot-train "
                 f"steps on {result['dataset']}" + (f", final loss {loss:.4g}" if loss is not None else "")
                 + "; it acts from the next episode"), result["spec"]

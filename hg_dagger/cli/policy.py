@@ -20,6 +20,7 @@ from hg_dagger.learn.lerobot_round import (
     export_round,
     lerobot_round,
     load_train_config,
+    promotion_words,
     record_new_version,
     watch_version,
 )
@@ -130,6 +131,9 @@ def register(sub) -> None:
                    "--policy-python (it is given lerobot-train's arguments)")
     t.add_argument("--no-serve-check", action="store_true", help="do not start `policy serve` on the new checkpoint "
                    "to check that it loads")
+    t.add_argument("--promotion-episodes", type=int, default=0, metavar="N", help="held-out episodes both policies "
+                   "run (needs --task): the new one takes over unless it is worse beyond the noise (default 0: it "
+                   "takes over when its training succeeds)")
     t.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="ws://: wait this long for the server "
                    "to report another policy_version, and record it (default 0: export and return)")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -239,16 +243,20 @@ def _train_next(args) -> int:
                           "app's Rounds tab")
     if args.wait:
         raise ConfigError("--wait is for a ws:// policy (its server's next version); lerobot:DIR trains here")
+    if args.promotion_episodes < 0 or (args.promotion_episodes and not args.task):
+        raise ConfigError("--promotion-episodes N: give N >= 1 with --task TASK (the held-out evaluation's task)")
     result = lerobot_round(policy=args.policy, store=args.store, out_dir=args.out, python=args.policy_python,
                            config=_train_config(args), task=args.task, dataset_root=args.dataset_root,
-                           check_serves=not args.no_serve_check, report=report)
+                           check_serves=not args.no_serve_check, report=report,
+                           promotion={"episodes": args.promotion_episodes} if args.promotion_episodes else None)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    loss = result["loss_last"]
+    loss, decision = result["loss_last"], result["promotion"]
     print(f"{result['parent_version']} -> {result['version']}: {result['step_last']} lerobot-train steps on "
           f"{result['dataset']} ({result['frames']} frames)" + (f", final loss {loss:.4g}" if loss is not None else "")
-          + f"; serve it: --policy {result['spec']}")
+          + (f"; {promotion_words(decision)}" if decision else "")
+          + (f"; serve it: --policy {result['spec']}" if not decision or decision["promoted"] else ""))
     return 0
 
 

@@ -42,7 +42,10 @@ from hg_dagger.datasets.build import build
 from hg_dagger.datasets.manifest import DatasetConfig, DatasetError, Manifest, SelectionConfig
 from hg_dagger.datasets.read import export_items
 from hg_dagger.datasets.repository import default_root, record_training, versions
+from hg_dagger.envs import load_mapping, make_env
 from hg_dagger.errors import ConfigError, HgDaggerError
+from hg_dagger.learn.evaluate import EvalConfig, closed_loop
+from hg_dagger.learn.promotion import PromotionConfig, decide, successes
 from hg_dagger.review.qc import run_qc
 
 Report = Callable[[str, float], None]  # (stage text, fraction 0..1 of that stage), as learn.rounds
@@ -254,11 +257,15 @@ def export_version(manifest: Manifest, out: Path, report: Report) -> dict[str, A
 
 def lerobot_round(*, policy: str, store: str, out_dir: str, python: str | None = None,
                   config: dict[str, Any] | None = None, task: str | None = None, dataset_root: str | None = None,
-                  check_serves: bool = False, report: Report) -> dict[str, Any]:
+                  check_serves: bool = False, promotion: dict[str, Any] | None = None,
+                  report: Report) -> dict[str, Any]:
     """One round for the LeRobot policy ``policy`` (lerobot:DIR): dataset version, export, ``lerobot-train``
     from DIR into ``out_dir``, lineage. Returns the new checkpoint (``spec``: lerobot:NEW), its version, the
     parent's, the dataset version, the command, steps and final loss. ``check_serves``: start ``hg-dagger policy
-    serve`` on the new checkpoint in ``python`` once, so a checkpoint that does not load fails the round here."""
+    serve`` on the new checkpoint in ``python`` once, so a checkpoint that does not load fails the round here.
+    ``promotion`` (a PromotionConfig's fields; needs ``task``): both policies, served from ``python``, are evaluated
+    on the same held-out seeds, and the result's ``promotion`` says whether the new one takes over (learn.promotion's
+    rule, as for the built-in student); the decision is in the lineage either way."""
     # deferred: the policy package imports torch, and the app imports this module in its window process to start jobs
     from hg_dagger.policy.lerobot_served import read_config, weights_version
 
@@ -278,9 +285,15 @@ def lerobot_round(*, policy: str, store: str, out_dir: str, python: str | None =
     trained = run_trainer(cmd, out / "train.log", cfg.steps, report, timeout_s=cfg.timeout_s)
     folder = trained_folder(out / "train")
     version = weights_version(folder, policy_type)
-    if check_serves:
+    if check_serves and promotion is None:  # the held-out evaluation serves it anyway
         report("serving the new checkpoint", 0.0)
         serve_once(python or base[0], folder)
+    decision = None
+    if promotion is not None:
+        if task is None:
+            raise ConfigError("the held-out evaluation of a round needs the task (--task)")
+        decision = judge_served(f"lerobot:{folder}", f"lerobot:{parent}", task, PromotionConfig(**promotion),
+                                python or base[0], report)
     lineage = {
         "policy_version": version, "policy_type": policy_type, "checkpoint": str(folder),
         "parent_version": parent_version, "parent_checkpoint": str(parent),
@@ -289,13 +302,48 @@ def lerobot_round(*, policy: str, store: str, out_dir: str, python: str | None =
         "trainer": TRAINER, "command": cmd, "command_line": shlex.join(cmd),
         "steps": cfg.steps, "step_last": trained["step"], "batch_size": cfg.batch_size,
         "loss_last": trained["loss_last"], "losses": trained["losses"], "train_seconds": trained["seconds"],
-        "created_wall": wall_stamp(),
+        "promotion": decision, "created_wall": wall_stamp(),
     }
     path = folder.parent / LINEAGE_FILE
     path.write_text(json.dumps(lineage, indent=1))
     record_training(droot, manifest, version, str(folder))
     return {**lineage, "spec": f"lerobot:{folder}", "version": version, "lineage": str(path),
             "seconds": round(time.monotonic() - t0, 2), "labels": exported["frames"]}
+
+
+def judge_served(candidate: str, acting: str, task: str, cfg: PromotionConfig, python: str,
+                 report: Report) -> dict[str, Any]:
+    """The promotion decision for the served policy ``candidate`` against ``acting``: both rolled alone on the same
+    held-out seeds (learn.evaluate.closed_loop), then learn.promotion's rule."""
+    # deferred: the policy package imports torch (see lerobot_round)
+    from hg_dagger.policy.remote import PolicyOptions
+    from hg_dagger.policy.sources import close_policy, open_policy
+
+    mapping = load_mapping(task)
+    held = EvalConfig(episodes=cfg.episodes, num_envs=min(cfg.num_envs, cfg.episodes), seed=cfg.seed)
+    figures, names = {}, {}
+    with make_env(mapping, num_envs=held.num_envs, seed=cfg.seed) as env:
+        for i, (who, spec) in enumerate((("acting", acting), ("new", candidate))):
+            report(f"held-out evaluation: the {who} policy", i / 2)
+            policy = open_policy(spec, mapping, PolicyOptions(python=python))
+            try:
+                figures[who], names[who] = successes(closed_loop(policy, env, held)), policy.version
+            finally:
+                close_policy(policy)
+    report("held-out evaluation: the new policy", 1.0)
+    d = decide(figures["new"], figures["acting"], cfg.confidence)
+    d.update(candidate_version=names["new"], incumbent_version=names["acting"],
+             acting_version=names["new"] if d["promoted"] else names["acting"])
+    return d
+
+
+def promotion_words(d: dict[str, Any]) -> str:
+    """The decision in one line: which policy acts next, and both held-out figures."""
+    n = d["episodes"]
+    new, old = round(d["candidate_success"] * n), round(d["incumbent_success"] * n)
+    head = (f"new policy {d['candidate_version']} takes over" if d["promoted"]
+            else f"kept policy {d['incumbent_version']}: the new one ({d['candidate_version']}) did worse")
+    return f"{head}; held-out {new}/{n} new against {old}/{n} acting ({d['reason'].split(': ', 1)[-1]})"
 
 
 def serve_once(python: str, folder: Path) -> None:
@@ -373,6 +421,6 @@ def watch_version(read_version: Callable[[], str | None], parent: str, *, timeou
         time.sleep(min(every_s, left))
 
 
-__all__ = ["LINEAGE_FILE", "LeRobotTrainConfig", "TrainFailed", "export_round", "failure_reason", "lerobot_round",
-           "load_train_config", "parse_progress", "read_lineage", "record_new_version", "run_trainer",
-           "trainer_command", "watch_version"]
+__all__ = ["LINEAGE_FILE", "LeRobotTrainConfig", "TrainFailed", "export_round", "failure_reason", "judge_served",
+           "lerobot_round", "load_train_config", "parse_progress", "promotion_words", "read_lineage",
+           "record_new_version", "run_trainer", "trainer_command", "watch_version"]

@@ -2,8 +2,8 @@
 on an hg-dagger export runs in `hg-dagger run --policy lerobot:DIR` (its server started from this environment's
 python), the gates fire and the operator's windows are recorded; a reviewer approves them, and `hg-dagger policy
 train-next` builds the next dataset version, exports it with `--labels trainable`, fine-tunes the acting checkpoint
-with the real `lerobot-train` (steps and batch from a config section), checks the new checkpoint serves and writes
-its lineage; the next run acts with the new version. A bad trainer config fails in one line and changes nothing.
+with the real `lerobot-train` (steps and batch from a config section), evaluates both policies served on the same
+held-out seeds (the promotion rule) and writes the lineage; the next run acts with the new version. A bad trainer config fails in one line and changes nothing.
 Runs in .venv-interop only (`make test-interop`)."""
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ SMALL = {  # a few CPU steps of a small network, as tests/interop/test_served_le
                   "--policy.num_inference_steps=2", "--policy.crop_shape=null"],
 }
 ROUND_STEPS = 3
+PROMOTION_EPISODES = 4  # held-out episodes each policy runs before the new one may take over
 
 
 def _hg(*args, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -98,6 +99,7 @@ def gated(acting) -> Path:
 
 
 def test_one_round_fine_tunes_with_lerobot_train_and_the_next_run_acts_with_it(acting, gated):
+    from hg_dagger.learn.promotion import decide
     from hg_dagger.policy.lerobot_served import weights_version
     from hg_dagger.store import EpisodeStore
 
@@ -112,14 +114,14 @@ def test_one_round_fine_tunes_with_lerobot_train_and_the_next_run_acts_with_it(a
     t0 = time.perf_counter()
     r = _hg("policy", "train-next", "--policy", f"lerobot:{acting}", "--store", gated, "--out", out, "--task",
             "toy_reach", "--config", conf, "--policy-python", sys.executable, "--dataset", f"rounds_{policy_type}",
-            "--json")
+            "--promotion-episodes", PROMOTION_EPISODES, "--json")
     took = time.perf_counter() - t0
     result = json.loads(_ok(r))
 
     # progress: the trainer's steps and losses, as they came
     progress = [ln for ln in r.stderr.splitlines() if ln.startswith("lerobot-train: step ")]
     assert progress[-1].startswith(f"lerobot-train: step {ROUND_STEPS}/{ROUND_STEPS}, loss "), r.stderr[-2000:]
-    assert any(", loss " in ln for ln in progress[:-1]) and "serving the new checkpoint" in r.stderr
+    assert any(", loss " in ln for ln in progress[:-1]) and "held-out evaluation: the new policy" in r.stderr
 
     new = Path(result["checkpoint"])
     assert result["spec"] == f"lerobot:{new}" and new.is_relative_to(out / "train")
@@ -131,6 +133,13 @@ def test_one_round_fine_tunes_with_lerobot_train_and_the_next_run_acts_with_it(a
     assert {f"--steps={ROUND_STEPS}", "--batch_size=4", f"--dataset.root={out / 'export'}"} <= set(lineage["command"])
     assert lineage["step_last"] == ROUND_STEPS and math.isfinite(lineage["loss_last"])
     assert [s for s, _ in lineage["losses"]] == list(range(1, ROUND_STEPS + 1))
+    # the promotion rule of the built-in student's rounds: both policies served, on the same held-out seeds
+    d = lineage["promotion"]
+    assert d == result["promotion"] and d["episodes"] == PROMOTION_EPISODES
+    assert (d["candidate_version"], d["incumbent_version"]) == (result["version"], parent)
+    again = decide((round(d["candidate_success"] * d["episodes"]), d["episodes"]),
+                   (round(d["incumbent_success"] * d["episodes"]), d["episodes"]), d["confidence"])
+    assert again["promoted"] == d["promoted"] and d["acting_version"] == (result["version"] if d["promoted"] else parent)
     # the fine-tuned policy is the acting one's network, trained further: same architecture, other weights
     new_cfg = json.loads((new / "config.json").read_text())
     arch = ("dim_model", "n_encoder_layers", "chunk_size") if policy_type == "act" else ("horizon", "down_dims")
@@ -147,7 +156,8 @@ def test_one_round_fine_tunes_with_lerobot_train_and_the_next_run_acts_with_it(a
     assert summary["episodes"] == 1
     assert [i.start.policy_version for i in EpisodeStore.open(store).episodes(complete=True)] == [result["version"]]
     print(f"{policy_type} round: {parent} -> {result['version']}, {ROUND_STEPS} lerobot-train steps on "
-          f"{lineage['frames']} frames, loss {lineage['loss_last']:.4g}; train-next took {took:.1f} s")
+          f"{lineage['frames']} frames, loss {lineage['loss_last']:.4g}, held-out {d['candidate_success']:.2f} new "
+          f"against {d['incumbent_success']:.2f} acting (promoted: {d['promoted']}); train-next took {took:.1f} s")
 
 
 def test_a_bad_trainer_config_fails_in_one_line_and_keeps_the_acting_policy(acting, gated):
