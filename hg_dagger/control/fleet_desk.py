@@ -27,6 +27,7 @@ from hg_dagger.control.operators import DeviceOperator
 from hg_dagger.errors import HgDaggerError
 
 TILE_SIZE = 160  # pixels of a robot's small live view
+TILE_EVERY = 2  # a tile per this many renders of the view: each tile at view rate / (2 N), the control rate kept
 STATES = {ControlState.AUTONOMOUS.value: "autonomous", ControlState.WARNING.value: "autonomous",
           ControlState.HANDOVER_REQUESTED.value: "waiting", ControlState.HUMAN.value: "human",
           ControlState.EXPERT.value: "human", ControlState.RETURNING.value: "returning",
@@ -97,6 +98,7 @@ class FleetDesk:
         self._ticks = 0
         self.frames: list[np.ndarray | None] = [None] * self.n
         self._next_tile = 0
+        self._calls = 0
         # a person at the console picks; an operator model (synthetic, expert) is served the top request as headless
         self.alloc.manual = self._keyboard() is not None
 
@@ -210,7 +212,10 @@ class FleetDesk:
             self.successes[r] += int(ok)
 
     def render_tile(self, env) -> None:
-        """One robot's small view per call, in turn (the selected robot's large one is the loop's)."""
+        """One robot's small view every TILE_EVERY calls, in turn (the selected robot's large one is the loop's)."""
+        self._calls += 1
+        if self._calls % TILE_EVERY:
+            return
         r = self._next_tile
         self._next_tile = (r + 1) % self.n
         self.frames[r] = env.render_view(r, TILE_SIZE)
