@@ -250,6 +250,7 @@ _HID = "loads hid (the app extra); without it there is no SpaceMouse, not an err
 
 DEFERRED_IMPORTS = {  # "importer -> imported": why it stays inside a function
     "hg_dagger.cli.app -> hg_dagger.control.run_config": _EVAL,
+    "hg_dagger.control.gate_novelty -> hg_dagger.store": _ZARR_CLI,
     "hg_dagger.cli.app -> hg_dagger.ui.application": _QT,
     "hg_dagger.cli.devices -> hg_dagger.devices": _EVAL,
     "hg_dagger.cli.devices -> hg_dagger.devices.base": _EVAL,

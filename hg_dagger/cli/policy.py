@@ -102,6 +102,8 @@ def register(sub) -> None:
                    "serves every interface)")
     s.add_argument("--port", type=int, default=8000, help="TCP port, 0 = any free port (default 8000, openpi's)")
     s.add_argument("--device", default="cpu", help="torch device of a LeRobot policy (default cpu)")
+    s.add_argument("--samples", type=int, default=0, metavar="K", help="send K samples of each chunk with the reply "
+                   "(action_samples), for the spread gate: a built-in student's ensemble members (default 0: none)")
     s.add_argument("--exit-with-stdin", action="store_true", help=argparse.SUPPRESS)  # a parent's child server
     s.set_defaults(func=_serve)
     c = psub.add_parser("check", help="open a policy for a task, check its features and act once; print what it is")
@@ -149,6 +151,9 @@ def _served(args):
     if kind == "lerobot":
         from hg_dagger.policy.lerobot_served import LeRobotServed
 
+        if args.samples:
+            raise ConfigError(f"policy serve {args.spec}: --samples is served for a built-in student only (a LeRobot "
+                              "policy's samples are not yet)")
         return LeRobotServed(args.spec.split(":", 1)[1], device=args.device)
     if kind == "student":
         if args.task is None:
@@ -157,7 +162,7 @@ def _served(args):
         from hg_dagger.policy.server import StudentServed
 
         one_inference_thread()
-        return StudentServed(Student.load(args.spec, load_mapping(args.task)))
+        return StudentServed(Student.load(args.spec, load_mapping(args.task)), samples=args.samples)
     if kind == "ws":
         raise ConfigError(f"policy serve {args.spec}: that is a policy server already; connect to it with "
                           f"--policy {args.spec}")

@@ -434,7 +434,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
             dropped = drop(list(why))  # per row what went (RemotePolicy); another policy may say nothing
             for r, values in dropped.items() if isinstance(dropped, dict) else ():
                 if self.eids[r] is not None:
-                    self._event(r, EventKind.NOTE, t_ns, f"chunk dropped at {why[r]}", "policy", values)
+                    self._event(r, EventKind.NOTE, t_ns, f"chunk dropped at {why[r]}", "handover", values)
         self._request_events(d.requests_ended, t_ns)
         return d
 

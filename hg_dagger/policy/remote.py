@@ -29,6 +29,12 @@ dimension's raw action range (NaN without a predecessor to compare: a row's firs
 overlap). It holds while the chunk executes, and it is the ``uncertainty`` the policy reports when its server
 reports none of its own, so a single chunking model can ask for help (the ``chunk`` gate, docs/gates.md).
 
+A server whose metadata says ``"samples": K`` sends ``action_samples`` with each chunk: K samples of it [K, H, A]
+(batched [N, K, H, A]), a stochastic policy's draws. ``sample_spread`` is then, over the actions executed of the
+chunk, the mean of the largest per-dimension standard deviation across the samples, as a fraction of that
+dimension's raw action range; it holds while the chunk executes, and it is the ``uncertainty`` reported (before
+chunk disagreement) when the server reports none of its own (the ``spread`` gate).
+
 Actions are taken as raw actions (what our LeRobot export writes as ``action``). A server that is unreachable,
 dies, stalls past the timeout, answers with an error, or proposes an action of the wrong size or a non-finite
 one raises ``PolicyError`` naming the server's address.
@@ -174,9 +180,10 @@ class RemotePolicy:
             opts.action_steps or _positive_int(self.metadata, "n_action_steps"))
         self.batch = bool(self.metadata.get("batch")) if opts.batch is None else bool(opts.batch)
         self.server_uncertainty = bool(self.metadata.get("uncertainty"))
+        self.samples = _positive_int(self.metadata, "samples") or 0
         horizon = _positive_int(self.metadata, "chunk_size")
         self.overlaps = self.action_steps is not None and (horizon is None or horizon > self.action_steps)
-        self.reports_uncertainty = self.server_uncertainty or self.overlaps
+        self.reports_uncertainty = self.server_uncertainty or self.overlaps or self.samples > 0
         thresholds = self.metadata.get("gate_thresholds")
         self.gate_thresholds: dict[str, Any] = plain(thresholds) if isinstance(thresholds, dict) else {}
         self.lineage: list[dict[str, Any]] = []
@@ -190,6 +197,7 @@ class RemotePolicy:
         self._recent: list[list[list]] = []  # per row, temporal ensembling: [chunk, its age in ticks], oldest first
         self._tail: list[np.ndarray | None] = []  # per row: its chunk's actions past the queue (predicted, not run)
         self.chunk_disagreement = np.zeros(0, np.float32)  # per row: its chunk against its predecessor (NaN: none)
+        self.sample_spread = np.zeros(0, np.float32)  # per row: its chunk's samples' spread (NaN: none)
         self._unc = np.zeros(0, np.float32)
         self._conf = np.zeros(0, np.float32)
         self.chunk_id = np.zeros(0, np.int64)  # per row: which chunk it executes (counts from 1; 0: none yet)
@@ -231,6 +239,7 @@ class RemotePolicy:
         self._tail = [None] * n
         self._recent = [[] for _ in range(n)]
         self.chunk_disagreement = np.full(n, np.nan, np.float32)
+        self.sample_spread = np.full(n, np.nan, np.float32)
         self._unc = np.full(n, np.nan, np.float32)
         self._conf = np.full(n, np.nan, np.float32)
         self.chunk_id = np.zeros(n, np.int64)
@@ -260,6 +269,7 @@ class RemotePolicy:
                 self._tail[r] = None
                 self._recent[r] = []
                 self.chunk_disagreement[r] = np.nan
+                self.sample_spread[r] = np.nan
                 if not self.server_uncertainty:
                     self._unc[r] = np.nan
         return dropped
@@ -410,13 +420,30 @@ class RemotePolicy:
         self.chunk_id[r] = self._chunks
         self.chunk_index[r] = skip - 1  # act() counts it to the index of the chunk's first action executed
         i_reply: int | None = i if job.batched else None
+        samples = reply.get("action_samples")
+        self.sample_spread[r] = np.nan if samples is None else self._spread(samples, i_reply, skip, steps)
         if not self.server_uncertainty:
-            self._unc[r] = self.chunk_disagreement[r]
+            own = self.sample_spread[r]
+            self._unc[r] = own if np.isfinite(own) else self.chunk_disagreement[r]
         for key, dest in (("uncertainty", self._unc), ("confidence", self._conf)):
             v = reply.get(key)
             if v is not None:
                 arr = np.asarray(v, np.float32).reshape(-1)
                 dest[r] = arr[i_reply if i_reply is not None and arr.size > 1 else 0]
+
+    def _spread(self, samples: Any, i: int | None, skip: int, steps: int) -> float:
+        """The mean over the executed actions of the largest per-dimension std across the samples, as fractions of
+        the raw action range."""
+        a = np.asarray(samples)
+        if i is not None and a.ndim == 4:
+            a = a[i]
+        if a.ndim != 3 or a.shape[-1] != self._a or a.shape[0] < 2 or a.dtype.kind not in "fiu":
+            raise PolicyError(f"policy server {self.label} sent action_samples of shape {list(a.shape)}; expected "
+                              f"[K >= 2, H, A = {self._a}]" + (" per row" if i is not None else ""))
+        if not np.isfinite(a).all():
+            raise PolicyError(f"policy server {self.label} sent a non-finite action sample; the run stops")
+        part = a[:, skip:skip + steps] if a.shape[1] > skip else a[:, -1:]
+        return float((part.astype(np.float32).std(axis=0) / self._span).max(axis=-1).mean())
 
     def _disagreement(self, tail: np.ndarray | None, chunk: np.ndarray) -> float:
         """The mean over the overlapping steps of the largest per-dimension difference between what the previous

@@ -18,6 +18,9 @@ free to add their own; the client reads these where present):
     n_action_steps   int   actions of each chunk to execute before asking again
     batch            bool  requests may carry a leading batch dimension (replies [N, H, A])
     uncertainty      bool  replies carry per-observation ``uncertainty`` and ``confidence``
+    samples          int   replies carry ``action_samples``: K samples of the chunk, [K, H, A] (batched [N, K, H, A]),
+                           raw units: a stochastic policy's draws, the built-in student's ensemble members
+                           (``policy serve --samples K``); the spread gate scores their spread
 """
 
 from __future__ import annotations
@@ -163,11 +166,16 @@ class StudentServed:
     batch in one pass, and returns its chunk (one action for a non-chunk head) in raw action units with its
     ensemble's uncertainty and confidence, so a served student gates like a local one."""
 
-    def __init__(self, student):
+    def __init__(self, student, samples: int = 0):
         self.student = student
         self.mapping = student.mapping
         self.feats = task_features(self.mapping)
         self.horizon = int(student.net.horizon)
+        members = int(student.spec.ensemble)
+        if not 0 <= samples <= members:
+            raise PolicyError(f"--samples {samples}: the student has {members} ensemble members, its samples; give "
+                              f"0..{members}")
+        self.samples = int(samples)
 
     def metadata(self) -> dict[str, Any]:
         m, s = self.mapping, self.student
@@ -183,6 +191,7 @@ class StudentServed:
             "batch": True,
             "uncertainty": True,
             "gate_thresholds": dict(s.gate_thresholds),
+            "samples": self.samples,
             "task": m.task_id,
             "mapping_hash": m.hash,
             "server": "hg-dagger",
@@ -191,9 +200,10 @@ class StudentServed:
     def infer(self, msg: dict[str, Any]) -> dict[str, Any]:
         obs, batched = from_wire(msg, self.mapping)
         chunk, unc, conf = student_chunk(self.student, obs)
-        if not batched:
-            return {"actions": chunk[0], "uncertainty": unc[0], "confidence": conf[0]}
-        return {"actions": chunk, "uncertainty": unc, "confidence": conf}
+        reply: dict[str, Any] = {"actions": chunk, "uncertainty": unc, "confidence": conf}
+        if self.samples:
+            reply["action_samples"] = student_samples(self.student, obs)[:, : self.samples]
+        return reply if batched else {k: v[0] for k, v in reply.items()}
 
 
 def student_chunk(student, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,6 +228,20 @@ def student_chunk(student, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.n
     return raw, unc.astype(np.float32), conf
 
 
+def student_samples(student, obs: dict[str, np.ndarray]) -> np.ndarray:
+    """Each ensemble member's chunk from ``obs``, raw units [N, K, H, A]: the student's samples of its action."""
+    # torch deferred: seconds to import; only the code that runs a model loads it
+    import torch
+
+    net = student.net
+    with torch.inference_mode():
+        state, images = student.encode(obs)
+        chunks = net.chunks(state, images).numpy()  # normalized [K, N, H, A]
+    policy = to_policy_units(chunks, net.act_mean.numpy(), net.act_std.numpy())
+    raw = np.asarray(student.mapping.policy_to_raw(policy.reshape(-1, policy.shape[-1])), np.float32)
+    return raw.reshape(policy.shape).transpose(1, 0, 2, 3)
+
+
 def serve(policy: ServedPolicy, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; ``on_ready(address)`` once listening."""
@@ -231,4 +255,5 @@ def serve(policy: ServedPolicy, *, host: str = DEFAULT_HOST, port: int = DEFAULT
         server.shutdown()
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "PolicyServer", "ServedPolicy", "StudentServed", "serve", "student_chunk"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "PolicyServer", "ServedPolicy", "StudentServed", "serve", "student_chunk",
+           "student_samples"]

@@ -29,7 +29,7 @@ from hg_dagger.store import EpisodeStore, validate_store
 from hg_dagger.ui.gate import gate_words
 
 SHIPPED = {"confidence", "risk", "progress_stall", "progress_eta", "constraint", "signal", "policy_failed", "operator",
-           "chunk"}
+           "chunk", "spread", "novelty"}
 SECTION = "A gate type"
 
 
@@ -39,7 +39,8 @@ def test_each_shipped_gate_type_is_one_record_read_by_its_type():
     for name in ours:
         record = GATES.get(name)
         assert record.spec.model_fields["type"].default == name
-    assert {n for n in ours if GATES.get(n).grace} == {"confidence", "risk", "progress_stall", "progress_eta"}
+    assert {n for n in ours if GATES.get(n).grace} == {"confidence", "risk", "progress_stall", "progress_eta",
+                                                        "novelty"}
     cfg = GateConfig.model_validate({"gates": [{"type": "signal", "name": "collision", "signal": "c"},
                                               {"type": "confidence", "trigger": 0.3}]})
     assert [type(g).__name__ for g in cfg.gates] == ["SignalGate", "ConfidenceGate"]

@@ -70,21 +70,20 @@ def serve_process(tmp_path):
 
 
 @pytest.fixture
-def clock_server(tmp_path):
-    """`tests/policy/served_clock.py` in a child process: a slow served policy whose actions say which step they
-    are for (``start(delay=..., chunk=..., steps=..., batch=...)`` -> its ws:// address)."""
+def script_server(tmp_path):
+    """A test's own policy server script (tests/policy/served_*.py) in a child process: ``start(name, *args)`` ->
+    its ws:// address."""
     procs: list[tuple[subprocess.Popen, object]] = []
 
-    def start(delay: float, chunk: int = 10, steps: int = 10, batch: bool = False) -> str:
-        script = Path(__file__).with_name("served_clock.py")
-        cmd = [sys.executable, str(script), "--delay", str(delay), "--chunk", str(chunk), "--steps", str(steps)]
-        log = open(tmp_path / f"clock-server{len(procs)}.log", "w")
-        proc = subprocess.Popen(cmd + (["--batch"] if batch else []), stdout=subprocess.PIPE, stderr=log, text=True)
+    def start(name: str, *args: str) -> str:
+        cmd = [sys.executable, str(Path(__file__).with_name(name)), *args]
+        log = open(tmp_path / f"{Path(name).stem}{len(procs)}.log", "w")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         procs.append((proc, log))
         ready, _, _ = select.select([proc.stdout], [], [], 120)
         line = proc.stdout.readline() if ready else ""
         if not line.startswith("listening on "):
-            raise RuntimeError(f"clock server did not start: {line!r}")
+            raise RuntimeError(f"{name} did not start: {line!r}")
         return line.strip().removeprefix("listening on ")
 
     yield start
@@ -93,3 +92,15 @@ def clock_server(tmp_path):
         proc.wait()
         proc.stdout.close()
         log.close()
+
+
+@pytest.fixture
+def clock_server(script_server):
+    """`tests/policy/served_clock.py`: a slow served policy whose actions say which step they are for
+    (``start(delay, chunk=..., steps=..., batch=...)`` -> its ws:// address)."""
+
+    def start(delay: float, chunk: int = 10, steps: int = 10, batch: bool = False) -> str:
+        args = ["--delay", str(delay), "--chunk", str(chunk), "--steps", str(steps)]
+        return script_server("served_clock.py", *args, *(["--batch"] if batch else []))
+
+    return start
