@@ -8,8 +8,7 @@ to a fleet session for a live front end.
   simulation not stepped, until the person clears it; the other robots run on), each robot's episodes and
   successes, its small live view, and what the snapshot says about every robot and the queue.
 
-The session's state is read, and changed only where the session has no call for it yet (the row's queued start,
-a NOTE event); nothing here imports Qt.
+The session's state is read; a robot's e-stop is the session's (``Session.stop_row``); nothing here imports Qt.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hg_dagger.contract.clock import now_ns
-from hg_dagger.contract.enums import ControlState, EndReason, EventKind
+from hg_dagger.contract.enums import ControlState
 from hg_dagger.control import live
 from hg_dagger.control.fleet import Request
 from hg_dagger.control.handover import REQUESTED
@@ -64,24 +62,6 @@ class FleetKeyboard(DeviceOperator):
         return super().device_state(self.row)
 
 
-class RowStops:
-    """The env as the engine steps it, with the stopped robots' rows left untouched (a simulator that pauses
-    rows); everything else is the env's own."""
-
-    def __init__(self, env, stopped: set[int]):
-        self._env, self._stopped = env, stopped
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
-
-    def step(self, action, paused=None):
-        if not self._stopped or not self._env.pauses_rows:
-            return self._env.step(action) if paused is None else self._env.step(action, paused=paused)
-        mask = np.zeros(self._env.num_envs, bool) if paused is None else np.array(paused, bool)
-        mask[sorted(self._stopped)] = True
-        return self._env.step(action, paused=mask)
-
-
 class FleetDesk:
     """The fleet side of a ControlLoop (see the module docstring); call it from the control thread."""
 
@@ -89,8 +69,6 @@ class FleetDesk:
         self.s = session
         self.alloc = session.fleet
         self.n = session.n
-        self.stopped: set[int] = set()
-        session.engine.env = RowStops(session.engine.env, self.stopped)
         self.episodes = np.zeros(self.n, np.int64)
         self.successes = np.zeros(self.n, np.int64)
         self._ended = list(session.ended_ids)
@@ -165,30 +143,17 @@ class FleetDesk:
         kb.decline()
 
     def stop(self, r: int, by: str) -> None:
-        """Robot ``r`` stops where it is: its episode ends as a safety stop (a NOTE says who stopped it), no new one
-        begins and its simulation is not stepped until ``clear``."""
-        s = self.s
-        if r in self.stopped:
-            return
-        self.stopped.add(r)
-        if s.eids[r] is not None:
-            s._event(r, EventKind.NOTE, now_ns(), f"e-stop of robot {r + 1}", by, {"robot": r, "estop": True})
-            held = s.starts_held
-            s.starts_held = True  # its next episode is queued, not begun, and then taken off the queue
-            try:
-                s.end_episode(r, EndReason.SAFETY_STOP, False)
-            finally:
-                s.starts_held = held
-        s._queued.pop(r, None)
+        """Robot ``r`` stops where it is until ``clear`` (Session.stop_row)."""
+        self.s.stop_row(r, by)
 
     def clear(self, r: int, by: str) -> None:
-        """The explicit reset robot ``r``'s e-stop needs; its next episode begins at once if the run wants more."""
-        s = self.s
-        if r not in self.stopped:
-            raise HgDaggerError(f"robot {r + 1} is not e-stopped")
-        self.stopped.discard(r)
-        if s.running and s.eids[r] is None and s._target > s._started:
-            s._queued[r] = now_ns()
+        """The explicit reset robot ``r``'s e-stop needs (Session.clear_row)."""
+        self.s.clear_row(r, by)
+
+    @property
+    def stopped(self) -> set[int]:
+        """The e-stopped robots (the session's)."""
+        return self.s.stopped_rows
 
     # ---- what the snapshot says -------------------------------------------------------------
 
@@ -260,4 +225,4 @@ def fleet_keyboard(session, device, name: str) -> FleetKeyboard:
     return op
 
 
-__all__ = ["STATES", "TILE_SIZE", "FleetDesk", "FleetKeyboard", "RowStops", "fleet_keyboard"]
+__all__ = ["STATES", "TILE_SIZE", "FleetDesk", "FleetKeyboard", "fleet_keyboard"]

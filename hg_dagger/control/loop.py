@@ -246,9 +246,7 @@ class ControlLoop:
                     if s.running:
                         s.add_episodes(n)
                     else:
-                        if self.desk is not None:  # a fresh start begins every robot: its own e-stop lifted
-                            self.desk.stopped.clear()
-                        s.start(n)
+                        s.start(n)  # a fresh start begins every robot: a robot's own e-stop is lifted
                     self._paused = False
                 case live.Pause(paused=p):
                     self._paused = p

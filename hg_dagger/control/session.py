@@ -180,6 +180,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         self._env_info: dict[str, Any] = {}
         self.robot_hold = ""  # why the robot holds (link lost): nothing moves until a person calls resume()
         self.fleet = fleet  # one person serves every row: the request queue (control.fleet); None: one each
+        self.stopped_rows: set[int] = set()  # rows e-stopped on their own (stop_row): not stepped, no new episode
 
     # ---- state read by callers -------------------------------------------------------------
 
@@ -281,6 +282,7 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
             raise HgDaggerError(f"e-stop from {self.safety.estop_source or 'unknown'} is latched: clear it before running")
         self._target = self._started + episodes
         self._queued.clear()
+        self.stopped_rows.clear()  # a fresh start begins every row: a row's own e-stop is lifted with it
         self.summary.stopped_by = ""
         self.robot_hold = ""  # starting is the operator's action; the reset below lifts a robot hold
         obs, info = self.env.reset(seed=[self.rows.seed_of(self.rows.begun + i) for i in range(self.n)])
@@ -332,6 +334,9 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
         if d.paused.any():  # the simulator waits for the person: nothing is applied or recorded in those rows
             self.summary.paused_ticks += 1
             tick.paused = d.paused
+        if self.stopped_rows:  # e-stopped rows stay where they are
+            tick.paused = (tick.paused if tick.paused is not None else np.zeros(self.n, bool)).copy()
+            tick.paused[sorted(self.stopped_rows)] = True
         if self.count_acting:  # holding for the person is no step of the episode
             tick.counted = ~((d.state == REQUESTED) & (d.source == SRC_HOLD))
         tick.stop = d.state == SAFE_STOP

@@ -92,6 +92,29 @@ class SessionControls(SessionState):
         """End ``row``'s episode now (operator abort, verdict, reset) and begin the next one if any remain."""
         self._end_now(row, EndReason(reason), bool(success))
 
+    def stop_row(self, row: int, by: str) -> None:
+        """One robot's e-stop (a fleet's, the others run on): its episode ends as a safety stop with a NOTE naming
+        who stopped it, and the row stays where it is, not stepped and with no new episode, until ``clear_row``
+        or a fresh ``start``."""
+        if row in self.stopped_rows:
+            return
+        self.stopped_rows.add(row)
+        if self.eids[row] is not None:  # the event reaches the incident file too
+            self._event(row, EventKind.NOTE, now_ns(), f"e-stop of robot {row + 1}", by, {"robot": row, "estop": True})
+            self._end(row, EndReason.SAFETY_STOP, False)
+        else:
+            safety_log.note(f"e-stop of robot {row + 1}", by)
+        self._queued.pop(row, None)
+
+    def clear_row(self, row: int, by: str) -> None:
+        """The explicit reset a row's e-stop needs; its next episode begins at once if the run wants more."""
+        if row not in self.stopped_rows:
+            raise HgDaggerError(f"robot {row + 1} is not e-stopped")
+        self.stopped_rows.discard(row)
+        safety_log.note(f"e-stop of robot {row + 1} cleared by {by}", by)
+        if self.running and self.eids[row] is None and self._target > self._started + len(self._queued):
+            self._queued[row] = now_ns()
+
     def discard_episode(self, row: int, reason: str, *, final: bool = True) -> str:
         """End ``row``'s episode as an operator abort, discarded: kept on disk, never trainable. ``final``: the
         quality flag "discarded" (no undo); otherwise the caller keeps it out of training with a label layer

@@ -51,6 +51,7 @@ class SessionState:
     signals: dict[str, np.ndarray]
     t_obs_align_ms: np.ndarray | None
     window_episode: dict[str, str]
+    stopped_rows: set[int]
     last_window_id: str | None
     _base_handover: HandoverConfig
     _world_clock: Any

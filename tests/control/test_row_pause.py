@@ -52,3 +52,35 @@ def test_a_row_waiting_for_a_person_pauses_alone_while_three_others_run(tmp_path
     st = EpisodeStore.open(str(store))
     assert validate_store(st) == []
     assert s.summary.paused_ticks > 0 and s.summary.windows >= 1
+
+
+def test_one_rows_e_stop_holds_it_still_while_the_others_run_until_it_is_cleared(tmp_path):
+    store = tmp_path / "s.zarr"
+    cfg = load_run_config(None, "toy_reach", num_envs=4, calibrate_steps=0, **{"handover.wait": "pause"})
+    s = open_session(cfg, str(store))
+    try:
+        s.start(40)
+        for _ in range(5):
+            s.tick()
+        stopped_eid = s.eids[1]
+        s.stop_row(1, "operator-a")
+        assert s.eids[1] is None and s.stopped_rows == {1}
+        t_env, pose = int(s.env._t[1]), s.obs["ee_pos"][1].copy()
+        others = {i: int(s.env._t[i]) for i in (0, 2, 3)}
+        for _ in range(60):  # episodes end and begin back to back in the other rows
+            s.tick()
+        assert int(s.env._t[1]) == t_env and s.eids[1] is None  # not stepped, no new episode
+        np.testing.assert_array_equal(s.obs["ee_pos"][1], pose)
+        assert all(int(s.env._t[i]) != t for i, t in others.items()), "the other rows stood still"
+        s.clear_row(1, "operator-a")
+        s.tick()
+        assert s.eids[1] is not None and s.stopped_rows == set()  # it begins its next episode
+        s.close_all("test over")
+    finally:
+        s.rec.close()
+        s.env.close()
+    st = EpisodeStore.open(str(store))
+    assert validate_store(st) == []
+    (info,) = [i for i in st.episodes() if i.episode_id == stopped_eid]
+    assert info.end.end_reason.value == "safety_stop"
+    assert any(e.reason == "e-stop of robot 2" and e.source == "operator-a" for e in info.end.events)
