@@ -387,18 +387,21 @@ class MainWindow(QMainWindow):
                 self._split_restored = True
                 if split is self.plots:
                     self.plots.user_sized = True
+                if self.fleet is not None and split is self.split_fleet:
+                    self._fleet_sized = True
         self._user_split = self._split_restored  # the person's own layout is never changed for them
 
     def _splits(self) -> tuple[QSplitter, ...]:
-        """The splitters whose positions persist (the plots panel is one; the fleet's split has no settings key)."""
-        return (self.split_main, self.split_view, self.plots)
+        """The splitters whose positions persist (the plots panel is one; the fleet's when there is a fleet)."""
+        fleet = (self.split_fleet,) if self.fleet is not None else ()
+        return (self.split_main, self.split_view, self.plots, *fleet)
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
         if not self._split_restored:
             self._split_restored = True
             self.default_split()
-        elif self.fleet is not None and not self._fleet_sized:  # the fleet's split is not saved: its default
+        elif self.fleet is not None and not self._fleet_sized:  # no saved fleet split yet: its default
             self._fleet_split()
 
     def default_split(self) -> None:

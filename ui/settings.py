@@ -73,6 +73,7 @@ class WindowSettings(_Section):
     split_main: str = ""
     split_view: str = ""
     plots_splitter: str = ""
+    split_fleet: str = ""  # the fleet console's robots and queue against the robot on screen (app --robots N)
 
 
 class AppSettings(_Section):

@@ -162,6 +162,27 @@ def test_quit_sends_quit_once_and_layout_persists(qtbot, settings):
     again.close()
 
 
+def test_the_fleet_consoles_split_persists(qtbot, settings):
+    slot, q = LatestSlot(), CommandQueue()
+    win = MainWindow(slot, q, settings=settings, scan=lambda: [KEYBOARD], robots=4)
+    qtbot.addWidget(win)
+    win.resize(1400, 800)
+    win.show()
+    qtbot.waitExposed(win)
+    width = sum(win.split_fleet.sizes())
+    win.split_fleet.setSizes([width // 5, width - width // 5])  # the person narrows the robots' side (default 45%)
+    sizes = win.split_fleet.sizes()
+    win.close()
+    assert settings.data.window.split_fleet
+    again = MainWindow(slot, q, settings=settings, scan=lambda: [KEYBOARD], robots=4)
+    qtbot.addWidget(again)
+    again.show()
+    qtbot.waitExposed(again)
+    again_sizes = again.split_fleet.sizes()
+    assert again_sizes[0] == pytest.approx(sizes[0], abs=12)  # Qt keeps the side's pixels; the rest takes the change
+    again.close()
+
+
 def test_help_lists_shortcuts_and_sound_setting_persists(qtbot, window, settings):
     win, *_ = window
     listed = shortcut_rows()
