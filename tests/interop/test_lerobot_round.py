@@ -98,6 +98,7 @@ def gated(acting) -> Path:
     return store
 
 
+@pytest.mark.timeout(900)  # lerobot-train, two served policies' held-out episodes and a run: minutes on a busy CPU
 def test_one_round_fine_tunes_with_lerobot_train_and_the_next_run_acts_with_it(acting, gated):
     from hg_dagger.learn.promotion import decide
     from hg_dagger.policy.lerobot_served import weights_version
