@@ -40,6 +40,7 @@ KINDS: dict[str, str] = {
     "auto": "hg_dagger.learn.auto:AutoConfig",
     "qc": "hg_dagger.review.qc_config:QCConfig",
     "dataset": "hg_dagger.datasets.manifest:DatasetConfig",
+    "lerobot_train": "hg_dagger.learn.lerobot_round:LeRobotTrainConfig",
 }
 
 

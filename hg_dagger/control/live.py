@@ -211,8 +211,9 @@ class SetDevice(Command):
 
 @dataclass(frozen=True)
 class SwapStudent(Command):
-    """Load a new student checkpoint; it acts from the next episode on. ``calibration``: the new
-    student's uncertainty on recent autonomous states, for the confidence gate's quantile rule."""
+    """Load a new policy (a student checkpoint, or a policy spec such as ``lerobot:DIR``, opened with the acting
+    policy's options); it acts from the next episode on. ``calibration``: the new student's uncertainty on recent
+    autonomous states, for the confidence gate's quantile rule."""
 
     checkpoint: str
     calibration: tuple[float, ...] = ()
