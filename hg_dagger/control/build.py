@@ -204,7 +204,7 @@ def run_gated(cfg: RunConfig, store_url: str, *, student_path: str | None = None
 
     session = open_session(cfg, store_url, policy=spec, policy_options=policy_options, extra=extra)
     try:
-        summary = session.run(cfg.episodes, progress=progress)
+        summary = session.run(cfg.episodes, progress=progress, windows=cfg.windows)
         if session.fleet is not None:
             summary.fleet = fleet_figures(session)
         return summary

@@ -79,6 +79,8 @@ class RunConfig(StrictModel):
     scene: str = ""
     num_envs: int = Field(default=1, ge=1)
     episodes: int = Field(default=10, ge=1)
+    windows: int | None = Field(default=None, ge=1, description="stop beginning episodes once the run holds this many "
+                                "correction windows (the open ones finish); at most `episodes` episodes either way")
     seed: int = 0
     max_episode_steps: int | None = Field(default=None, ge=1, description="cut every episode after this many steps "
                                           "(end reason timeout); default: the task's horizon")

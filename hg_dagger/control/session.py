@@ -254,9 +254,11 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
 
     # ---- the run loop ----------------------------------------------------------------------
 
-    def run(self, episodes: int, *, progress: bool = True) -> RunSummary:
-        """Record ``episodes`` complete episodes (or fewer if an e-stop ends the run)."""
+    def run(self, episodes: int, *, progress: bool = True, windows: int | None = None) -> RunSummary:
+        """Record ``episodes`` complete episodes (or fewer if an e-stop ends the run); with ``windows``, no episode
+        begins once the run holds that many correction windows, and the open ones finish."""
         done_before = self.summary.episodes
+        windows_before = self.summary.windows
         self.start(episodes)
         bar = tqdm(total=episodes, desc=f"run {self.mapping.task_id}", unit="ep", disable=not progress, leave=False)
         period = self.mapping.step_dt if self.realtime else 0.0
@@ -267,6 +269,9 @@ class Session(SessionControls, SessionEpisodes, SessionEvents, SessionRewind, Ar
                 self.tick()
                 if self.robot_hold:  # no person here to resume: the run stops, its episodes kept as safety stops
                     self._stop_all("robot_hold")
+                if windows is not None and self.summary.windows - windows_before >= windows:
+                    self._target = min(self._target, self._started)  # enough corrections: the open episodes finish
+                    self._queued.clear()
                 bar.update(self.summary.episodes - before)
                 if period:
                     time.sleep(max(0.0, period - (time.perf_counter() - t0)))

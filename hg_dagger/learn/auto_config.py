@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, model_validator
 
 from hg_dagger import config as cfgmod
 from hg_dagger.contract.enums import CollectionMode
@@ -86,6 +86,10 @@ class AutoConfig(StrictModel):
                                     "gates, handover, safety, operator, num_envs, calibrate_steps) over "
                                     "configs/run/<task>.yaml, each section merged key by key; episodes and seeds "
                                     "per iteration come from this config")
+    gated_windows: list[NonNegativeInt] = Field(default_factory=list, description="mode human_gated: a correction-window cap "
+                                     "per iteration from iteration 1 on (the last value holds; 0: none): a round "
+                                     "watches up to episodes_per_iteration student episodes and stops beginning "
+                                     "more once it holds that many windows")
     initial_student: str | None = Field(default=None, description="mode human_gated: start from this student "
                                         "checkpoint's weights, gated from iteration 0 (default: a fresh student "
                                         "and planner demonstrations in iteration 0)")
@@ -145,11 +149,19 @@ class AutoConfig(StrictModel):
         return self.mode == CollectionMode.HUMAN_GATED and iteration == 0 and self.initial_student is None
 
     def gated_round(self, iteration: int) -> RunConfig:
-        """The run config of one human_gated iteration: its episodes, seeds and round number."""
+        """The run config of one human_gated iteration: its episodes, seeds, round number and window cap."""
         assert self.gated is not None  # set by the validator (_gated_session) in mode human_gated
         return self.gated.model_copy(update={
             "episodes": self.episodes_per_iteration, "seed": reset_seed(self, iteration), "iteration": iteration,
-            "max_episode_steps": self.gated.max_episode_steps or self.max_episode_steps})
+            "max_episode_steps": self.gated.max_episode_steps or self.max_episode_steps,
+            "windows": self.round_windows(iteration)})
+
+    def round_windows(self, iteration: int) -> int | None:
+        """Iteration ``iteration``'s correction-window cap: ``gated_windows`` from iteration 1 on, its last value
+        for later ones (0: none); else the gated run config's own."""
+        if not self.gated_windows or iteration < 1:
+            return self.gated.windows if self.gated is not None else None
+        return self.gated_windows[min(iteration, len(self.gated_windows)) - 1] or None
 
 
 def load_config(path: str | Path, **overrides: Any) -> AutoConfig:

@@ -239,7 +239,9 @@ class RayExecutor:
         sizes = [cfg.episodes // k + (i < cfg.episodes % k) for i in range(k)]
         calls, offset = [], 0
         for size in sizes:
-            part = cfg.model_copy(update={"episodes": size, "seed": cfg.seed + offset})
+            # a window cap is the run's: each worker's share of it is its share of the episodes
+            windows = None if cfg.windows is None else max(1, -(-cfg.windows * size // cfg.episodes))
+            part = cfg.model_copy(update={"episodes": size, "seed": cfg.seed + offset, "windows": windows})
             calls.append(("run_gated", (part, url, student, {"job": job, "episode_offset": offset})))
             offset += size
 

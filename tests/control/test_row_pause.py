@@ -8,6 +8,7 @@ import numpy as np
 from hg_dagger.contract.enums import ControlState
 from hg_dagger.control.build import open_session
 from hg_dagger.control.run_config import load_run_config
+from hg_dagger.learn.auto_config import AutoConfig
 from hg_dagger.store import EpisodeStore, validate_store
 
 REQUESTED = ControlState.HANDOVER_REQUESTED.code
@@ -84,3 +85,27 @@ def test_one_rows_e_stop_holds_it_still_while_the_others_run_until_it_is_cleared
     (info,) = [i for i in st.episodes() if i.episode_id == stopped_eid]
     assert info.end.end_reason.value == "safety_stop"
     assert any(e.reason == "e-stop of robot 2" and e.source == "operator-a" for e in info.end.events)
+
+
+def test_a_run_with_a_window_cap_begins_no_episode_once_it_holds_that_many_corrections(tmp_path):
+    """run config ``windows``: the run watches at most ``episodes`` episodes and stops beginning them once it holds
+    that many correction windows; the open ones finish, so the store holds whole episodes only."""
+    store = tmp_path / "s.zarr"
+    cfg = load_run_config(None, "toy_reach", num_envs=2, calibrate_steps=0, episodes=40, windows=2)
+    s = open_session(cfg, str(store))
+    try:
+        summary = s.run(cfg.episodes, progress=False, windows=cfg.windows)
+    finally:
+        s.rec.close()
+        s.env.close()
+    infos = EpisodeStore.open(str(store)).episodes()
+    assert 2 <= summary.windows and len(infos) < 40, "the cap did not stop the run"
+    assert all(i.complete for i in infos) and validate_store(EpisodeStore.open(str(store))) == []
+
+
+def test_auto_human_gated_rounds_take_their_window_caps_from_the_schedule():
+    cfg = AutoConfig.model_validate({"task": "toy_reach", "mode": "human_gated", "certification": "planner_auto",
+                                     "episodes_per_iteration": 96, "gated_windows": [20, 10],
+                                     "gated": {"operator": {"certification": "planner_auto"}}})
+    assert [cfg.gated_round(it).windows for it in range(4)] == [None, 20, 10, 10]
+    assert all(cfg.gated_round(it).episodes == 96 for it in range(4))
