@@ -166,6 +166,7 @@ class RoundsPanel(QWidget):
         lay.addWidget(self.message)
         self._rounds: tuple = ()
         self._training = False  # a job this window started is running
+        self._loop_message = ""  # the loop's line as last seen in a snapshot
 
     def show_snapshot(self, snap: Snapshot) -> None:
         if snap.rounds != self._rounds:
@@ -182,7 +183,11 @@ class RoundsPanel(QWidget):
         elif not self._training:
             self.progress.setVisible(False)
         loading = snap.loading or snap.phase == "loading"  # the session's start-up line is not about rounds
-        if snap.message != self.message.text() and (snap.phase == "training" or snap.message) and not loading:
+        # the loop's line shows when it changes: a round's own result (set_training_done) stays until then
+        fresh = snap.message != self._loop_message
+        self._loop_message = snap.message
+        if fresh and snap.message != self.message.text() and (snap.phase == "training" or snap.message) \
+                and not loading:
             self.message.setText(snap.message)
 
     def set_rounds(self, rounds) -> None:
